@@ -1,0 +1,1 @@
+//! Constrained decoding: vocabularies, token trie, regex automata, bitmaps.

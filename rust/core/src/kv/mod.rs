@@ -1,0 +1,1 @@
+//! Paged KV-cache bookkeeping (see issue "Paged KV blocks in Rust").

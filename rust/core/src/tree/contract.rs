@@ -1,0 +1,154 @@
+//! What a verifier needs from a tree besides its node arrays.
+
+use super::{DraftTree, TreeError};
+
+/// Ancestor relation as bit-packed rows: bit j of row i (word j / 64, bit j % 64) is set
+/// iff node j is node i or one of its ancestors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AncestorBits {
+    pub rows: usize,
+    pub words_per_row: usize,
+    pub words: Vec<u64>,
+}
+
+impl AncestorBits {
+    #[inline]
+    pub fn row(&self, i: usize) -> &[u64] {
+        &self.words[i * self.words_per_row..(i + 1) * self.words_per_row]
+    }
+
+    #[inline]
+    pub fn get(&self, i: usize, j: usize) -> bool {
+        self.row(i)[j / 64] >> (j % 64) & 1 == 1
+    }
+}
+
+/// `parents[i] < i` is assumed (checked by the callers that take outside input).
+pub fn ancestor_bits(parents: &[i32]) -> AncestorBits {
+    let n = parents.len();
+    let w = n.div_ceil(64).max(1);
+    let mut words = vec![0u64; n * w];
+    for i in 0..n {
+        let p = parents[i];
+        if p >= 0 {
+            let (head, tail) = words.split_at_mut(i * w);
+            let p = p as usize;
+            tail[..w].copy_from_slice(&head[p * w..(p + 1) * w]);
+        }
+        words[i * w + i / 64] |= 1u64 << (i % 64);
+    }
+    AncestorBits { rows: n, words_per_row: w, words }
+}
+
+/// First-child / next-sibling links (-1 = none); children keep index order, which for a
+/// DDTree is non-increasing log-prob. This is the layout SGLang's tree kernels and
+/// xgrammar's `traverse_draft_tree` take.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChildLinks {
+    pub first_child: Vec<i32>,
+    pub next_sibling: Vec<i32>,
+}
+
+pub fn child_links(parents: &[i32]) -> ChildLinks {
+    let n = parents.len();
+    let mut first_child = vec![-1i32; n];
+    let mut next_sibling = vec![-1i32; n];
+    let mut last_child = vec![-1i32; n];
+    for (i, &p) in parents.iter().enumerate().skip(1) {
+        if p < 0 {
+            continue; // padding node: nobody's child
+        }
+        let p = p as usize;
+        if first_child[p] < 0 {
+            first_child[p] = i as i32;
+        } else {
+            next_sibling[last_child[p] as usize] = i as i32;
+        }
+        last_child[p] = i as i32;
+    }
+    ChildLinks { first_child, next_sibling }
+}
+
+/// Values of a dense mask: what a visible and a hidden entry hold.
+pub trait MaskValue: Copy {
+    const VISIBLE: Self;
+    const HIDDEN: Self;
+}
+impl MaskValue for bool {
+    const VISIBLE: Self = true;
+    const HIDDEN: Self = false;
+}
+impl MaskValue for f32 {
+    const VISIBLE: Self = 0.0;
+    const HIDDEN: Self = f32::NEG_INFINITY;
+}
+
+/// Dense `[n, prefix_len + n]` mask, row-major: node i sees every prefix key and the tree
+/// keys of itself and its ancestors.
+pub fn attention_mask<T: MaskValue>(bits: &AncestorBits, prefix_len: usize) -> Vec<T> {
+    let n = bits.rows;
+    let cols = prefix_len + n;
+    let mut out = vec![T::HIDDEN; n * cols];
+    for (i, row) in out.chunks_exact_mut(cols).enumerate() {
+        row[..prefix_len].fill(T::VISIBLE);
+        for (w, &word) in bits.row(i).iter().enumerate() {
+            let mut word = word;
+            while word != 0 {
+                let j = w * 64 + word.trailing_zeros() as usize;
+                row[prefix_len + j] = T::VISIBLE;
+                word &= word - 1;
+            }
+        }
+    }
+    out
+}
+
+/// One row per leaf (in index order): the node indices from the root to the leaf, padded
+/// with -1 to `max_depth + 1` columns. Returns (rows, columns, data).
+pub fn retrieve_indices(parents: &[i32], depths: &[i32]) -> (usize, usize, Vec<i32>) {
+    let n = parents.len();
+    let mut has_child = vec![false; n];
+    for &p in parents.iter().skip(1) {
+        if p >= 0 {
+            has_child[p as usize] = true;
+        }
+    }
+    let cols = depths.iter().copied().max().unwrap_or(0) as usize + 1;
+    let leaves: Vec<usize> = (0..n)
+        .filter(|&i| !has_child[i] && (i == 0 || parents[i] >= 0))
+        .collect();
+    let mut data = vec![-1i32; leaves.len() * cols];
+    for (row, &leaf) in leaves.iter().enumerate() {
+        let mut node = leaf as i32;
+        let mut d = depths[leaf] as usize;
+        while node >= 0 {
+            data[row * cols + d] = node;
+            node = parents[node as usize];
+            d = d.wrapping_sub(1);
+        }
+    }
+    (leaves.len(), cols, data)
+}
+
+/// A tree padded to a fixed node count; padding nodes see only themselves, have parent -1
+/// and depth 0, and are nobody's child, so a walk never accepts them.
+#[derive(Debug, Clone)]
+pub struct Padded {
+    pub tree: DraftTree,
+    pub num_real: usize,
+}
+
+pub fn pad_tree(tree: &DraftTree, budget: usize, pad_token: i64) -> Result<Padded, TreeError> {
+    let n = tree.len();
+    let drafted = n.saturating_sub(1);
+    if drafted > budget {
+        return Err(TreeError::PadTooSmall { drafted, budget });
+    }
+    let total = budget + 1;
+    let mut t = tree.clone();
+    t.tokens.resize(total, pad_token);
+    t.parents.resize(total, -1);
+    t.depths.resize(total, 0);
+    t.logprobs.resize(total, f64::NEG_INFINITY);
+    Ok(Padded { tree: t, num_real: n })
+}

@@ -1,0 +1,79 @@
+use super::{check_token, TreeError};
+
+/// Validated per-depth drafter marginals: `L` rows of `K` log-probs sorted descending,
+/// with their token ids, both row-major.
+#[derive(Debug, Clone, Copy)]
+pub struct Marginals<'a> {
+    logprobs: &'a [f32],
+    token_ids: &'a [i64],
+    depth: usize,
+    width: usize,
+    /// Columns the builder may read: min(budget, K); only these are validated.
+    used: usize,
+}
+
+impl<'a> Marginals<'a> {
+    /// Validate `[depth, width]` arrays for a build of `budget` drafted nodes.
+    pub fn new(
+        logprobs: &'a [f32],
+        token_ids: &'a [i64],
+        depth: usize,
+        width: usize,
+        budget: i64,
+    ) -> Result<Self, TreeError> {
+        if budget <= 0 {
+            return Err(TreeError::Budget(budget));
+        }
+        if depth == 0 || width == 0 {
+            return Err(TreeError::Shape(format!(
+                "marginals must have L >= 1 depths and K >= 1 candidates, got [{depth}, {width}]"
+            )));
+        }
+        if logprobs.len() != depth * width || token_ids.len() != depth * width {
+            return Err(TreeError::Shape(format!(
+                "logprobs ({} values) and token_ids ({} values) must both be [{depth}, {width}]",
+                logprobs.len(),
+                token_ids.len()
+            )));
+        }
+        let used = width.min(budget as usize);
+        for d in 0..depth {
+            let row = &logprobs[d * width..d * width + used];
+            let ids = &token_ids[d * width..d * width + used];
+            let mut prev = 0.0f32;
+            for (r, (&v, &t)) in row.iter().zip(ids).enumerate() {
+                if v.is_nan() {
+                    return Err(TreeError::NaN { depth: d, rank: r });
+                }
+                if v > 0.0 {
+                    return Err(TreeError::NotLogProb { depth: d, rank: r, value: v });
+                }
+                if r > 0 && v > prev {
+                    return Err(TreeError::Unsorted { depth: d, rank: r, prev, next: v });
+                }
+                prev = v;
+                check_token(t, || format!("token_ids[{d}, {r}]"))?;
+            }
+        }
+        Ok(Marginals { logprobs, token_ids, depth, width, used })
+    }
+
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Candidates per depth the builder may use (min(budget, K)).
+    pub fn used_width(&self) -> usize {
+        self.used
+    }
+
+    #[inline]
+    pub fn logprob(&self, d: usize, r: usize) -> f32 {
+        self.logprobs[d * self.width + r]
+    }
+
+    #[inline]
+    pub fn token(&self, d: usize, r: usize) -> i64 {
+        self.token_ids[d * self.width + r]
+    }
+}

@@ -1,0 +1,105 @@
+//! Draft trees: building them, describing them to a verifier, and walking them.
+//!
+//! Array conventions (shared with the Python layer): a tree of `n = N + 1` nodes has the
+//! root (the last committed or bonus token) at index 0 with depth 0 and parent -1; drafted
+//! nodes follow, and a parent's index is always smaller than its child's.
+
+mod branches;
+mod builder;
+mod contract;
+mod error;
+mod marginals;
+mod walk;
+
+pub use branches::tree_from_branches;
+pub use builder::{build_checked, build_ddtree, build_ddtree_filtered, AllowAll, TokenFilter};
+pub use contract::{
+    ancestor_bits, attention_mask, child_links, pad_tree, retrieve_indices, AncestorBits,
+    ChildLinks, MaskValue, Padded,
+};
+pub use error::TreeError;
+pub use marginals::Marginals;
+pub use walk::{walk, WalkOutcome};
+
+/// The node arrays of a draft tree (length `n`, root first).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftTree {
+    pub tokens: Vec<i64>,
+    pub parents: Vec<i32>,
+    pub depths: Vec<i32>,
+    /// Cumulative prefix log-probability under the drafter (root: 0).
+    pub logprobs: Vec<f64>,
+    /// Surrogate expected acceptance length: sum of the drafted prefixes' probabilities.
+    pub expected_acceptance: f64,
+}
+
+impl DraftTree {
+    /// Number of nodes including the root.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// A tree always has its root, so it is never empty; kept for clippy's `len` rule.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Check the structural invariants of externally supplied arrays.
+    pub fn validate_structure(parents: &[i32], depths: &[i32]) -> Result<(), TreeError> {
+        if parents.is_empty() {
+            return Err(TreeError::InvalidTree("a tree needs at least its root".into()));
+        }
+        if parents.len() != depths.len() {
+            return Err(TreeError::Shape(format!(
+                "parents has {} entries but depths has {}",
+                parents.len(),
+                depths.len()
+            )));
+        }
+        if parents[0] != -1 || depths[0] != 0 {
+            return Err(TreeError::InvalidTree(
+                "node 0 must be the root (parent -1, depth 0)".into(),
+            ));
+        }
+        for i in 1..parents.len() {
+            let p = parents[i];
+            if p < 0 || p as usize >= i {
+                return Err(TreeError::InvalidTree(format!(
+                    "parents[{i}] = {p} must be in [0, {i})"
+                )));
+            }
+            if depths[i] != depths[p as usize] + 1 {
+                return Err(TreeError::InvalidTree(format!(
+                    "depths[{i}] = {} but its parent has depth {}",
+                    depths[i], depths[p as usize]
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A built tree with everything a verifier needs computed in the same pass.
+#[derive(Debug, Clone)]
+pub struct BuiltTree {
+    pub tree: DraftTree,
+    pub bits: AncestorBits,
+    pub links: ChildLinks,
+}
+
+impl BuiltTree {
+    pub fn from_tree(tree: DraftTree) -> Self {
+        let bits = ancestor_bits(&tree.parents);
+        let links = child_links(&tree.parents);
+        BuiltTree { tree, bits, links }
+    }
+}
+
+#[inline]
+pub(crate) fn check_token(token: i64, location: impl FnOnce() -> String) -> Result<(), TreeError> {
+    if (0..=i32::MAX as i64).contains(&token) {
+        Ok(())
+    } else {
+        Err(TreeError::TokenOutOfRange { token, location: location() })
+    }
+}

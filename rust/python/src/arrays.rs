@@ -1,0 +1,36 @@
+//! numpy helpers: borrow contiguous input without copying, hand vectors out without copying.
+
+use std::borrow::Cow;
+
+use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+
+/// The array's data as one slice: borrowed when C-contiguous, else gathered once.
+pub fn as_slice<'a, T: Element + Copy, D: numpy::ndarray::Dimension>(
+    a: &'a PyReadonlyArray<'_, T, D>,
+) -> Cow<'a, [T]> {
+    match a.as_slice() {
+        Ok(s) => Cow::Borrowed(s),
+        Err(_) => Cow::Owned(a.as_array().iter().copied().collect()),
+    }
+}
+
+/// Shape of an array as a vector.
+pub fn shape<T: Element, D: numpy::ndarray::Dimension>(a: &PyReadonlyArray<'_, T, D>) -> Vec<usize> {
+    a.shape().to_vec()
+}
+
+/// Move a vector into a 1-D numpy array (no copy).
+pub fn vec1<'py, T: Element>(py: Python<'py>, v: Vec<T>) -> Bound<'py, PyArray1<T>> {
+    PyArray1::from_vec(py, v)
+}
+
+/// Move a row-major vector into a 2-D numpy array (no copy: a reshaped view).
+pub fn vec2<'py, T: Element>(
+    py: Python<'py>,
+    v: Vec<T>,
+    rows: usize,
+    cols: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    Ok(PyArray1::from_vec(py, v).reshape([rows, cols])?.into_any())
+}

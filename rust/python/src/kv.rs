@@ -1,0 +1,7 @@
+//! Bindings of `specdec_core::kv`.
+
+use pyo3::prelude::*;
+
+pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+    Ok(())
+}

@@ -1,0 +1,19 @@
+//! The `specdec._core` extension: thin `#[pyfunction]`/`#[pyclass]` wrappers over
+//! `specdec-core`, numpy in and out without copies, heavy work with the GIL released.
+
+use pyo3::prelude::*;
+
+mod arrays;
+mod errors;
+mod grammar;
+mod kv;
+mod tree;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    tree::register(m)?;
+    kv::register(m)?;
+    grammar::register(m)?;
+    Ok(())
+}
