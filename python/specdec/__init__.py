@@ -16,6 +16,16 @@ from .errors import (
     UnknownSequence,
     VerifyError,
 )
+from .grammar import (
+    Matcher,
+    RegexGrammar,
+    Vocabulary,
+    allocate_token_bitmask,
+    apply_token_bitmask,
+    build_ddtree_constrained,
+    fill_next_token_bitmask_batch,
+    fill_tree_bitmask,
+)
 from .tree import (
     DraftTree,
     TreeTensors,
@@ -47,4 +57,12 @@ __all__ = [
     "UnknownSequence",
     "GrammarError",
     "NoAllowedTokens",
+    "Vocabulary",
+    "RegexGrammar",
+    "Matcher",
+    "allocate_token_bitmask",
+    "apply_token_bitmask",
+    "build_ddtree_constrained",
+    "fill_next_token_bitmask_batch",
+    "fill_tree_bitmask",
 ]

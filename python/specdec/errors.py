@@ -28,6 +28,14 @@ class UnknownSequence(KVCacheError, KeyError):
     """The sequence id is not (or no longer) known to the block manager."""
 
 
+class DoubleFree(UnknownSequence):
+    """The sequence was already freed (free, fork or use after free)."""
+
+
+class SlotNotReserved(KVCacheError, IndexError):
+    """A commit names a draft-tree node that has no tentative slot in this step."""
+
+
 class GrammarError(SpecdecError, ValueError):
     """Invalid grammar, regex, vocabulary or matcher input."""
 

@@ -167,6 +167,8 @@ class DraftTree:
         """The same tree padded to ``budget`` drafted nodes (``budget + 1`` in all), so a
         CUDA-graph verifier sees the same shapes each step. Padding nodes have parent -1,
         depth 0, log-prob -inf, see only themselves and are never accepted."""
+        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 0:
+            raise TreeError(f"padding budget must be an int >= 0, got {budget!r}")
         arrays = _core.pad_tree(
             self.tokens, self.parents, self.depths, self.logprobs, int(budget), int(pad_token)
         )

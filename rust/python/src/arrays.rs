@@ -16,7 +16,9 @@ pub fn as_slice<'a, T: Element + Copy, D: numpy::ndarray::Dimension>(
 }
 
 /// Shape of an array as a vector.
-pub fn shape<T: Element, D: numpy::ndarray::Dimension>(a: &PyReadonlyArray<'_, T, D>) -> Vec<usize> {
+pub fn shape<T: Element, D: numpy::ndarray::Dimension>(
+    a: &PyReadonlyArray<'_, T, D>,
+) -> Vec<usize> {
     a.shape().to_vec()
 }
 

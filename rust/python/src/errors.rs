@@ -4,11 +4,15 @@
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
+use specdec_core::grammar::GrammarError;
+use specdec_core::kv::KvError;
 use specdec_core::tree::TreeError;
 
 /// Any error of the core, tagged with the Python class that reports it.
 pub enum Error {
     Tree(TreeError),
+    Kv(KvError),
+    Grammar(GrammarError),
 }
 
 impl From<TreeError> for Error {
@@ -17,10 +21,33 @@ impl From<TreeError> for Error {
     }
 }
 
+impl From<GrammarError> for Error {
+    fn from(e: GrammarError) -> Self {
+        Error::Grammar(e)
+    }
+}
+
+impl From<KvError> for Error {
+    fn from(e: KvError) -> Self {
+        Error::Kv(e)
+    }
+}
+
 impl Error {
     fn class_and_message(&self) -> (&'static str, String) {
         match self {
             Error::Tree(e) => ("TreeError", e.to_string()),
+            Error::Kv(e) => (
+                match e {
+                    KvError::UnknownSequence(_) => "UnknownSequence",
+                    KvError::AlreadyFreed(_) => "DoubleFree",
+                    KvError::OutOfBlocks { .. } => "OutOfBlocks",
+                    KvError::NotReserved { .. } => "SlotNotReserved",
+                    _ => "KVCacheError",
+                },
+                e.to_string(),
+            ),
+            Error::Grammar(e) => ("GrammarError", e.to_string()),
         }
     }
 }
@@ -36,7 +63,10 @@ impl From<Error> for PyErr {
 }
 
 fn exception_class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
-    Ok(py.import("specdec.errors")?.getattr(name)?.cast_into::<PyType>()?)
+    Ok(py
+        .import("specdec.errors")?
+        .getattr(name)?
+        .cast_into::<PyType>()?)
 }
 
 /// `result.or_raise()?` turns any core error into its Python exception.

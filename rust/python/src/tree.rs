@@ -13,12 +13,15 @@ use crate::errors::OrRaise;
 
 fn check_root(root_token: i64) -> Result<(), TreeError> {
     if root_token < -1 || root_token > i32::MAX as i64 {
-        return Err(TreeError::TokenOutOfRange { token: root_token, location: "root_token".into() });
+        return Err(TreeError::TokenOutOfRange {
+            token: root_token,
+            location: "root_token".into(),
+        });
     }
     Ok(())
 }
 
-fn built_to_py<'py>(py: Python<'py>, b: BuiltTree) -> PyResult<Bound<'py, PyTuple>> {
+pub(crate) fn built_to_py<'py>(py: Python<'py>, b: BuiltTree) -> PyResult<Bound<'py, PyTuple>> {
     let BuiltTree { tree, bits, links } = b;
     let items: Vec<Bound<'py, PyAny>> = vec![
         vec1(py, tree.tokens).into_any(),
@@ -53,8 +56,8 @@ fn build_ddtree<'py>(
     }
     check_root(root_token).or_raise()?;
     let (lp, ids) = (as_slice(&logprobs), as_slice(&token_ids));
-    let built = core::build_checked(&lp, &ids, ls[0], ls[1], budget, root_token, min_logprob)
-        .or_raise()?;
+    let built =
+        core::build_checked(&lp, &ids, ls[0], ls[1], budget, root_token, min_logprob).or_raise()?;
     built_to_py(py, built)
 }
 
@@ -85,8 +88,11 @@ fn build_ddtree_batch<'py>(
         None => vec![-1; r],
     };
     if roots.len() != r {
-        return Err(TreeError::Shape(format!("{} root tokens for {r} requests", roots.len())))
-            .or_raise();
+        return Err(TreeError::Shape(format!(
+            "{} root tokens for {r} requests",
+            roots.len()
+        )))
+        .or_raise();
     }
     roots.iter().try_for_each(|&t| check_root(t)).or_raise()?;
     let (lp, ids) = (as_slice(&logprobs), as_slice(&token_ids));
@@ -130,7 +136,10 @@ fn tree_from_branches<'py>(
     root_token: i64,
 ) -> PyResult<Bound<'py, PyTuple>> {
     check_root(root_token).or_raise()?;
-    built_to_py(py, core::tree_from_branches(&branches, root_token).or_raise()?)
+    built_to_py(
+        py,
+        core::tree_from_branches(&branches, root_token).or_raise()?,
+    )
 }
 
 /// Validate node arrays given from outside and derive the ancestor bits and child links.
@@ -153,7 +162,11 @@ fn tree_arrays<'py>(
 
 fn bits_from_py(bits: &PyReadonlyArray2<'_, u64>) -> core::AncestorBits {
     let s = shape(bits);
-    core::AncestorBits { rows: s[0], words_per_row: s[1], words: as_slice(bits).into_owned() }
+    core::AncestorBits {
+        rows: s[0],
+        words_per_row: s[1],
+        words: as_slice(bits).into_owned(),
+    }
 }
 
 /// Dense `[n, prefix_len + n]` mask: bool, or float32 additive (0 / -inf).
@@ -175,9 +188,19 @@ fn attention_mask<'py>(
     }
     let cols = prefix_len + b.rows;
     if additive {
-        vec2(py, core::attention_mask::<f32>(&b, prefix_len), b.rows, cols)
+        vec2(
+            py,
+            core::attention_mask::<f32>(&b, prefix_len),
+            b.rows,
+            cols,
+        )
     } else {
-        vec2(py, core::attention_mask::<bool>(&b, prefix_len), b.rows, cols)
+        vec2(
+            py,
+            core::attention_mask::<bool>(&b, prefix_len),
+            b.rows,
+            cols,
+        )
     }
 }
 
@@ -190,7 +213,10 @@ fn retrieve_indices<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let (parents, depths) = (as_slice(&parents), as_slice(&depths));
     if parents.len() != depths.len() {
-        return Err(TreeError::Shape("parents and depths differ in length".into())).or_raise();
+        return Err(TreeError::Shape(
+            "parents and depths differ in length".into(),
+        ))
+        .or_raise();
     }
     let (rows, cols, data) = core::retrieve_indices(&parents, &depths);
     vec2(py, data, rows, cols)
@@ -220,7 +246,10 @@ fn pad_tree<'py>(
 }
 
 fn links_of(first_child: &[i32], next_sibling: &[i32]) -> ChildLinks {
-    ChildLinks { first_child: first_child.to_vec(), next_sibling: next_sibling.to_vec() }
+    ChildLinks {
+        first_child: first_child.to_vec(),
+        next_sibling: next_sibling.to_vec(),
+    }
 }
 
 /// Walk one tree with the verifier's chosen token at every node.
@@ -237,7 +266,11 @@ fn walk<'py>(
     Ok((vec1(py, out.accepted).into_any(), out.bonus))
 }
 
-type TreeLinks<'py> = (PyReadonlyArray1<'py, i64>, PyReadonlyArray1<'py, i32>, PyReadonlyArray1<'py, i32>);
+type TreeLinks<'py> = (
+    PyReadonlyArray1<'py, i64>,
+    PyReadonlyArray1<'py, i32>,
+    PyReadonlyArray1<'py, i32>,
+);
 
 /// Walk R trees; `chosen` is `[R, n_max]` (row i uses its first `n_i` entries).
 #[pyfunction]
@@ -258,7 +291,12 @@ fn walk_batch<'py>(
     let chosen = as_slice(&chosen);
     let owned: Vec<(Vec<i64>, ChildLinks)> = trees
         .iter()
-        .map(|(t, f, n)| (as_slice(t).into_owned(), links_of(&as_slice(f), &as_slice(n))))
+        .map(|(t, f, n)| {
+            (
+                as_slice(t).into_owned(),
+                links_of(&as_slice(f), &as_slice(n)),
+            )
+        })
         .collect();
     let cols = s[1];
     let outs = py
@@ -270,7 +308,10 @@ fn walk_batch<'py>(
                 .collect::<Result<Vec<_>, _>>()
         })
         .or_raise()?;
-    Ok(outs.into_iter().map(|o| (vec1(py, o.accepted).into_any(), o.bonus)).collect())
+    Ok(outs
+        .into_iter()
+        .map(|o| (vec1(py, o.accepted).into_any(), o.bonus))
+        .collect())
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -8,7 +8,9 @@ use super::{check_token, BuiltTree, DraftTree, TreeError};
 /// acceptance is NaN.
 pub fn tree_from_branches(branches: &[Vec<i64>], root_token: i64) -> Result<BuiltTree, TreeError> {
     if branches.is_empty() {
-        return Err(TreeError::Shape("tree_from_branches needs at least one branch".into()));
+        return Err(TreeError::Shape(
+            "tree_from_branches needs at least one branch".into(),
+        ));
     }
     // Trie in insertion order: children[node] lists (token, trie node).
     let mut children: Vec<Vec<(i64, usize)>> = vec![Vec::new()];

@@ -60,7 +60,9 @@ impl PartialOrd for Entry {
 impl Ord for Entry {
     fn cmp(&self, other: &Self) -> Ordering {
         // Max-heap on score; among equal scores the smaller sequence number wins.
-        self.score.total_cmp(&other.score).then_with(|| other.seq.cmp(&self.seq))
+        self.score
+            .total_cmp(&other.score)
+            .then_with(|| other.seq.cmp(&self.seq))
     }
 }
 
@@ -71,10 +73,12 @@ pub fn build_ddtree(
     root_token: i64,
     min_logprob: Option<f64>,
 ) -> BuiltTree {
-    build_ddtree_filtered(m, budget, root_token, min_logprob, &mut AllowAll)
+    super::queues::build(m, budget, root_token, min_logprob)
 }
 
 /// As [`build_ddtree`], with ranks restricted to the tokens `filter` allows at each node.
+/// Uses one heap over all candidates: with a filter, the rank-class queues of `queues.rs`
+/// are no longer sorted.
 pub fn build_ddtree_filtered<F: TokenFilter>(
     m: &Marginals<'_>,
     budget: usize,
@@ -104,21 +108,21 @@ pub fn build_ddtree_filtered<F: TokenFilter>(
 
     let mut heap = BinaryHeap::with_capacity(2 * cap);
     let mut seq = 0u32;
-    let mut push = |heap: &mut BinaryHeap<Entry>, base: f64, parent: usize, row: usize, rank: usize| {
-        heap.push(Entry {
-            score: base + m.logprob(row, rank) as f64,
-            base,
-            seq,
-            parent: parent as u32,
-            row: row as u32,
-            rank: rank as u32,
-        });
-        seq += 1;
-    };
+    let mut push =
+        |heap: &mut BinaryHeap<Entry>, base: f64, parent: usize, row: usize, rank: usize| {
+            heap.push(Entry {
+                score: base + m.logprob(row, rank) as f64,
+                base,
+                seq,
+                parent: parent as u32,
+                row: row as u32,
+                rank: rank as u32,
+            });
+            seq += 1;
+        };
     if let Some(r) = next_rank(filter, 0, 0, 0) {
         push(&mut heap, 0.0, 0, 0, r);
     }
-    let mut expected = 0.0f64;
     while tokens.len() < cap {
         let Some(e) = heap.pop() else { break };
         if min_logprob.is_some_and(|min| e.score < min) {
@@ -131,7 +135,6 @@ pub fn build_ddtree_filtered<F: TokenFilter>(
         parents.push(parent as i32);
         depths.push(row as i32 + 1);
         logprobs.push(e.score);
-        expected += e.score.exp();
         filter.emitted(node, parent, token);
         if let Some(r) = next_rank(filter, parent, row, rank + 1) {
             push(&mut heap, e.base, parent, row, r);
@@ -142,12 +145,24 @@ pub fn build_ddtree_filtered<F: TokenFilter>(
             }
         }
     }
+    finish(tokens, parents, depths, logprobs)
+}
+
+/// Package the node arrays with their ancestor bits and child links.
+pub(super) fn finish(
+    tokens: Vec<i64>,
+    parents: Vec<i32>,
+    depths: Vec<i32>,
+    logprobs: Vec<f64>,
+) -> BuiltTree {
+    // Surrogate expected acceptance (Prop. 1): the drafted prefixes' probabilities summed.
+    let expected_acceptance = logprobs[1..].iter().map(|s| s.exp()).sum();
     BuiltTree::from_tree(DraftTree {
         tokens,
         parents,
         depths,
         logprobs,
-        expected_acceptance: expected,
+        expected_acceptance,
     })
 }
 

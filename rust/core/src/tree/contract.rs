@@ -33,11 +33,17 @@ pub fn ancestor_bits(parents: &[i32]) -> AncestorBits {
         if p >= 0 {
             let (head, tail) = words.split_at_mut(i * w);
             let p = p as usize;
-            tail[..w].copy_from_slice(&head[p * w..(p + 1) * w]);
+            // Ancestors of p have indices <= p: words past p / 64 are zero already.
+            let used = p / 64 + 1;
+            tail[..used].copy_from_slice(&head[p * w..p * w + used]);
         }
         words[i * w + i / 64] |= 1u64 << (i % 64);
     }
-    AncestorBits { rows: n, words_per_row: w, words }
+    AncestorBits {
+        rows: n,
+        words_per_row: w,
+        words,
+    }
 }
 
 /// First-child / next-sibling links (-1 = none); children keep index order, which for a
@@ -66,7 +72,10 @@ pub fn child_links(parents: &[i32]) -> ChildLinks {
         }
         last_child[p] = i as i32;
     }
-    ChildLinks { first_child, next_sibling }
+    ChildLinks {
+        first_child,
+        next_sibling,
+    }
 }
 
 /// Values of a dense mask: what a visible and a hidden entry hold.
@@ -150,5 +159,8 @@ pub fn pad_tree(tree: &DraftTree, budget: usize, pad_token: i64) -> Result<Padde
     t.parents.resize(total, -1);
     t.depths.resize(total, 0);
     t.logprobs.resize(total, f64::NEG_INFINITY);
-    Ok(Padded { tree: t, num_real: n })
+    Ok(Padded {
+        tree: t,
+        num_real: n,
+    })
 }

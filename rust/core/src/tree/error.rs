@@ -10,9 +10,20 @@ pub enum TreeError {
     #[error("logprobs[{depth}, {rank}] is NaN")]
     NaN { depth: usize, rank: usize },
     #[error("logprobs[{depth}, {rank}] = {value} is not a log-probability (must be <= 0, +inf is not allowed)")]
-    NotLogProb { depth: usize, rank: usize, value: f32 },
-    #[error("logprobs row {depth} is not sorted in descending order at rank {rank} ({prev} < {next})")]
-    Unsorted { depth: usize, rank: usize, prev: f32, next: f32 },
+    NotLogProb {
+        depth: usize,
+        rank: usize,
+        value: f32,
+    },
+    #[error(
+        "logprobs row {depth} is not sorted in descending order at rank {rank} ({prev} < {next})"
+    )]
+    Unsorted {
+        depth: usize,
+        rank: usize,
+        prev: f32,
+        next: f32,
+    },
     #[error("token id {token} at {location} is outside [0, 2^31)")]
     TokenOutOfRange { token: i64, location: String },
     #[error("{0}")]

@@ -40,22 +40,52 @@ impl<'a> Marginals<'a> {
         for d in 0..depth {
             let row = &logprobs[d * width..d * width + used];
             let ids = &token_ids[d * width..d * width + used];
-            let mut prev = 0.0f32;
-            for (r, (&v, &t)) in row.iter().zip(ids).enumerate() {
-                if v.is_nan() {
-                    return Err(TreeError::NaN { depth: d, rank: r });
-                }
-                if v > 0.0 {
-                    return Err(TreeError::NotLogProb { depth: d, rank: r, value: v });
-                }
-                if r > 0 && v > prev {
-                    return Err(TreeError::Unsorted { depth: d, rank: r, prev, next: v });
-                }
-                prev = v;
-                check_token(t, || format!("token_ids[{d}, {r}]"))?;
+            // Branch-free scan (vectorizes); the slow scan below only runs to name the error.
+            let not_logprob = row.iter().fold(false, |acc, &v| acc | !(v <= 0.0));
+            let unsorted = row.windows(2).fold(false, |acc, w| acc | (w[1] > w[0]));
+            let bad_id = ids
+                .iter()
+                .fold(false, |acc, &t| acc | (t as u64 > i32::MAX as u64));
+            if not_logprob | unsorted | bad_id {
+                return Err(Self::first_error(row, ids, d));
             }
         }
-        Ok(Marginals { logprobs, token_ids, depth, width, used })
+        Ok(Marginals {
+            logprobs,
+            token_ids,
+            depth,
+            width,
+            used,
+        })
+    }
+
+    fn first_error(row: &[f32], ids: &[i64], d: usize) -> TreeError {
+        let mut prev = 0.0f32;
+        for (r, (&v, &t)) in row.iter().zip(ids).enumerate() {
+            if v.is_nan() {
+                return TreeError::NaN { depth: d, rank: r };
+            }
+            if v > 0.0 {
+                return TreeError::NotLogProb {
+                    depth: d,
+                    rank: r,
+                    value: v,
+                };
+            }
+            if r > 0 && v > prev {
+                return TreeError::Unsorted {
+                    depth: d,
+                    rank: r,
+                    prev,
+                    next: v,
+                };
+            }
+            prev = v;
+            if let Err(e) = check_token(t, || format!("token_ids[{d}, {r}]")) {
+                return e;
+            }
+        }
+        TreeError::Shape(format!("invalid marginals in row {d}"))
     }
 
     pub fn depth(&self) -> usize {

@@ -9,6 +9,7 @@ mod builder;
 mod contract;
 mod error;
 mod marginals;
+mod queues;
 mod walk;
 
 pub use branches::tree_from_branches;
@@ -47,7 +48,9 @@ impl DraftTree {
     /// Check the structural invariants of externally supplied arrays.
     pub fn validate_structure(parents: &[i32], depths: &[i32]) -> Result<(), TreeError> {
         if parents.is_empty() {
-            return Err(TreeError::InvalidTree("a tree needs at least its root".into()));
+            return Err(TreeError::InvalidTree(
+                "a tree needs at least its root".into(),
+            ));
         }
         if parents.len() != depths.len() {
             return Err(TreeError::Shape(format!(
@@ -100,6 +103,9 @@ pub(crate) fn check_token(token: i64, location: impl FnOnce() -> String) -> Resu
     if (0..=i32::MAX as i64).contains(&token) {
         Ok(())
     } else {
-        Err(TreeError::TokenOutOfRange { token, location: location() })
+        Err(TreeError::TokenOutOfRange {
+            token,
+            location: location(),
+        })
     }
 }

@@ -29,7 +29,10 @@ pub fn walk(tokens: &[i64], links: &ChildLinks, chosen: &[i64]) -> Result<WalkOu
             child = links.next_sibling[child as usize];
         }
         if child < 0 {
-            return Ok(WalkOutcome { accepted, bonus: want });
+            return Ok(WalkOutcome {
+                accepted,
+                bonus: want,
+            });
         }
         if child as usize <= node || child as usize >= n {
             return Err(TreeError::InvalidTree(format!(

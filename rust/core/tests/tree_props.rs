@@ -1,0 +1,260 @@
+//! Property tests of the DDTree builder and the verifier contract against brute force.
+
+use proptest::prelude::*;
+use specdec_core::tree::{
+    attention_mask, build_checked, build_ddtree, build_ddtree_filtered, retrieve_indices,
+    tree_from_branches, walk, AllowAll, ChildLinks, Marginals, TreeError,
+};
+
+/// Every prefix over the first `k` ranks of each row, with its log-prob (finite only).
+fn all_prefixes(lp: &[f32], l: usize, width: usize, k: usize) -> Vec<(Vec<usize>, f64)> {
+    let mut out = Vec::new();
+    let mut frontier: Vec<(Vec<usize>, f64)> = vec![(vec![], 0.0)];
+    for d in 0..l {
+        let mut next = Vec::new();
+        for (ranks, s) in &frontier {
+            for r in 0..k {
+                let v = lp[d * width + r];
+                if v == f32::NEG_INFINITY {
+                    continue;
+                }
+                let mut rr = ranks.clone();
+                rr.push(r);
+                next.push((rr, s + v as f64));
+            }
+        }
+        out.extend(next.iter().cloned());
+        frontier = next;
+    }
+    out
+}
+
+fn marginals() -> impl Strategy<Value = (usize, usize, Vec<f32>, Vec<i64>, usize)> {
+    (1usize..=4, 1usize..=5, 1usize..=40).prop_flat_map(|(l, k, b)| {
+        // A small value set makes ties common; -inf models banned tokens.
+        let value = prop_oneof![
+            Just(0.0f32),
+            Just(-0.5f32),
+            Just(-1.0f32),
+            Just(-2.0f32),
+            Just(f32::NEG_INFINITY),
+            -6.0f32..0.0f32,
+        ];
+        (
+            Just(l),
+            Just(k),
+            proptest::collection::vec(value, l * k),
+            Just(b),
+        )
+            .prop_map(|(l, k, mut lp, b)| {
+                for row in lp.chunks_mut(k) {
+                    row.sort_by(|a, b| b.total_cmp(a));
+                }
+                // Distinct ids per row, shuffled deterministically by depth.
+                let ids = (0..l)
+                    .flat_map(|d| {
+                        (0..k).map(move |r| ((r * 7 + d * 3) % 11) as i64 + 100 * r as i64)
+                    })
+                    .collect();
+                (l, k, lp, ids, b)
+            })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn builder_is_optimal_prefix_closed_and_ordered((l, k, lp, ids, b) in marginals()) {
+        let m = Marginals::new(&lp, &ids, l, k, b as i64).unwrap();
+        let built = build_ddtree(&m, b, 7, None);
+        let t = &built.tree;
+        let n = t.len();
+        // Brute force over all K (not only min(B, K)): Lemma 1 says nothing is lost.
+        let mut all = all_prefixes(&lp, l, k, k);
+        all.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let take = b.min(all.len());
+        prop_assert_eq!(n - 1, take);
+        let best: f64 = all[..take].iter().map(|p| p.1).sum();
+        let got: f64 = t.logprobs[1..].iter().sum();
+        prop_assert!((best - got).abs() < 1e-9, "best {} got {}", best, got);
+        let ea: f64 = all[..take].iter().map(|p| p.1.exp()).sum();
+        prop_assert!((ea - t.expected_acceptance).abs() < 1e-9);
+        prop_assert_eq!(t.tokens[0], 7);
+        for i in 1..n {
+            let p = t.parents[i] as usize;
+            prop_assert!(p < i);
+            prop_assert_eq!(t.depths[i], t.depths[p] + 1);
+            prop_assert!(t.logprobs[i] <= t.logprobs[i - 1] || i == 1);
+            prop_assert!(t.logprobs[i].is_finite());
+            // The node's score is its parent's plus the marginal of its token at its depth.
+            let d = t.depths[i] as usize - 1;
+            let r = (0..k).find(|&r| ids[d * k + r] == t.tokens[i]).unwrap();
+            prop_assert_eq!(t.logprobs[i], t.logprobs[p] + lp[d * k + r] as f64);
+        }
+        // No two siblings carry the same token (each prefix once).
+        for i in 1..n {
+            for j in 1..i {
+                prop_assert!(!(t.parents[i] == t.parents[j] && t.tokens[i] == t.tokens[j]));
+            }
+        }
+        // Ancestor bits and the dense mask are the ancestor relation.
+        let mask = attention_mask::<bool>(&built.bits, 2);
+        for i in 0..n {
+            let mut anc = vec![false; n];
+            let mut c = i as i32;
+            while c >= 0 { anc[c as usize] = true; c = t.parents[c as usize]; }
+            for j in 0..n {
+                prop_assert_eq!(built.bits.get(i, j), anc[j]);
+                prop_assert_eq!(mask[i * (n + 2) + 2 + j], anc[j]);
+            }
+            prop_assert!(mask[i * (n + 2)] && mask[i * (n + 2) + 1]);
+        }
+        // Retrieve rows end at leaves and follow parents.
+        let (rows, cols, data) = retrieve_indices(&t.parents, &t.depths);
+        let leaves = (0..n).filter(|&i| !t.parents.contains(&(i as i32))).count();
+        prop_assert_eq!(rows, leaves);
+        for r in 0..rows {
+            let row = &data[r * cols..(r + 1) * cols];
+            prop_assert_eq!(row[0], 0);
+            for c in 1..cols {
+                if row[c] >= 0 { prop_assert_eq!(t.parents[row[c] as usize], row[c - 1]); }
+            }
+        }
+    }
+
+    #[test]
+    fn queue_build_equals_one_heap_build((l, k, lp, ids, b) in marginals(), thr in prop::option::of(-4.0f64..0.0)) {
+        // The fast path (rank-class queues) and the filtered path (one heap) with a filter
+        // that allows everything must give the same tree, tie order included.
+        let m = Marginals::new(&lp, &ids, l, k, b as i64).unwrap();
+        let fast = build_ddtree(&m, b, 3, thr).tree;
+        let heap = build_ddtree_filtered(&m, b, 3, thr, &mut AllowAll).tree;
+        prop_assert_eq!(fast, heap);
+    }
+
+    #[test]
+    fn min_logprob_stops_at_threshold((l, k, lp, ids, b) in marginals(), thr in -4.0f64..0.0) {
+        let m = Marginals::new(&lp, &ids, l, k, b as i64).unwrap();
+        let full = build_ddtree(&m, b, -1, None).tree;
+        let cut = build_ddtree(&m, b, -1, Some(thr)).tree;
+        let expect = full.logprobs.iter().skip(1).take_while(|&&s| s >= thr).count();
+        prop_assert_eq!(cut.len() - 1, expect);
+        prop_assert_eq!(&cut.tokens[..], &full.tokens[..cut.len()]);
+    }
+
+    #[test]
+    fn walk_matches_naive_descent((l, k, lp, ids, b) in marginals(), seed in any::<u64>()) {
+        let built = build_checked(&lp, &ids, l, k, b as i64, 5, None).unwrap();
+        let t = &built.tree;
+        let n = t.len();
+        // Chosen tokens: mostly tokens of some child (so walks go deep), sometimes others.
+        let mut s = seed;
+        let chosen: Vec<i64> = (0..n).map(|i| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let kids: Vec<usize> = (0..n).filter(|&j| t.parents[j] == i as i32).collect();
+            if !kids.is_empty() && (s >> 33) % 4 != 0 { t.tokens[kids[(s >> 40) as usize % kids.len()]] } else { 999 }
+        }).collect();
+        let out = walk(&t.tokens, &built.links, &chosen).unwrap();
+        // Naive: scan all nodes for a child with the chosen token.
+        let mut node = 0usize;
+        let mut acc = vec![];
+        let bonus = loop {
+            match (1..n).find(|&j| t.parents[j] == node as i32 && t.tokens[j] == chosen[node]) {
+                Some(j) => { acc.push(j as i32); node = j; }
+                None => break chosen[node],
+            }
+        };
+        prop_assert_eq!(out.accepted, acc);
+        prop_assert_eq!(out.bonus, bonus);
+    }
+}
+
+#[test]
+fn paper_worked_example() {
+    // vocab {A,B,C,D} = ids 0..3; rows sorted descending with their ids.
+    let q = [
+        [(0, 0.55f32), (1, 0.35), (2, 0.06), (3, 0.04)],
+        [(1, 0.50), (0, 0.30), (2, 0.15), (3, 0.05)],
+        [(2, 0.55), (3, 0.25), (0, 0.12), (1, 0.08)],
+    ];
+    let lp: Vec<f32> = q.iter().flatten().map(|&(_, p)| p.ln()).collect();
+    let ids: Vec<i64> = q.iter().flatten().map(|&(t, _)| t).collect();
+    let b = build_checked(&lp, &ids, 3, 4, 6, -1, None).unwrap();
+    // A, B, AB, BB, AA, ABC
+    assert_eq!(b.tree.tokens, vec![-1, 0, 1, 1, 1, 0, 2]);
+    assert_eq!(b.tree.parents, vec![-1, 0, 0, 1, 2, 1, 3]);
+    assert!((b.tree.expected_acceptance - 1.66625).abs() < 1e-6);
+    // Verifier: A at the root, B after A, D after AB.
+    let mut chosen = vec![0i64; 7];
+    chosen[0] = 0;
+    chosen[1] = 1;
+    chosen[3] = 3;
+    let out = walk(&b.tree.tokens, &b.links, &chosen).unwrap();
+    assert_eq!(out.accepted, vec![1, 3]);
+    assert_eq!(out.bonus, 3);
+}
+
+#[test]
+fn notes_branches_example() {
+    let b = tree_from_branches(&[vec![4, 5, 6], vec![4, 7, 8], vec![9, 0, 1]], 11).unwrap();
+    assert_eq!(b.tree.tokens, vec![11, 4, 9, 5, 7, 0, 6, 8, 1]);
+    assert_eq!(b.tree.parents, vec![-1, 0, 0, 1, 1, 2, 3, 4, 5]);
+    let mask = attention_mask::<bool>(&b.bits, 1);
+    let seen: Vec<usize> = mask
+        .chunks(10)
+        .skip(1)
+        .map(|r| r.iter().filter(|&&x| x).count())
+        .collect();
+    assert_eq!(seen, vec![3, 3, 4, 4, 4, 5, 5, 5]);
+    let mut chosen = vec![0i64; 9];
+    chosen[0] = 4;
+    chosen[1] = 7;
+    chosen[4] = 3;
+    let out = walk(&b.tree.tokens, &b.links, &chosen).unwrap();
+    assert_eq!(out.accepted, vec![1, 4]);
+    assert_eq!(out.bonus, 3);
+    let released = b.tree.len() - 1 - out.accepted.len();
+    assert_eq!(released, 6);
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    let ok_ids = vec![0i64, 1];
+    let e = |lp: Vec<f32>, ids: Vec<i64>, l, k, b| {
+        build_checked(&lp, &ids, l, k, b, -1, None).unwrap_err()
+    };
+    assert!(matches!(
+        e(vec![-1.0, f32::NAN], ok_ids.clone(), 1, 2, 4),
+        TreeError::NaN { .. }
+    ));
+    assert!(matches!(
+        e(vec![-2.0, -1.0], ok_ids.clone(), 1, 2, 4),
+        TreeError::Unsorted { .. }
+    ));
+    assert!(matches!(
+        e(vec![0.5, -1.0], ok_ids.clone(), 1, 2, 4),
+        TreeError::NotLogProb { .. }
+    ));
+    assert!(matches!(
+        e(vec![-1.0, -2.0], ok_ids.clone(), 1, 2, 0),
+        TreeError::Budget(0)
+    ));
+    assert!(matches!(e(vec![], vec![], 0, 2, 4), TreeError::Shape(_)));
+    assert!(matches!(e(vec![], vec![], 1, 0, 4), TreeError::Shape(_)));
+    assert!(matches!(
+        e(vec![-1.0], ok_ids.clone(), 1, 2, 4),
+        TreeError::Shape(_)
+    ));
+    assert!(matches!(
+        e(vec![-1.0, -2.0], vec![0, 1 << 40], 1, 2, 4),
+        TreeError::TokenOutOfRange { .. }
+    ));
+    let links = ChildLinks {
+        first_child: vec![-1],
+        next_sibling: vec![-1],
+    };
+    assert!(walk(&[0], &links, &[]).is_err());
+    assert!(tree_from_branches(&[], 0).is_err());
+    assert!(tree_from_branches(&[vec![]], 0).is_err());
+}
