@@ -41,7 +41,7 @@ impl<'a> Marginals<'a> {
             let row = &logprobs[d * width..d * width + used];
             let ids = &token_ids[d * width..d * width + used];
             // Branch-free scan (vectorizes); the slow scan below only runs to name the error.
-            let not_logprob = row.iter().fold(false, |acc, &v| acc | !(v <= 0.0));
+            let not_logprob = row.iter().fold(false, |acc, &v| acc | (v > 0.0) | v.is_nan());
             let unsorted = row.windows(2).fold(false, |acc, w| acc | (w[1] > w[0]));
             let bad_id = ids
                 .iter()

@@ -1,0 +1,24 @@
+# The README's commands. `make test` is what CI runs (after `make lint`).
+PYTHON ?= python3
+
+.PHONY: install test test-rust test-python lint bench
+
+install:
+	$(PYTHON) -m pip install -e '.[test]'
+
+test: test-rust test-python
+
+test-rust:
+	cargo test -p specdec-core
+
+test-python:
+	$(PYTHON) -m pytest
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	$(PYTHON) -m ruff check python tests benches
+
+bench:
+	cargo bench -p specdec-core
+	specdec bench

@@ -1,0 +1,263 @@
+"""Paged KV cache: Rust owns the block bookkeeping (``BlockManager``), torch owns the tensors.
+
+A :class:`PagedKVPool` holds every layer's K/V as ``[num_layers, num_blocks, block_size,
+kv_heads, head_dim]`` (so ``pool.k[layer]`` is the per-layer ``[num_blocks, block_size,
+kv_heads, head_dim]`` tensor) and one :class:`BlockManager`. Each :class:`PagedKVCache` is one
+sequence in the pool and implements the :class:`~specdec.cache.KVCache` protocol, so the
+models and the tree verifier run on it unchanged:
+
+* ``begin(n)`` reserves ``n`` tentative tree slots (copying a shared partial tail block first),
+* ``append`` writes this step's K/V through the slot mapping and gathers the sequence's
+  ``[kv_heads, committed + n, head_dim]`` keys/values by its block table,
+* ``commit(keep)`` runs the manager's ``(src_slot, dst_slot)`` moves as one index copy for all
+  layers; ``rollback()`` releases the tentative slots.
+
+Forked sequences and beams share blocks; copy-on-write copies are one index copy too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ._core import BlockManager
+from .cache import KVCache, check_keep
+from .errors import KVCacheError, VerifyError
+
+__all__ = ["BlockManager", "PagedKVPool", "PagedKVCache"]
+
+
+def _as_i64(x: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    return np.ascontiguousarray(np.asarray(x, dtype=np.int64).reshape(-1))
+
+
+class PagedKVPool:
+    """Block storage for many sequences plus their bookkeeping."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        prefix_caching: bool = False,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if min(num_layers, num_kv_heads, head_dim) <= 0:
+            raise VerifyError("cache dimensions must be positive")
+        self.manager = BlockManager(num_blocks, block_size, prefix_caching)
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.device = torch.device(device)
+        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.v = torch.zeros(shape, dtype=dtype, device=self.device)
+        # Slot-indexed views: slot = block * block_size + offset.
+        flat = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
+        self.k_slots = self.k.view(flat)
+        self.v_slots = self.v.view(flat)
+        self._next_seq = 0
+
+    def _new_id(self) -> int:
+        self._next_seq += 1
+        return self._next_seq - 1
+
+    def _index(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(a, dtype=np.int64)).to(self.device)
+
+    def copy_blocks(self, pairs: np.ndarray) -> None:
+        """Copy-on-write: ``pairs[:, 0]`` blocks into ``pairs[:, 1]``, all layers at once."""
+        if len(pairs):
+            src, dst = self._index(pairs[:, 0]), self._index(pairs[:, 1])
+            self.k[:, dst] = self.k[:, src]
+            self.v[:, dst] = self.v[:, src]
+
+    def move_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Commit moves, all layers at once (advanced indexing gathers before it scatters,
+        so overlapping moves are safe)."""
+        if len(src):
+            s, d = self._index(src), self._index(dst)
+            self.k_slots[:, d] = self.k_slots[:, s]
+            self.v_slots[:, d] = self.v_slots[:, s]
+
+    def sequence(self, tokens: Sequence[int] | None = None, extra_key: int = 0) -> PagedKVCache:
+        """A new empty sequence, or with ``tokens`` one that starts with their longest cached
+        prefix (``cache.committed_len`` tokens already hold K/V; run the rest as a step and
+        ``commit(keep, tokens=...)`` it so its full blocks become cached)."""
+        return PagedKVCache(self, tokens=tokens, extra_key=extra_key)
+
+    def reorder(self, beams: Sequence[PagedKVCache], parents: Sequence[int]) -> None:
+        """Beam ``beams[i]`` continues ``beams[parents[i]]`` (shared blocks, no tensor copy)."""
+        self.manager.reorder([b.seq for b in beams], [int(p) for p in parents])
+        lens = [beams[int(p)]._len for p in parents]
+        for b, n in zip(beams, lens, strict=True):
+            b._len = n
+            b._committed_slots = None
+
+
+class PagedKVCache(KVCache):
+    """One sequence of a :class:`PagedKVPool`, following the ``KVCache`` protocol."""
+
+    def __init__(
+        self,
+        pool: PagedKVPool,
+        *,
+        tokens: Sequence[int] | None = None,
+        extra_key: int = 0,
+        _seq: int | None = None,
+    ) -> None:
+        self.pool = pool
+        self.num_layers, self.num_kv_heads = pool.num_layers, pool.num_kv_heads
+        self.head_dim = pool.head_dim
+        self._pending = 0
+        self._declared: list[int] = []
+        self._committed_slots: torch.Tensor | None = None
+        self._step_slots: torch.Tensor | None = None
+        if _seq is not None:  # fork: the manager already holds the sequence
+            self.seq = _seq
+            self._len = pool.manager.seq_len(_seq)[0]
+            return
+        self.seq = pool._new_id()
+        if tokens is None:
+            pool.manager.allocate(self.seq, 0)
+            self._len = 0
+        else:
+            toks = _as_i64(tokens)
+            self._len = pool.manager.allocate_cached_prefix(self.seq, toks, extra_key)
+            # Declared prompt: commits of its next tokens in order (a prefill) register
+            # their full blocks in the prefix cache without the caller passing token ids.
+            self._declared = toks.tolist()
+
+    @classmethod
+    def standalone(
+        cls,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        *,
+        block_size: int = 16,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> PagedKVCache:
+        """A pool just large enough for one sequence of ``max_len`` (drop-in for
+        ``DenseKVCache(num_layers, num_kv_heads, head_dim, max_len)``)."""
+        blocks = -(-max_len // block_size) + 1  # +1: room for a copy-on-write
+        pool = PagedKVPool(
+            num_layers, num_kv_heads, head_dim, blocks, block_size, dtype=dtype, device=device
+        )
+        return cls(pool)
+
+    # ---- KVCache protocol ------------------------------------------------------------------
+    @property
+    def committed_len(self) -> int:
+        return self._len
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def begin(self, num_new: int) -> None:
+        if num_new <= 0:
+            raise VerifyError(f"a step needs at least one token, got {num_new}")
+        if self._pending:
+            self.rollback()  # as the dense cache: a new step replaces an unfinished one
+        slots, cow = self.pool.manager.reserve_tree(self.seq, num_new)
+        self.pool.copy_blocks(cow)
+        allslots = self.pool.manager.slot_mapping(self.seq, 0, self._len + num_new)
+        self._step_slots = self.pool._index(allslots)
+        self._pending = num_new
+
+    def append(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self._pending
+        expect = (self.num_kv_heads, n, self.head_dim)
+        if n == 0 or tuple(k.shape) != expect or tuple(v.shape) != expect:
+            raise VerifyError(f"append expects K/V of shape {expect}, got {tuple(k.shape)}")
+        assert self._step_slots is not None
+        new = self._step_slots[self._len :]
+        ks, vs = self.pool.k_slots[layer], self.pool.v_slots[layer]
+        ks[new] = k.transpose(0, 1).to(ks.dtype)
+        vs[new] = v.transpose(0, 1).to(vs.dtype)
+        # Gather the sequence's K/V by its block table: [T, H, D] -> [H, T, D].
+        return ks[self._step_slots].transpose(0, 1), vs[self._step_slots].transpose(0, 1)
+
+    def commit(
+        self, keep: Sequence[int] | torch.Tensor, tokens: Sequence[int] | None = None
+    ) -> None:
+        """As ``KVCache.commit``; ``tokens`` (the kept tokens' ids) let a prefix-caching pool
+        register the blocks they fill. Without them, a commit of the next tokens of the
+        prompt declared at creation (``keep == 0..m-1``) uses the prompt's ids; any other
+        commit without ids ends the sequence's prefix-cache registration."""
+        idx = check_keep(keep, self._pending)
+        m = len(idx)
+        toks = None if tokens is None else _as_i64(tokens)
+        if (
+            toks is None
+            and self._len + m <= len(self._declared)
+            and bool((idx == torch.arange(m)).all())
+        ):
+            toks = np.asarray(self._declared[self._len : self._len + m], dtype=np.int64)
+        moves = self.pool.manager.commit(self.seq, idx.numpy(), toks)
+        self.pool.move_slots(moves[:, 0], moves[:, 1])
+        self._len += m
+        self._pending = 0
+        self._step_slots = None
+        self._committed_slots = None
+
+    def rollback(self) -> None:
+        self.pool.manager.rollback(self.seq)
+        self._pending = 0
+        self._step_slots = None
+
+    def committed_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._committed_slots is None:
+            slots = self.pool.manager.slot_mapping(self.seq, 0, self._len)
+            self._committed_slots = self.pool._index(slots)
+        s = self._committed_slots
+        return (
+            self.pool.k_slots[layer][s].transpose(0, 1),
+            self.pool.v_slots[layer][s].transpose(0, 1),
+        )
+
+    def truncate(self, length: int) -> None:
+        """Keep only the first ``length`` committed tokens (no step may be pending), e.g. to
+        re-run a step from the same prefix (as ``DenseKVCache.truncate``)."""
+        if self._pending:
+            raise VerifyError("truncate during a step: commit or roll it back first")
+        if not 0 <= length <= self._len:
+            raise VerifyError(f"truncate to {length}: only {self._len} tokens are committed")
+        self.pool.manager.truncate(self.seq, length)
+        self._len = length
+        # What follows may differ from the declared prompt: stop vouching for it.
+        del self._declared[length:]
+        self._committed_slots = None
+
+    # ---- sharing ---------------------------------------------------------------------------
+    def fork(self) -> PagedKVCache:
+        """A new sequence sharing every block of this one (no copy until one of them grows
+        into a shared partial block)."""
+        if self._pending:
+            raise KVCacheError(f"sequence {self.seq} is inside a step; commit or roll back first")
+        child = self.pool._new_id()
+        self.pool.manager.fork(self.seq, child)
+        c = PagedKVCache(self.pool, _seq=child)
+        c._declared = list(self._declared)
+        return c
+
+    def block_table(self) -> np.ndarray:
+        return self.pool.manager.block_table(self.seq)
+
+    def free(self) -> None:
+        """Release this sequence's blocks (cached ones stay hittable until evicted)."""
+        self.pool.manager.free(self.seq)
+        self._len = self._pending = 0
+        self._committed_slots = self._step_slots = None

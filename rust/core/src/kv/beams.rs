@@ -1,0 +1,54 @@
+//! Beam reordering: each beam continues from a chosen parent beam, sharing its blocks.
+
+use rustc_hash::FxHashSet as HashSet;
+
+use super::error::KvError;
+use super::manager::{BlockManager, SeqId};
+
+impl BlockManager {
+    /// Beam `beams[i]` becomes a copy-free continuation of `beams[parents[i]]`. Children of
+    /// one parent share its blocks (their partial tail is copied on the next append); a
+    /// beam nobody continues releases its blocks. All or nothing.
+    pub fn reorder(&mut self, beams: &[SeqId], parents: &[usize]) -> Result<(), KvError> {
+        if beams.len() != parents.len() {
+            return Err(KvError::Invalid(format!(
+                "{} beams but {} parents",
+                beams.len(),
+                parents.len()
+            )));
+        }
+        let mut seen = HashSet::with_capacity_and_hasher(beams.len(), Default::default());
+        for &b in beams {
+            if self.get(b)?.pending > 0 {
+                return Err(KvError::PendingStep(b));
+            }
+            if !seen.insert(b) {
+                return Err(KvError::Invalid(format!("beam {b} appears twice")));
+            }
+        }
+        if let Some(&p) = parents.iter().find(|&&p| p >= beams.len()) {
+            return Err(KvError::Invalid(format!(
+                "parent index {p} out of range for {} beams",
+                beams.len()
+            )));
+        }
+        let new: Vec<_> = parents
+            .iter()
+            .map(|&p| self.seqs[&beams[p]].clone())
+            .collect();
+        // Take the new references before dropping the old ones, so a block both keep never
+        // touches the free queue.
+        for s in &new {
+            for &b in &s.blocks {
+                self.pool.incref(b);
+            }
+        }
+        for (&beam, s) in beams.iter().zip(new) {
+            let old = self.seqs.insert(beam, s).unwrap();
+            for &b in old.blocks.iter().rev() {
+                self.pool.decref(b);
+            }
+        }
+        Ok(())
+    }
+}

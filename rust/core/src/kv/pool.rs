@@ -1,0 +1,192 @@
+//! The block pool: refcounts, an intrusive doubly linked free queue (O(1) push, pop and
+//! removal from the middle) in LRU order, and the prefix cache's hash -> block map.
+
+use rustc_hash::FxHashMap as HashMap;
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Pool {
+    pub refcount: Vec<u32>,
+    /// Chained hash of a full cached block (prefix caching), if registered.
+    pub hash: Vec<Option<u64>>,
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    head: u32,
+    tail: u32,
+    num_free: usize,
+    pub cached: HashMap<u64, u32>,
+}
+
+impl Pool {
+    pub fn new(num_blocks: usize) -> Self {
+        let n = num_blocks as u32;
+        // Initially every block is free, in index order.
+        let prev = (0..n).map(|i| if i == 0 { NIL } else { i - 1 }).collect();
+        let next = (0..n)
+            .map(|i| if i + 1 == n { NIL } else { i + 1 })
+            .collect();
+        Pool {
+            refcount: vec![0; num_blocks],
+            hash: vec![None; num_blocks],
+            prev,
+            next,
+            head: if n == 0 { NIL } else { 0 },
+            tail: if n == 0 { NIL } else { n - 1 },
+            num_free: num_blocks,
+            cached: HashMap::default(),
+        }
+    }
+
+    #[inline]
+    pub fn num_free(&self) -> usize {
+        self.num_free
+    }
+
+    #[inline]
+    pub fn num_blocks(&self) -> usize {
+        self.refcount.len()
+    }
+
+    /// Unlink `b` from the free queue (it must be in it).
+    #[inline]
+    fn unlink(&mut self, b: u32) {
+        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+        if p == NIL {
+            self.head = n;
+        } else {
+            self.next[p as usize] = n;
+        }
+        if n == NIL {
+            self.tail = p;
+        } else {
+            self.prev[n as usize] = p;
+        }
+        self.prev[b as usize] = NIL;
+        self.next[b as usize] = NIL;
+        self.num_free -= 1;
+    }
+
+    /// Append `b` at the most-recently-freed end.
+    #[inline]
+    fn push_tail(&mut self, b: u32) {
+        self.prev[b as usize] = self.tail;
+        self.next[b as usize] = NIL;
+        if self.tail == NIL {
+            self.head = b;
+        } else {
+            self.next[self.tail as usize] = b;
+        }
+        self.tail = b;
+        self.num_free += 1;
+    }
+
+    /// Take the least recently freed block, evicting its cached hash; refcount becomes 1.
+    /// The caller has checked that a block is free.
+    #[inline]
+    pub fn take(&mut self) -> u32 {
+        let b = self.head;
+        debug_assert!(b != NIL, "take() on an empty free queue");
+        self.unlink(b);
+        if let Some(h) = self.hash[b as usize].take() {
+            if self.cached.get(&h) == Some(&b) {
+                self.cached.remove(&h);
+            }
+        }
+        self.refcount[b as usize] = 1;
+        b
+    }
+
+    /// One more holder of `b`; a cached block with no holder leaves the free queue.
+    #[inline]
+    pub fn incref(&mut self, b: u32) {
+        if self.refcount[b as usize] == 0 {
+            self.unlink(b);
+        }
+        self.refcount[b as usize] += 1;
+    }
+
+    /// One holder fewer; at zero the block joins the free queue's tail (its hash stays
+    /// hittable until the block is taken again).
+    #[inline]
+    pub fn decref(&mut self, b: u32) {
+        let r = &mut self.refcount[b as usize];
+        debug_assert!(*r > 0);
+        *r -= 1;
+        if *r == 0 {
+            self.push_tail(b);
+        }
+    }
+
+    /// Holders that forbid writing into `b`: its tables, plus one for the prefix cache
+    /// (a cached block's content must stay what its hash says). Above 1 means copy on write.
+    #[inline]
+    pub fn holders(&self, b: u32) -> u32 {
+        self.refcount[b as usize] + self.hash[b as usize].is_some() as u32
+    }
+
+    /// The free queue from least to most recently freed.
+    pub fn free_queue(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.num_free);
+        let mut b = self.head;
+        while b != NIL {
+            out.push(b);
+            b = self.next[b as usize];
+        }
+        out
+    }
+
+    /// Free-queue links agree with refcounts both ways (used by the invariant checker).
+    pub fn check_links(&self) -> Result<(), String> {
+        let q = self.free_queue();
+        if q.len() != self.num_free {
+            return Err(format!(
+                "free queue has {} blocks, counter says {}",
+                q.len(),
+                self.num_free
+            ));
+        }
+        let mut back = Vec::with_capacity(q.len());
+        let mut b = self.tail;
+        while b != NIL {
+            back.push(b);
+            b = self.prev[b as usize];
+        }
+        back.reverse();
+        if back != q {
+            return Err("free queue's backward links disagree with its forward links".into());
+        }
+        for &b in &q {
+            if self.refcount[b as usize] != 0 {
+                return Err(format!(
+                    "block {b} is free but has refcount {}",
+                    self.refcount[b as usize]
+                ));
+            }
+        }
+        let zero = self.refcount.iter().filter(|&&r| r == 0).count();
+        if zero != q.len() {
+            return Err(format!(
+                "{zero} blocks have refcount 0 but {} are free",
+                q.len()
+            ));
+        }
+        for (&h, &b) in &self.cached {
+            if self.hash[b as usize] != Some(h) {
+                return Err(format!(
+                    "hash map names block {b}, which does not carry that hash"
+                ));
+            }
+        }
+        for (b, h) in self.hash.iter().enumerate() {
+            if let Some(h) = h {
+                if self.cached.get(h) != Some(&(b as u32)) {
+                    return Err(format!(
+                        "block {b} carries a hash the map does not point back to"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
