@@ -1,7 +1,477 @@
-//! Bindings of `specdec_core::grammar`.
+//! Bindings of `specdec_core::grammar`: `Vocabulary`, `RegexGrammar`, `Matcher` newtypes,
+//! bitmask fills into int32 numpy buffers (one row, a batch, a tree) with the GIL released,
+//! and the grammar-aware DDTree builder.
 
+use std::sync::Arc;
+
+use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+use rayon::prelude::*;
+use specdec_core::grammar::{
+    self as core, CompiledRegex, GrammarError, GrammarFilter, RegexLimits,
+};
+use specdec_core::tree::{build_ddtree_filtered, Marginals, TreeError};
 
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+use crate::arrays::{as_slice, shape, vec1};
+use crate::errors::OrRaise;
+use crate::tree::built_to_py;
+
+#[pyclass(module = "specdec._core", frozen)]
+pub struct Vocabulary(pub Arc<core::Vocabulary>);
+
+#[pymethods]
+impl Vocabulary {
+    /// Per-id bytes (`None` = special token), EOS ids and an optional padded size.
+    #[new]
+    #[pyo3(signature = (tokens, eos_ids, vocab_size=None))]
+    fn new(
+        py: Python<'_>,
+        tokens: Vec<Option<Vec<u8>>>,
+        eos_ids: Vec<i64>,
+        vocab_size: Option<usize>,
+    ) -> PyResult<Self> {
+        let v = py
+            .detach(|| core::Vocabulary::new(tokens, &eos_ids, vocab_size))
+            .or_raise()?;
+        Ok(Vocabulary(Arc::new(v)))
+    }
+
+    /// Parse Tekken JSON bytes (as shipped by `mistral_common`).
+    #[staticmethod]
+    #[pyo3(signature = (data, eos_ids=None))]
+    fn from_tekken_json(
+        py: Python<'_>,
+        data: Vec<u8>,
+        eos_ids: Option<Vec<i64>>,
+    ) -> PyResult<Self> {
+        let v = py
+            .detach(|| core::Vocabulary::from_tekken_json(&data, eos_ids.as_deref()))
+            .or_raise()?;
+        Ok(Vocabulary(Arc::new(v)))
+    }
+
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.0.vocab_size()
+    }
+
+    #[getter]
+    fn eos_ids(&self) -> Vec<u32> {
+        self.0.eos_ids().to_vec()
+    }
+
+    #[getter]
+    fn num_trie_nodes(&self) -> usize {
+        self.0.trie().num_nodes()
+    }
+
+    /// Bytes of one token (`None` for special, EOS and padding ids).
+    fn token_bytes<'py>(
+        &self,
+        py: Python<'py>,
+        token: i64,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let t = self.0.check(token).or_raise()?;
+        Ok(self
+            .0
+            .has_bytes(t)
+            .then(|| PyBytes::new(py, self.0.token_bytes(t))))
+    }
+}
+
+#[pyclass(module = "specdec._core", frozen)]
+pub struct RegexGrammar(pub Arc<CompiledRegex>);
+
+#[pymethods]
+impl RegexGrammar {
+    #[new]
+    #[pyo3(signature = (vocab, pattern, size_limit=None, cache_bytes=None, precompute_ms=5.0))]
+    fn new(
+        py: Python<'_>,
+        vocab: &Vocabulary,
+        pattern: String,
+        size_limit: Option<usize>,
+        cache_bytes: Option<usize>,
+        precompute_ms: f64,
+    ) -> PyResult<Self> {
+        let mut limits = RegexLimits::default();
+        if let Some(l) = size_limit {
+            limits = RegexLimits {
+                automaton_bytes: l,
+                table_bytes: l,
+            };
+        }
+        let v = vocab.0.clone();
+        let g = py
+            .detach(|| {
+                let t0 = std::time::Instant::now();
+                let g = CompiledRegex::new(
+                    v,
+                    &pattern,
+                    limits,
+                    cache_bytes.unwrap_or(core::DEFAULT_CACHE_BYTES),
+                )?;
+                if precompute_ms.is_infinite() {
+                    g.precompute();
+                } else if precompute_ms > 0.0 {
+                    // The budget covers the whole compile, DFA construction included.
+                    let budget = std::time::Duration::from_secs_f64(precompute_ms / 1e3);
+                    g.precompute_within(budget.saturating_sub(t0.elapsed()));
+                }
+                Ok::<_, GrammarError>(g)
+            })
+            .or_raise()?;
+        Ok(RegexGrammar(Arc::new(g)))
+    }
+
+    #[getter]
+    fn pattern(&self) -> &str {
+        self.0.pattern()
+    }
+
+    #[getter]
+    fn num_states(&self) -> usize {
+        self.0.dfa().num_states()
+    }
+
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.0.vocab().vocab_size()
+    }
+
+    /// Has this grammar switched to its merged byte-class trie (after a large walk)?
+    #[getter]
+    fn uses_class_trie(&self) -> bool {
+        self.0.has_class_trie()
+    }
+
+    #[getter]
+    fn cache_bytes(&self) -> usize {
+        self.0.cache().used_bytes()
+    }
+
+    /// Test oracle: the mask after `text`, by running every token's bytes through the DFA
+    /// one by one (no trie, no cache). uint32 `[ceil(V/32)]`.
+    fn brute_force_mask<'py>(&self, py: Python<'py>, text: Vec<u8>) -> Bound<'py, PyAny> {
+        let g = &self.0;
+        let s = g.dfa().run(g.start(), &text);
+        let mut out = vec![0u32; g.vocab().words()];
+        py.detach(|| g.brute_force_mask(s, &mut out));
+        vec1(py, out).into_any()
+    }
+
+    /// Does `text` fully match the regex?
+    fn matches(&self, text: Vec<u8>) -> bool {
+        let g = &self.0;
+        g.is_accepting(g.dfa().run(g.start(), &text))
+    }
+}
+
+#[pyclass(module = "specdec._core")]
+pub struct Matcher(pub core::Matcher);
+
+fn row_slice(
+    buf: &mut [i32],
+    rows: usize,
+    cols: usize,
+    row: i64,
+) -> Result<&mut [u32], GrammarError> {
+    if row < 0 || row as usize >= rows {
+        return Err(GrammarError::Shape(format!(
+            "row {row} outside a bitmask of {rows} rows"
+        )));
+    }
+    let r = row as usize;
+    Ok(as_u32(&mut buf[r * cols..(r + 1) * cols]))
+}
+
+fn as_u32(s: &mut [i32]) -> &mut [u32] {
+    // i32 and u32 share size and alignment; the bit pattern is what the mask means.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u32>(), s.len()) }
+}
+
+/// Borrow a writable C-contiguous int32 `[rows, cols]` buffer.
+fn with_buffer<R>(
+    bitmask: &Bound<'_, PyAny>,
+    words: usize,
+    f: impl FnOnce(&mut [i32], usize, usize) -> PyResult<R>,
+) -> PyResult<R> {
+    let arr = bitmask.cast::<PyArray2<i32>>().map_err(|_| {
+        PyErr::from(crate::errors::Error::from(GrammarError::Shape(
+            "bitmask must be a 2-D int32 array".into(),
+        )))
+    })?;
+    let mut rw = arr.try_readwrite()?;
+    let (rows, cols) = (rw.shape()[0], rw.shape()[1]);
+    if cols < words {
+        return Err(GrammarError::Shape(format!(
+            "bitmask has {cols} words per row, the vocabulary needs {words}"
+        )))
+        .or_raise();
+    }
+    let slice = rw.as_slice_mut().map_err(|_| {
+        PyErr::from(crate::errors::Error::from(GrammarError::Shape(
+            "bitmask must be C-contiguous".into(),
+        )))
+    })?;
+    f(slice, rows, cols)
+}
+
+impl Matcher {
+    fn fill(&self, py: Python<'_>, out: &mut [u32]) -> PyResult<()> {
+        let m = &self.0;
+        if m.grammar().is_cheap(m.state()) {
+            m.fill_bitmask(out).or_raise()
+        } else {
+            py.detach(|| m.fill_bitmask(out)).or_raise()
+        }
+    }
+}
+
+#[pymethods]
+impl Matcher {
+    #[new]
+    fn new(grammar: &RegexGrammar) -> Self {
+        Matcher(core::Matcher::new(grammar.0.clone()))
+    }
+
+    fn accept_token(&mut self, token: i64) -> PyResult<bool> {
+        self.0.accept_token(token).or_raise()
+    }
+
+    fn accept_tokens(&mut self, tokens: Vec<i64>) -> PyResult<usize> {
+        self.0.accept_tokens(&tokens).or_raise()
+    }
+
+    fn is_terminated(&self) -> bool {
+        self.0.is_terminated()
+    }
+
+    fn is_accepting(&self) -> bool {
+        self.0.is_accepting()
+    }
+
+    #[getter]
+    fn num_accepted(&self) -> usize {
+        self.0.num_accepted()
+    }
+
+    #[getter]
+    fn state(&self) -> u32 {
+        self.0.state()
+    }
+
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.0.grammar().vocab().vocab_size()
+    }
+
+    fn rollback(&mut self, n: usize) -> PyResult<()> {
+        self.0.rollback(n).or_raise()
+    }
+
+    fn reset(&mut self) {
+        self.0.reset()
+    }
+
+    fn fork(&self) -> Matcher {
+        Matcher(self.0.fork())
+    }
+
+    /// Fill row `row` of an int32 `[B, >= ceil(V/32)]` numpy buffer (the GIL is released
+    /// when the mask needs a trie walk).
+    #[pyo3(signature = (bitmask, row=0))]
+    fn fill_next_token_bitmask(
+        &self,
+        py: Python<'_>,
+        bitmask: &Bound<'_, PyAny>,
+        row: i64,
+    ) -> PyResult<()> {
+        let words = self.0.grammar().vocab().words();
+        with_buffer(bitmask, words, |buf, rows, cols| {
+            let out = row_slice(buf, rows, cols, row).or_raise()?;
+            self.fill(py, out)
+        })
+    }
+
+    /// Fill row `row` of a raw int32 `[rows, cols]` buffer at `ptr` (the torch fast path:
+    /// the Python caller has checked device, dtype, contiguity and shape).
+    fn _fill_next_token_bitmask_ptr(
+        &self,
+        py: Python<'_>,
+        ptr: usize,
+        rows: usize,
+        cols: usize,
+        row: i64,
+    ) -> PyResult<()> {
+        let words = self.0.grammar().vocab().words();
+        if ptr == 0 || ptr % std::mem::align_of::<u32>() != 0 || cols < words {
+            return Err(GrammarError::Shape(format!(
+                "bitmask must be a non-null aligned int32 buffer with >= {words} words per row"
+            )))
+            .or_raise();
+        }
+        if row < 0 || row as usize >= rows {
+            return Err(GrammarError::Shape(format!(
+                "row {row} outside a bitmask of {rows} rows"
+            )))
+            .or_raise();
+        }
+        // SAFETY: the caller passes the data pointer of a live, contiguous CPU int32 tensor
+        // of shape [rows, cols]; only row `row` is written.
+        let out = unsafe {
+            std::slice::from_raw_parts_mut((ptr as *mut u32).add(row as usize * cols), cols)
+        };
+        self.fill(py, out)
+    }
+}
+
+/// Fill one row per matcher (`rows[i]`, default `i`) with the GIL released, in parallel.
+#[pyfunction]
+#[pyo3(signature = (matchers, bitmask, rows=None))]
+fn fill_next_token_bitmask_batch(
+    py: Python<'_>,
+    matchers: Vec<PyRef<'_, Matcher>>,
+    bitmask: &Bound<'_, PyAny>,
+    rows: Option<Vec<i64>>,
+) -> PyResult<()> {
+    let ms: Vec<core::Matcher> = matchers.iter().map(|m| m.0.clone()).collect();
+    let targets: Vec<i64> = rows.unwrap_or_else(|| (0..ms.len() as i64).collect());
+    if targets.len() != ms.len() {
+        return Err(GrammarError::Shape(format!(
+            "{} rows for {} matchers",
+            targets.len(),
+            ms.len()
+        )))
+        .or_raise();
+    }
+    let Some(first) = ms.first() else {
+        return Ok(());
+    };
+    let words = first.grammar().vocab().words();
+    with_buffer(bitmask, words, |buf, nrows, cols| {
+        let mut seen = vec![false; nrows];
+        for (m, &r) in ms.iter().zip(&targets) {
+            if r < 0 || r as usize >= nrows {
+                return Err(GrammarError::Shape(format!(
+                    "row {r} outside a bitmask of {nrows} rows"
+                )))
+                .or_raise();
+            }
+            if std::mem::replace(&mut seen[r as usize], true) {
+                return Err(GrammarError::Shape(format!("row {r} given twice"))).or_raise();
+            }
+            if m.grammar().vocab().words() > cols {
+                return Err(GrammarError::Shape(
+                    "a matcher's vocabulary is wider than the bitmask".into(),
+                ))
+                .or_raise();
+            }
+        }
+        let buf = as_u32(buf);
+        py.detach(|| {
+            // Disjoint rows: hand each matcher its own row.
+            let mut slots: Vec<Option<&mut [u32]>> = buf.chunks_mut(cols).map(Some).collect();
+            let jobs: Vec<(&core::Matcher, &mut [u32])> = ms
+                .iter()
+                .zip(&targets)
+                .map(|(m, &r)| (m, slots[r as usize].take().expect("row checked unique")))
+                .collect();
+            jobs.into_par_iter()
+                .try_for_each(|(m, out)| m.fill_bitmask(out))
+        })
+        .or_raise()
+    })
+}
+
+/// Fill rows `row_offset..row_offset + n` with the masks of a tree's nodes (root first);
+/// returns a bool array: does the grammar accept each node's path?
+#[pyfunction]
+#[pyo3(signature = (matcher, tokens, parents, bitmask, row_offset=0))]
+fn fill_tree_bitmask<'py>(
+    py: Python<'py>,
+    matcher: &Matcher,
+    tokens: PyReadonlyArray1<'py, i64>,
+    parents: PyReadonlyArray1<'py, i32>,
+    bitmask: &Bound<'py, PyAny>,
+    row_offset: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (tokens, parents) = (as_slice(&tokens), as_slice(&parents));
+    let words = matcher.0.grammar().vocab().words();
+    let m = &matcher.0;
+    let valid = with_buffer(bitmask, words, |buf, rows, cols| {
+        if row_offset + tokens.len() > rows {
+            return Err(GrammarError::Shape(format!(
+                "a tree of {} nodes from row {row_offset} needs {} rows, the bitmask has {rows}",
+                tokens.len(),
+                row_offset + tokens.len()
+            )))
+            .or_raise();
+        }
+        let out = as_u32(&mut buf[row_offset * cols..]);
+        py.detach(|| core::fill_tree_bitmask(m, &tokens, &parents, out, cols))
+            .or_raise()
+    })?;
+    Ok(vec1(py, valid).into_any())
+}
+
+/// Grammar-aware DDTree: ranks restricted to the tokens each node's grammar state allows.
+#[pyfunction]
+#[pyo3(signature = (logprobs, token_ids, budget, matcher, root_token=-1, min_logprob=None))]
+fn build_ddtree_constrained<'py>(
+    py: Python<'py>,
+    logprobs: PyReadonlyArray2<'py, f32>,
+    token_ids: PyReadonlyArray2<'py, i64>,
+    budget: i64,
+    matcher: &Matcher,
+    root_token: i64,
+    min_logprob: Option<f64>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let (ls, ts) = (shape(&logprobs), shape(&token_ids));
+    if ls != ts {
+        return Err(TreeError::Shape(format!(
+            "logprobs {ls:?} and token_ids {ts:?} must have the same [L, K] shape"
+        )))
+        .or_raise();
+    }
+    if root_token < -1 || root_token > i32::MAX as i64 {
+        return Err(TreeError::TokenOutOfRange {
+            token: root_token,
+            location: "root_token".into(),
+        })
+        .or_raise();
+    }
+    if min_logprob.is_some_and(f64::is_nan) {
+        return Err(TreeError::Shape("min_logprob must not be NaN".into())).or_raise();
+    }
+    let (lp, ids) = (as_slice(&logprobs), as_slice(&token_ids));
+    let m = &matcher.0;
+    let built = py
+        .detach(|| {
+            if budget <= 0 {
+                return Err(TreeError::Budget(budget));
+            }
+            let marg = Marginals::all_columns(&lp, &ids, ls[0], ls[1])?;
+            let mut filter = GrammarFilter::new(m, budget as usize + 1);
+            Ok::<_, TreeError>(build_ddtree_filtered(
+                &marg,
+                budget as usize,
+                root_token,
+                min_logprob,
+                &mut filter,
+            ))
+        })
+        .or_raise()?;
+    built_to_py(py, built)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Vocabulary>()?;
+    m.add_class::<RegexGrammar>()?;
+    m.add_class::<Matcher>()?;
+    m.add_function(wrap_pyfunction!(fill_next_token_bitmask_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(fill_tree_bitmask, m)?)?;
+    m.add_function(wrap_pyfunction!(build_ddtree_constrained, m)?)?;
     Ok(())
 }

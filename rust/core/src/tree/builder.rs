@@ -86,7 +86,8 @@ pub fn build_ddtree_filtered<F: TokenFilter>(
     min_logprob: Option<f64>,
     filter: &mut F,
 ) -> BuiltTree {
-    let k = m.used_width().min(budget);
+    // Every validated column: with a filter, allowed tokens may sit below rank `budget`.
+    let k = m.used_width();
     let rows = m.depth();
     let cap = budget + 1;
     let mut tokens = Vec::with_capacity(cap);

@@ -8,12 +8,14 @@ pub struct Marginals<'a> {
     token_ids: &'a [i64],
     depth: usize,
     width: usize,
-    /// Columns the builder may read: min(budget, K); only these are validated.
+    /// Columns the builder may read; only these are validated.
     used: usize,
 }
 
 impl<'a> Marginals<'a> {
-    /// Validate `[depth, width]` arrays for a build of `budget` drafted nodes.
+    /// Validate `[depth, width]` arrays for an unconstrained build of `budget` drafted nodes:
+    /// only the first min(budget, K) columns can enter the tree (Lemma 1), so only those are
+    /// read and checked.
     pub fn new(
         logprobs: &'a [f32],
         token_ids: &'a [i64],
@@ -24,6 +26,27 @@ impl<'a> Marginals<'a> {
         if budget <= 0 {
             return Err(TreeError::Budget(budget));
         }
+        Self::with_columns(logprobs, token_ids, depth, width, width.min(budget as usize))
+    }
+
+    /// Validate every column: a constrained build may skip any number of disallowed
+    /// top-ranked tokens, so all K candidates can be needed whatever the budget.
+    pub fn all_columns(
+        logprobs: &'a [f32],
+        token_ids: &'a [i64],
+        depth: usize,
+        width: usize,
+    ) -> Result<Self, TreeError> {
+        Self::with_columns(logprobs, token_ids, depth, width, width)
+    }
+
+    fn with_columns(
+        logprobs: &'a [f32],
+        token_ids: &'a [i64],
+        depth: usize,
+        width: usize,
+        used: usize,
+    ) -> Result<Self, TreeError> {
         if depth == 0 || width == 0 {
             return Err(TreeError::Shape(format!(
                 "marginals must have L >= 1 depths and K >= 1 candidates, got [{depth}, {width}]"
@@ -36,7 +59,6 @@ impl<'a> Marginals<'a> {
                 token_ids.len()
             )));
         }
-        let used = width.min(budget as usize);
         for d in 0..depth {
             let row = &logprobs[d * width..d * width + used];
             let ids = &token_ids[d * width..d * width + used];
@@ -92,7 +114,7 @@ impl<'a> Marginals<'a> {
         self.depth
     }
 
-    /// Candidates per depth the builder may use (min(budget, K)).
+    /// Candidates per depth the builder may use (validated columns).
     pub fn used_width(&self) -> usize {
         self.used
     }

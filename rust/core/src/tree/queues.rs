@@ -38,8 +38,9 @@ struct Head {
 
 #[inline(always)]
 fn before(a: &Head, b: &Head) -> bool {
-    // Higher score first; equal scores in push order.
-    a.score > b.score || (a.score == b.score && a.seq < b.seq)
+    // Higher score first; equal scores in push order. Non-short-circuit operators keep the
+    // comparison branch-free: heap comparisons are unpredictable.
+    (a.score > b.score) | ((a.score == b.score) & (a.seq < b.seq))
 }
 
 struct HeadHeap(Vec<Head>);
@@ -73,6 +74,8 @@ impl HeadHeap {
                 last
             }
         };
+        // Floyd's variant: walk the hole down to a leaf along the better children (a
+        // branch-free choice per level), then sift `h` up from there (usually a step or two).
         let n = v.len();
         let mut i = 0;
         loop {
@@ -80,13 +83,21 @@ impl HeadHeap {
             if l >= n {
                 break;
             }
-            let r = l + 1;
-            let c = if r < n && before(&v[r], &v[l]) { r } else { l };
-            if !before(&v[c], &h) {
-                break;
-            }
+            let c = if l + 1 < n {
+                l + before(&v[l + 1], &v[l]) as usize
+            } else {
+                l
+            };
             v[i] = v[c];
             i = c;
+        }
+        while i > 0 {
+            let p = (i - 1) / 2;
+            if !before(&h, &v[p]) {
+                break;
+            }
+            v[i] = v[p];
+            i = p;
         }
         v[i] = h;
     }

@@ -1,0 +1,95 @@
+//! Criterion benches of the grammar module on the Tekken 131k vocabulary (path from
+//! `SPECDEC_TEKKEN`, else found through the installed `mistral_common`; a synthetic
+//! vocabulary otherwise): regex compile, cached mask, uncached trie walk, tree masks.
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use specdec_core::grammar::{fill_tree_bitmask, CompiledRegex, Matcher, RegexLimits, Vocabulary};
+
+fn tekken_path() -> Option<String> {
+    if let Ok(p) = std::env::var("SPECDEC_TEKKEN") {
+        return Some(p);
+    }
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import mistral_common,os;print(os.path.join(os.path.dirname(mistral_common.__file__),'data','tekken_240911.json'))",
+        ])
+        .output()
+        .ok()?;
+    let p = String::from_utf8(out.stdout).ok()?.trim().to_owned();
+    std::path::Path::new(&p).exists().then_some(p)
+}
+
+fn vocab() -> Arc<Vocabulary> {
+    if let Some(p) = tekken_path() {
+        let data = std::fs::read(p).expect("read tekken");
+        return Arc::new(Vocabulary::from_tekken_json(&data, None).expect("tekken"));
+    }
+    // Synthetic: all 1..3-letter lowercase strings plus digits and punctuation.
+    let mut toks: Vec<Option<Vec<u8>>> = vec![None, None, None];
+    for a in b'a'..=b'z' {
+        toks.push(Some(vec![a]));
+        for b in b'a'..=b'z' {
+            toks.push(Some(vec![a, b]));
+            for c in b'a'..=b'z' {
+                toks.push(Some(vec![b' ', a, b, c]));
+            }
+        }
+    }
+    for d in b' '..=b'@' {
+        toks.push(Some(vec![d]));
+    }
+    Arc::new(Vocabulary::new(toks, &[2], None).unwrap())
+}
+
+fn grammar(v: &Arc<Vocabulary>, p: &str, cache: usize) -> Arc<CompiledRegex> {
+    Arc::new(CompiledRegex::new(v.clone(), p, RegexLimits::default(), cache).unwrap())
+}
+
+fn benches(c: &mut Criterion) {
+    let v = vocab();
+    let words = v.words();
+    let mut g = c.benchmark_group("grammar");
+    g.bench_function("compile date regex", |b| {
+        b.iter(|| grammar(&v, black_box(r"[0-9]{4}-[0-9]{2}-[0-9]{2}"), 1 << 20))
+    });
+    let quoted = r#""([^"\\]|\\.)*""#;
+    let cached = grammar(&v, quoted, 1 << 28);
+    let mut m = Matcher::new(cached.clone());
+    m.accept_token(1000 + b'"' as i64).unwrap();
+    let mut out = vec![0u32; words];
+    g.bench_function("mask cached (quoted string)", |b| {
+        b.iter(|| m.fill_bitmask(black_box(&mut out)).unwrap())
+    });
+    let uncached = grammar(&v, quoted, 0);
+    let mut mu = Matcher::new(uncached);
+    mu.accept_token(1000 + b'"' as i64).unwrap();
+    g.bench_function("mask trie walk uncached (quoted string, inside)", |b| {
+        b.iter(|| mu.fill_bitmask(black_box(&mut out)).unwrap())
+    });
+    let digits = grammar(&v, r"[0-9]+", 0);
+    let md = Matcher::new(digits);
+    g.bench_function("mask trie walk uncached ([0-9]+)", |b| {
+        b.iter(|| md.fill_bitmask(black_box(&mut out)).unwrap())
+    });
+    for n in [64usize, 256] {
+        // A chain-and-fan tree of quote-free tokens under the open quote.
+        let tokens: Vec<i64> = (0..n as i64)
+            .map(|i| if i == 0 { 0 } else { 1000 + 97 + i % 20 })
+            .collect();
+        let parents: Vec<i32> = (0..n as i32)
+            .map(|i| if i == 0 { -1 } else { (i - 1) / 4 })
+            .collect();
+        let mut buf = vec![0u32; n * words];
+        g.bench_function(format!("tree mask {n} nodes (warm)"), |b| {
+            b.iter(|| fill_tree_bitmask(&m, &tokens, &parents, black_box(&mut buf), words).unwrap())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(grammar_benches, benches);
+criterion_main!(grammar_benches);

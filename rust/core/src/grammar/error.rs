@@ -1,0 +1,28 @@
+use thiserror::Error;
+
+/// Errors of the constrained-decoding module. Every fallible call leaves its inputs (and any
+/// matcher) unchanged when it returns one of these.
+#[derive(Debug, Clone, Error, PartialEq)]
+pub enum GrammarError {
+    /// The regex does not parse or uses a feature the byte DFA cannot express.
+    #[error("invalid regex: {0}")]
+    Regex(String),
+    /// The automaton would exceed its configured size limit.
+    #[error("grammar too large: {0}")]
+    TooLarge(String),
+    /// A token id outside `[0, vocab_size)`.
+    #[error("token id {token} is out of range for a vocabulary of {vocab_size} tokens")]
+    TokenOutOfRange { token: i64, vocab_size: usize },
+    /// Bad vocabulary input (duplicate EOS, ids out of range, malformed tokenizer file...).
+    #[error("invalid vocabulary: {0}")]
+    Vocab(String),
+    /// Wrong buffer or array shape.
+    #[error("shape error: {0}")]
+    Shape(String),
+    /// `rollback(n)` asked for more tokens than were accepted.
+    #[error("cannot roll back {requested} tokens: only {available} accepted")]
+    Rollback { requested: usize, available: usize },
+    /// Two objects built over different vocabularies were combined.
+    #[error("{0}")]
+    Mismatch(String),
+}

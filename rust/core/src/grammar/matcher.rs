@@ -1,0 +1,142 @@
+//! A matcher: one grammar state per accepted token, kept as a persistent list so `fork` is
+//! an `Arc` clone (O(1)) and `rollback(n)` walks back `n` links.
+
+use std::sync::Arc;
+
+use super::compiled::{CompiledRegex, TERMINATED};
+use super::regex::DEAD;
+use super::GrammarError;
+
+#[derive(Debug)]
+struct Hist {
+    state: u32,
+    prev: Option<Arc<Hist>>,
+}
+
+impl Drop for Hist {
+    // Unlink iteratively: a long history must not recurse once per token.
+    fn drop(&mut self) {
+        let mut next = self.prev.take();
+        while let Some(node) = next {
+            match Arc::try_unwrap(node) {
+                Ok(mut n) => next = n.prev.take(),
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Matcher {
+    grammar: Arc<CompiledRegex>,
+    head: Arc<Hist>,
+    /// Accepted tokens still in the history (what `rollback` may undo).
+    len: usize,
+}
+
+impl Matcher {
+    pub fn new(grammar: Arc<CompiledRegex>) -> Self {
+        let start = grammar.start();
+        Matcher {
+            grammar,
+            head: Arc::new(Hist {
+                state: start,
+                prev: None,
+            }),
+            len: 0,
+        }
+    }
+
+    pub fn grammar(&self) -> &Arc<CompiledRegex> {
+        &self.grammar
+    }
+
+    /// Current (premultiplied) DFA state, or `TERMINATED`.
+    #[inline]
+    pub fn state(&self) -> u32 {
+        self.head.state
+    }
+
+    /// Advance by one token; `Ok(false)` (state unchanged) if the grammar rejects it.
+    pub fn accept_token(&mut self, token: i64) -> Result<bool, GrammarError> {
+        let t = self.grammar.vocab().check(token)?;
+        let next = self.grammar.step(self.state(), t);
+        if next == DEAD {
+            return Ok(false);
+        }
+        self.push(next);
+        Ok(true)
+    }
+
+    /// Accept tokens in order; stops at the first rejected one and returns how many were
+    /// accepted (all ids are range-checked first, so an error changes nothing).
+    pub fn accept_tokens(&mut self, tokens: &[i64]) -> Result<usize, GrammarError> {
+        for &t in tokens {
+            self.grammar.vocab().check(t)?;
+        }
+        for (i, &t) in tokens.iter().enumerate() {
+            if !self.accept_token(t)? {
+                return Ok(i);
+            }
+        }
+        Ok(tokens.len())
+    }
+
+    fn push(&mut self, state: u32) {
+        let prev = Some(self.head.clone());
+        self.head = Arc::new(Hist { state, prev });
+        self.len += 1;
+    }
+
+    pub fn is_terminated(&self) -> bool {
+        self.state() == TERMINATED
+    }
+
+    /// EOS is allowed now.
+    pub fn is_accepting(&self) -> bool {
+        self.grammar.is_accepting(self.state())
+    }
+
+    pub fn num_accepted(&self) -> usize {
+        self.len
+    }
+
+    /// Undo the last `n` accepted tokens.
+    pub fn rollback(&mut self, n: usize) -> Result<(), GrammarError> {
+        if n > self.len {
+            return Err(GrammarError::Rollback {
+                requested: n,
+                available: self.len,
+            });
+        }
+        for _ in 0..n {
+            let prev = self.head.prev.clone().expect("history shorter than len");
+            self.head = prev;
+        }
+        self.len -= n;
+        Ok(())
+    }
+
+    /// Back to the start state with an empty history.
+    pub fn reset(&mut self) {
+        *self = Matcher::new(self.grammar.clone());
+    }
+
+    /// An independent copy sharing history (O(1)).
+    pub fn fork(&self) -> Matcher {
+        self.clone()
+    }
+
+    /// Bitmask of the tokens allowed next into `out` (at least `words()` long).
+    pub fn fill_bitmask(&self, out: &mut [u32]) -> Result<(), GrammarError> {
+        let words = self.grammar.vocab().words();
+        if out.len() < words {
+            return Err(GrammarError::Shape(format!(
+                "bitmask row has {} words, the vocabulary needs {words}",
+                out.len()
+            )));
+        }
+        self.grammar.fill_mask(self.state(), out);
+        Ok(())
+    }
+}

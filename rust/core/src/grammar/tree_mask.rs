@@ -1,0 +1,119 @@
+//! Grammar masks over draft trees: one row per node (root first), states advanced along
+//! parents; and the token filter that makes the DDTree builder grammar-aware.
+
+use super::compiled::{CompiledRegex, TERMINATED};
+use super::matcher::Matcher;
+use super::regex::DEAD;
+use super::GrammarError;
+use crate::tree::TokenFilter;
+
+/// States of every node of a tree whose root is in `root_state`; DEAD for nodes whose token
+/// (or an ancestor's) the grammar rejects.
+pub fn tree_states(
+    g: &CompiledRegex,
+    root_state: u32,
+    tokens: &[i64],
+    parents: &[i32],
+) -> Result<Vec<u32>, GrammarError> {
+    let n = tokens.len();
+    if parents.len() != n || n == 0 {
+        return Err(GrammarError::Shape(format!(
+            "tokens ({n}) and parents ({}) must have the same non-zero length",
+            parents.len()
+        )));
+    }
+    if parents[0] != -1 {
+        return Err(GrammarError::Shape(
+            "node 0 must be the root (parent -1)".into(),
+        ));
+    }
+    let vocab = g.vocab();
+    let mut states = Vec::with_capacity(n);
+    states.push(root_state);
+    for i in 1..n {
+        let p = parents[i];
+        if p < 0 || p as usize >= i {
+            return Err(GrammarError::Shape(format!(
+                "parents[{i}] = {p} must be in [0, {i})"
+            )));
+        }
+        let t = vocab.check(tokens[i])?;
+        states.push(g.step(states[p as usize], t));
+    }
+    Ok(states)
+}
+
+/// Fill rows `0..n` of `out` (`cols` words each) with the masks of the tree's nodes; returns
+/// per node whether its path is valid. Invalid nodes get an all-zero row.
+pub fn fill_tree_bitmask(
+    m: &Matcher,
+    tokens: &[i64],
+    parents: &[i32],
+    out: &mut [u32],
+    cols: usize,
+) -> Result<Vec<bool>, GrammarError> {
+    let g = m.grammar();
+    let words = g.vocab().words();
+    if cols < words || out.len() < tokens.len() * cols {
+        return Err(GrammarError::Shape(format!(
+            "bitmask needs >= {} rows of >= {words} words, got {} rows of {cols}",
+            tokens.len(),
+            out.len() / cols.max(1)
+        )));
+    }
+    let states = tree_states(g, m.state(), tokens, parents)?;
+    let mut valid = Vec::with_capacity(states.len());
+    for (i, &s) in states.iter().enumerate() {
+        let row = &mut out[i * cols..(i + 1) * cols];
+        valid.push(s != DEAD);
+        g.fill_mask(s, row);
+    }
+    Ok(valid)
+}
+
+/// The DDTree builder's filter: one grammar state per emitted node (node 0 = the matcher's).
+pub struct GrammarFilter<'a> {
+    g: &'a CompiledRegex,
+    states: Vec<u32>,
+}
+
+impl<'a> GrammarFilter<'a> {
+    pub fn new(m: &'a Matcher, capacity: usize) -> Self {
+        let mut states = Vec::with_capacity(capacity);
+        states.push(m.state());
+        GrammarFilter {
+            g: m.grammar(),
+            states,
+        }
+    }
+
+    /// States of the emitted nodes, in node order.
+    pub fn states(&self) -> &[u32] {
+        &self.states
+    }
+
+    #[inline]
+    fn next(&self, parent: usize, token: i64) -> u32 {
+        let s = self.states[parent];
+        // Drafting past EOS would only spend budget on padding.
+        if s == TERMINATED {
+            return DEAD;
+        }
+        match self.g.vocab().check(token) {
+            Ok(t) => self.g.step(s, t),
+            Err(_) => DEAD,
+        }
+    }
+}
+
+impl TokenFilter for GrammarFilter<'_> {
+    fn allows(&mut self, parent: usize, token: i64) -> bool {
+        self.next(parent, token) != DEAD
+    }
+
+    fn emitted(&mut self, node: usize, parent: usize, token: i64) {
+        debug_assert_eq!(node, self.states.len());
+        let s = self.next(parent, token);
+        self.states.push(s);
+    }
+}
