@@ -5,12 +5,14 @@ One decode step: draft -> build tree -> mask -> verify -> walk -> commit.
 
 from __future__ import annotations
 
-from ._core import __version__
+from ._core import BlockManager, __version__
 from .errors import (
+    DoubleFree,
     GrammarError,
     KVCacheError,
     NoAllowedTokens,
     OutOfBlocks,
+    SlotNotReserved,
     SpecdecError,
     TreeError,
     UnknownSequence,
@@ -38,6 +40,28 @@ from .tree import (
     walk_batch,
 )
 
+# Verification needs torch: import it on first use so `import specdec` stays light.
+_TORCH_EXPORTS = {
+    "tree_attention": "attention",
+    "KVCache": "cache",
+    "DenseKVCache": "cache",
+    "Verifier": "verify",
+    "StepResult": "verify",
+    "Greedy": "verify",
+    "Sampling": "verify",
+    "SpeculativeGenerator": "generate",
+    "autoregressive_generate": "generate",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _TORCH_EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_TORCH_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "__version__",
     "DraftTree",
@@ -49,12 +73,24 @@ __all__ = [
     "tree_from_branches",
     "walk",
     "walk_batch",
+    "tree_attention",
+    "KVCache",
+    "DenseKVCache",
+    "Verifier",
+    "StepResult",
+    "Greedy",
+    "Sampling",
+    "SpeculativeGenerator",
+    "autoregressive_generate",
     "SpecdecError",
     "TreeError",
     "VerifyError",
     "KVCacheError",
     "OutOfBlocks",
     "UnknownSequence",
+    "DoubleFree",
+    "SlotNotReserved",
+    "BlockManager",
     "GrammarError",
     "NoAllowedTokens",
     "Vocabulary",

@@ -10,6 +10,11 @@ plus its drafted nodes, or one token, or a prompt) in one forward:
     # or cache.rollback()                   # drop all of this step's tokens
 
 The paged implementation (``specdec.kv.PagedKVCache``) follows the same protocol.
+
+Who calls what: the target model's forward (``LlamaModel.forward``, ``HFTarget.__call__``)
+calls ``begin(T)`` itself and ``append`` once per layer, and leaves the step pending; the
+caller (``specdec.verify.Verifier``, the generate loops) then calls ``commit`` or
+``rollback``. A forward that raises rolls its step back.
 """
 
 from __future__ import annotations
@@ -146,3 +151,12 @@ class DenseKVCache(KVCache):
 
     def committed_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[layer, :, : self._len], self.v[layer, :, : self._len]
+
+    def truncate(self, length: int) -> None:
+        """Keep only the first ``length`` committed tokens (no step may be pending), e.g. to
+        re-run a step from the same prefix."""
+        if self._pending:
+            raise VerifyError("truncate during a step: commit or roll it back first")
+        if not 0 <= length <= self._len:
+            raise VerifyError(f"truncate to {length}: only {self._len} tokens are committed")
+        self._len = length

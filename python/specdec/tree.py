@@ -51,7 +51,7 @@ class DraftTree:
         "logprobs",
         "first_child",
         "next_sibling",
-        "expected_acceptance",
+        "_expected",
         "num_real",
         "_bits",
         "_retrieve",
@@ -63,7 +63,6 @@ class DraftTree:
     logprobs: np.ndarray
     first_child: np.ndarray
     next_sibling: np.ndarray
-    expected_acceptance: float
     num_real: int
 
     def __init__(
@@ -73,7 +72,7 @@ class DraftTree:
         depths: Any | None = None,
         logprobs: Any | None = None,
         *,
-        expected_acceptance: float = math.nan,
+        expected_acceptance: float | None = None,
     ) -> None:
         """Wrap node arrays given from outside (checked: root first, parents before children,
         depth = parent's depth + 1). ``depths`` is derived when omitted."""
@@ -96,12 +95,14 @@ class DraftTree:
         if lp.shape != tok.shape:
             raise TreeError(f"logprobs {lp.shape} must match tokens {tok.shape}")
         bits, fc, ns = _core.tree_arrays(par, dep)
+        if expected_acceptance is None and logprobs is None:
+            expected_acceptance = math.nan  # no probabilities given: unknown
         self._set(tok, par, dep, lp, bits, fc, ns, expected_acceptance, len(tok))
 
     def _set(self, tok, par, dep, lp, bits, fc, ns, ea, num_real) -> None:  # type: ignore[no-untyped-def]
         self.tokens, self.parents, self.depths, self.logprobs = tok, par, dep, lp
         self._bits, self.first_child, self.next_sibling = bits, fc, ns
-        self.expected_acceptance = float(ea)
+        self._expected = ea
         self.num_real = num_real
         self._retrieve = None
 
@@ -112,6 +113,14 @@ class DraftTree:
         tok = arrays[0]
         self._set(*arrays, len(tok) if num_real is None else num_real)
         return self
+
+    @property
+    def expected_acceptance(self) -> float:
+        """Surrogate expected acceptance length (DDTree Prop. 1): the drafted prefixes'
+        probabilities summed; NaN for trees from explicit branches (no probabilities)."""
+        if self._expected is None:
+            self._expected = float(np.exp(self.logprobs[1 : self.num_real]).sum())
+        return self._expected
 
     # -- sizes -------------------------------------------------------------------------
     @property
@@ -173,7 +182,7 @@ class DraftTree:
             self.tokens, self.parents, self.depths, self.logprobs, int(budget), int(pad_token)
         )
         out = DraftTree._from_core(arrays, num_real=self.num_real)
-        out.expected_acceptance = self.expected_acceptance
+        out._expected = self._expected
         return out
 
     @property
@@ -202,7 +211,7 @@ class DraftTree:
                 self._bits,
                 self.first_child,
                 self.next_sibling,
-                self.expected_acceptance,
+                self._expected,
             ),
             num_real=self.num_real,
         )

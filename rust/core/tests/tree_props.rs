@@ -79,7 +79,7 @@ proptest! {
         let got: f64 = t.logprobs[1..].iter().sum();
         prop_assert!((best - got).abs() < 1e-9, "best {} got {}", best, got);
         let ea: f64 = all[..take].iter().map(|p| p.1.exp()).sum();
-        prop_assert!((ea - t.expected_acceptance).abs() < 1e-9);
+        prop_assert!((ea - t.expected_acceptance()).abs() < 1e-9);
         prop_assert_eq!(t.tokens[0], 7);
         for i in 1..n {
             let p = t.parents[i] as usize;
@@ -184,7 +184,7 @@ fn paper_worked_example() {
     // A, B, AB, BB, AA, ABC
     assert_eq!(b.tree.tokens, vec![-1, 0, 1, 1, 1, 0, 2]);
     assert_eq!(b.tree.parents, vec![-1, 0, 0, 1, 2, 1, 3]);
-    assert!((b.tree.expected_acceptance - 1.66625).abs() < 1e-6);
+    assert!((b.tree.expected_acceptance() - 1.66625).abs() < 1e-6);
     // Verifier: A at the root, B after A, D after AB.
     let mut chosen = vec![0i64; 7];
     chosen[0] = 0;

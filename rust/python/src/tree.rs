@@ -1,6 +1,6 @@
 //! Bindings of `specdec_core::tree`. Trees cross the boundary as tuples of numpy arrays
 //! `(tokens, parents, depths, logprobs, ancestor_bits, first_child, next_sibling,
-//! expected_acceptance)`; the Python `DraftTree` holds them.
+//! expected_acceptance or None = compute from logprobs)`; the Python `DraftTree` holds them.
 
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3};
 use pyo3::prelude::*;
@@ -31,7 +31,12 @@ pub(crate) fn built_to_py<'py>(py: Python<'py>, b: BuiltTree) -> PyResult<Bound<
         vec2(py, bits.words, bits.rows, bits.words_per_row)?,
         vec1(py, links.first_child).into_any(),
         vec1(py, links.next_sibling).into_any(),
-        tree.expected_acceptance.into_pyobject(py)?.into_any(),
+        // None: Python sums exp(logprobs) lazily (vectorized) when asked; NaN: unscored.
+        if tree.scored {
+            py.None().into_bound(py)
+        } else {
+            f64::NAN.into_pyobject(py)?.into_any()
+        },
     ];
     PyTuple::new(py, items)
 }
@@ -238,7 +243,7 @@ fn pad_tree<'py>(
         parents: as_slice(&parents).into_owned(),
         depths: as_slice(&depths).into_owned(),
         logprobs: as_slice(&logprobs).into_owned(),
-        expected_acceptance: f64::NAN,
+        scored: true,
     };
     DraftTree::validate_structure(&tree.parents, &tree.depths).or_raise()?;
     let padded = core::pad_tree(&tree, budget, pad_token).or_raise()?;

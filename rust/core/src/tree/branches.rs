@@ -57,6 +57,6 @@ pub fn tree_from_branches(branches: &[Vec<i64>], root_token: i64) -> Result<Buil
         parents,
         depths,
         logprobs: vec![0.0; n],
-        expected_acceptance: f64::NAN,
+        scored: false,
     }))
 }

@@ -156,14 +156,12 @@ pub(super) fn finish(
     depths: Vec<i32>,
     logprobs: Vec<f64>,
 ) -> BuiltTree {
-    // Surrogate expected acceptance (Prop. 1): the drafted prefixes' probabilities summed.
-    let expected_acceptance = logprobs[1..].iter().map(|s| s.exp()).sum();
     BuiltTree::from_tree(DraftTree {
         tokens,
         parents,
         depths,
         logprobs,
-        expected_acceptance,
+        scored: true,
     })
 }
 

@@ -27,17 +27,21 @@ impl AncestorBits {
 pub fn ancestor_bits(parents: &[i32]) -> AncestorBits {
     let n = parents.len();
     let w = n.div_ceil(64).max(1);
-    let mut words = vec![0u64; n * w];
-    for i in 0..n {
-        let p = parents[i];
+    // Each word is written exactly once (no zero-fill pass): row i is its parent's row up to
+    // the parent's last possible nonzero word (ancestors of p are <= p), then zeros, plus
+    // its own bit.
+    let mut words: Vec<u64> = Vec::with_capacity(n * w);
+    for (i, &p) in parents.iter().enumerate() {
+        let start = words.len();
         if p >= 0 {
-            let (head, tail) = words.split_at_mut(i * w);
             let p = p as usize;
-            // Ancestors of p have indices <= p: words past p / 64 are zero already.
             let used = p / 64 + 1;
-            tail[..used].copy_from_slice(&head[p * w..p * w + used]);
+            words.extend_from_within(p * w..p * w + used);
+            words.resize(start + w, 0);
+        } else {
+            words.resize(start + w, 0);
         }
-        words[i * w + i / 64] |= 1u64 << (i % 64);
+        words[start + i / 64] |= 1u64 << (i % 64);
     }
     AncestorBits {
         rows: n,

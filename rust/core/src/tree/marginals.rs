@@ -26,7 +26,13 @@ impl<'a> Marginals<'a> {
         if budget <= 0 {
             return Err(TreeError::Budget(budget));
         }
-        Self::with_columns(logprobs, token_ids, depth, width, width.min(budget as usize))
+        Self::with_columns(
+            logprobs,
+            token_ids,
+            depth,
+            width,
+            width.min(budget as usize),
+        )
     }
 
     /// Validate every column: a constrained build may skip any number of disallowed
@@ -63,7 +69,9 @@ impl<'a> Marginals<'a> {
             let row = &logprobs[d * width..d * width + used];
             let ids = &token_ids[d * width..d * width + used];
             // Branch-free scan (vectorizes); the slow scan below only runs to name the error.
-            let not_logprob = row.iter().fold(false, |acc, &v| acc | (v > 0.0) | v.is_nan());
+            let not_logprob = row
+                .iter()
+                .fold(false, |acc, &v| acc | (v > 0.0) | v.is_nan());
             let unsorted = row.windows(2).fold(false, |acc, w| acc | (w[1] > w[0]));
             let bad_id = ids
                 .iter()

@@ -30,8 +30,8 @@ pub struct DraftTree {
     pub depths: Vec<i32>,
     /// Cumulative prefix log-probability under the drafter (root: 0).
     pub logprobs: Vec<f64>,
-    /// Surrogate expected acceptance length: sum of the drafted prefixes' probabilities.
-    pub expected_acceptance: f64,
+    /// False for trees from explicit branches, which carry no drafter probabilities.
+    pub scored: bool,
 }
 
 impl DraftTree {
@@ -43,6 +43,16 @@ impl DraftTree {
     /// A tree always has its root, so it is never empty; kept for clippy's `len` rule.
     pub fn is_empty(&self) -> bool {
         self.tokens.is_empty()
+    }
+
+    /// Surrogate expected acceptance length (Prop. 1 of the DDTree paper): the drafted
+    /// prefixes' probabilities summed; NaN for unscored trees. Computed on demand, off the
+    /// build's hot path.
+    pub fn expected_acceptance(&self) -> f64 {
+        if !self.scored {
+            return f64::NAN;
+        }
+        self.logprobs.iter().skip(1).map(|s| s.exp()).sum()
     }
 
     /// Check the structural invariants of externally supplied arrays.

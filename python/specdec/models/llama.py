@@ -1,0 +1,498 @@
+"""A compact Llama/Qwen2-style decoder (RMSNorm, RoPE, GQA, SwiGLU, tied or untied head) whose
+forward runs one decode step over a :class:`~specdec.cache.KVCache`, and a loader for local
+Hugging Face checkpoint directories (``config.json`` + ``*.safetensors``, no network).
+
+Parameter names follow the Hugging Face layout (``model.layers.0.self_attn.q_proj.weight``...)
+so a checkpoint's state dict loads as is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..attention import Backend, attend
+from ..cache import DenseKVCache, KVCache
+from ..errors import VerifyError
+
+__all__ = ["LlamaConfig", "LlamaModel", "load_checkpoint", "causal_mask", "check_step_inputs"]
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int = 256
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # bias on q/k/v/o (Llama's flag)
+    qkv_bias: bool = False  # bias on q/k/v only (Qwen2)
+    mlp_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        dims = (
+            self.vocab_size,
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_hidden_layers,
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.head_dim,
+            self.max_position_embeddings,
+        )
+        if min(dims) <= 0:
+            raise VerifyError(f"config dimensions must be positive: {self}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise VerifyError(
+                f"num_attention_heads {self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            raise VerifyError(f"head_dim must be even for RoPE, got {self.head_dim}")
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> LlamaConfig:
+        """From a Hugging Face ``config.json`` dict (Llama, Qwen2, Mistral without sliding
+        window). Unsupported features (RoPE scaling, sliding window) raise VerifyError rather
+        than giving silently different logits."""
+        mt = cfg.get("model_type", "llama")
+        if mt not in ("llama", "qwen2", "mistral"):
+            raise VerifyError(f"unsupported model_type {mt!r} (llama, qwen2, mistral)")
+        rope = cfg.get("rope_parameters") or {}
+        scaling = cfg.get("rope_scaling")
+        rtype = (scaling or {}).get("rope_type", (scaling or {}).get("type")) or rope.get(
+            "rope_type", "default"
+        )
+        if rtype != "default":
+            raise VerifyError(f"RoPE scaling {rtype!r} is not supported")
+        if cfg.get("use_sliding_window") or (mt == "mistral" and cfg.get("sliding_window")):
+            raise VerifyError("sliding-window attention is not supported")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise VerifyError(f"hidden_act {cfg.get('hidden_act')!r} is not supported (silu)")
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in cfg.items() if k in names}
+        kw["rope_theta"] = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        if mt == "qwen2":
+            kw["qkv_bias"] = True
+        return cls(**kw)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in at least float32 (as the reference implementation does) for bf16/fp16.
+        dt = torch.promote_types(x.dtype, torch.float32)
+        h = x.to(dt)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[T, head_dim]`` for the half-split RoPE layout of Llama checkpoints."""
+    ft = torch.promote_types(dtype, torch.float32)
+    inv = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=ft) / head_dim)
+    )
+    ang = positions.to(ft)[:, None] * inv[None]
+    emb = torch.cat((ang, ang), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: LlamaConfig) -> None:
+        super().__init__()
+        hd = c.head_dim or 0
+        qkv = c.attention_bias or c.qkv_bias
+        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * hd, bias=qkv)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * hd, bias=qkv)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * hd, bias=qkv)
+        self.o_proj = nn.Linear(c.num_attention_heads * hd, c.hidden_size, bias=c.attention_bias)
+        self.h, self.hkv, self.hd = c.num_attention_heads, c.num_key_value_heads, hd
+
+
+class MLP(nn.Module):
+    def __init__(self, c: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: LlamaConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(c)
+        self.mlp = MLP(c)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class Backbone(nn.Module):
+    def __init__(self, c: LlamaConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+def causal_mask(committed_len: int, num_new: int, device: torch.device | str) -> torch.Tensor:
+    """``[T, L+T]`` bool: every new token sees the committed prefix and earlier new tokens."""
+    m = torch.ones(num_new, committed_len + num_new, dtype=torch.bool, device=device)
+    m[:, committed_len:] = torch.tril(m[:, committed_len:])
+    return m
+
+
+def check_step_inputs(
+    input_ids: Any,
+    position_ids: Any,
+    mask: Any,
+    cache: Any,
+    *,
+    vocab_size: int,
+    max_positions: int,
+    device: torch.device,
+) -> None:
+    """The checks every target runs before a step (clear errors instead of index faults)."""
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be a specdec.cache.KVCache, got {type(cache).__name__}")
+    for name, t in (("input_ids", input_ids), ("position_ids", position_ids)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"{name} must be int64/int32, got {t.dtype}")
+        if t.dim() != 1:
+            raise VerifyError(f"{name} must be 1-D [T], got shape {tuple(t.shape)}")
+        if t.device != device:
+            raise VerifyError(f"{name} is on {t.device}, the model on {device}")
+    t_new = input_ids.shape[0]
+    if t_new == 0:
+        raise VerifyError("a step needs at least one token (empty tree)")
+    if position_ids.shape != input_ids.shape:
+        raise VerifyError(
+            f"position_ids {tuple(position_ids.shape)} must match input_ids "
+            f"{tuple(input_ids.shape)}"
+        )
+    lo, hi = int(input_ids.min()), int(input_ids.max())
+    if lo < 0 or hi >= vocab_size:
+        raise VerifyError(f"token ids must be in [0, {vocab_size}), got range [{lo}, {hi}]")
+    pmin, pmax = int(position_ids.min()), int(position_ids.max())
+    if pmin < 0 or pmax >= max_positions:
+        raise VerifyError(
+            f"positions must be in [0, {max_positions}) (the model's maximum), got [{pmin}, {pmax}]"
+        )
+    if cache.pending:
+        raise VerifyError("the cache has an uncommitted step: commit or roll it back first")
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be bool (True = visible), got {mask.dtype}")
+        want = (t_new, cache.committed_len + t_new)
+        if tuple(mask.shape) != want:
+            raise VerifyError(
+                f"mask must be [T, committed + T] = {list(want)}, got {tuple(mask.shape)}"
+            )
+        if mask.device != device:
+            raise VerifyError(f"mask is on {mask.device}, the model on {device}")
+
+
+class LlamaModel(nn.Module):
+    """Llama-style causal LM. One :meth:`forward` call is one decode step: it calls
+    ``cache.begin(T)``, appends this step's K/V for every layer and returns logits
+    ``[T, vocab]``; the caller then commits or rolls back the cache."""
+
+    def __init__(self, config: LlamaConfig, *, backend: Backend = "auto") -> None:
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+        self.backend: Backend = backend
+
+    # -- target protocol -----------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_positions(self) -> int:
+        return self.config.max_position_embeddings
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    def new_cache(self, max_len: int | None = None) -> DenseKVCache:
+        """A dense cache sized for this model (``max_len`` defaults to the model maximum)."""
+        c = self.config
+        return DenseKVCache(
+            c.num_hidden_layers,
+            c.num_key_value_heads,
+            c.head_dim or 0,
+            max_len or c.max_position_embeddings,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: KVCache,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Tokens ``[T]`` at positions ``[T]`` attending to the cache's committed prefix plus
+        this step's tokens under ``mask`` ``[T, committed + T]`` (bool, True = visible;
+        ``None`` = causal). Returns logits ``[T, vocab]``; the step stays pending in
+        ``cache``."""
+        c = self.config
+        check_step_inputs(
+            input_ids,
+            position_ids,
+            mask,
+            cache,
+            vocab_size=c.vocab_size,
+            max_positions=c.max_position_embeddings,
+            device=self.device,
+        )
+        if (cache.num_layers, cache.num_kv_heads, cache.head_dim) != (
+            c.num_hidden_layers,
+            c.num_key_value_heads,
+            c.head_dim,
+        ):
+            raise VerifyError(
+                f"cache layout (layers, kv heads, head dim) = "
+                f"{(cache.num_layers, cache.num_kv_heads, cache.head_dim)} does not match the "
+                f"model's {(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)}"
+            )
+        t_new = input_ids.shape[0]
+        prefix = cache.committed_len
+        if mask is None:
+            mask = causal_mask(prefix, t_new, self.device)
+        cache.begin(t_new)
+        try:
+            return self._run(input_ids, position_ids, cache, mask)
+        except BaseException:
+            cache.rollback()
+            raise
+
+    def _run(
+        self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, mask: torch.Tensor
+    ) -> torch.Tensor:
+        c = self.config
+        hd = c.head_dim or 0
+        t_new = ids.shape[0]
+        x = self.model.embed_tokens(ids.long())
+        cos, sin = rope_cos_sin(pos, hd, c.rope_theta, x.dtype)
+        cos, sin = cos[None], sin[None]  # broadcast over heads: [1, T, D]
+        for i, layer in enumerate(self.model.layers):
+            a = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = a.q_proj(h).view(t_new, a.h, hd).transpose(0, 1)
+            k = a.k_proj(h).view(t_new, a.hkv, hd).transpose(0, 1)
+            v = a.v_proj(h).view(t_new, a.hkv, hd).transpose(0, 1)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            k_all, v_all = cache.append(i, k, v)
+            o = attend(q[None], k_all[None], v_all[None], mask, backend=self.backend)[0]
+            x = x + a.o_proj(o.transpose(0, 1).reshape(t_new, a.h * hd))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = self.model.norm(x)
+        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return x @ w.T
+
+    @torch.no_grad()
+    def forward_batch(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        caches: Sequence[KVCache],
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """R sequences (one cache each) in one forward: ``input_ids``/``position_ids``
+        ``[R, T]`` and ``mask`` ``[R, T, P_max + T]`` laid out as
+        :func:`specdec.attention.batch_tree_inputs` does (row r's prefix in columns
+        ``[0, committed_r)``, then the step's T tokens). Returns logits ``[R, T, vocab]``;
+        each cache's step stays pending."""
+        c = self.config
+        if not isinstance(input_ids, torch.Tensor) or not isinstance(position_ids, torch.Tensor):
+            raise TypeError("input_ids and position_ids must be torch.Tensors")
+        if input_ids.dim() != 2 or position_ids.shape != input_ids.shape:
+            raise VerifyError(
+                f"input_ids {tuple(input_ids.shape)} and position_ids "
+                f"{tuple(position_ids.shape)} must both be [R, T]"
+            )
+        r, t_new = input_ids.shape
+        if r == 0 or len(caches) != r:
+            raise VerifyError(f"need one cache per row: {r} rows, {len(caches)} caches")
+        p_max = max(cache.committed_len for cache in caches)
+        for i, cache in enumerate(caches):
+            check_step_inputs(
+                input_ids[i],
+                position_ids[i],
+                None,
+                cache,
+                vocab_size=c.vocab_size,
+                max_positions=c.max_position_embeddings,
+                device=self.device,
+            )
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise TypeError("mask must be a bool torch.Tensor (True = visible)")
+        if tuple(mask.shape) != (r, t_new, p_max + t_new) or mask.device != self.device:
+            raise VerifyError(
+                f"mask must be [R, T, P_max + T] = {[r, t_new, p_max + t_new]} on "
+                f"{self.device}, got {tuple(mask.shape)} on {mask.device}"
+            )
+        begun: list[KVCache] = []
+        try:
+            for cache in caches:
+                cache.begin(t_new)
+                begun.append(cache)
+            return self._run_batch(input_ids, position_ids, caches, mask, p_max)
+        except BaseException:
+            for cache in begun:
+                cache.rollback()
+            raise
+
+    def _run_batch(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        caches: Sequence[KVCache],
+        mask: torch.Tensor,
+        p_max: int,
+    ) -> torch.Tensor:
+        c = self.config
+        hd = c.head_dim or 0
+        r, t_new = ids.shape
+        x = self.model.embed_tokens(ids.long())  # [R, T, hidden]
+        cos, sin = rope_cos_sin(pos.reshape(-1), hd, c.rope_theta, x.dtype)
+        cos, sin = cos.view(r, 1, t_new, hd), sin.view(r, 1, t_new, hd)
+        lens = [cache.committed_len for cache in caches]
+        for i, layer in enumerate(self.model.layers):
+            a = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = a.q_proj(h).view(r, t_new, a.h, hd).transpose(1, 2)
+            k = a.k_proj(h).view(r, t_new, a.hkv, hd).transpose(1, 2)
+            v = a.v_proj(h).view(r, t_new, a.hkv, hd).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            # Each cache returns its own [prefix + step] K/V; pad prefixes to P_max (the
+            # mask hides the padding columns).
+            kk = k.new_zeros(r, a.hkv, p_max + t_new, hd)
+            vv = v.new_zeros(r, a.hkv, p_max + t_new, hd)
+            for j, cache in enumerate(caches):
+                k_all, v_all = cache.append(i, k[j], v[j])
+                n = lens[j]
+                kk[j, :, :n], kk[j, :, p_max:] = k_all[:, :n], k_all[:, n:]
+                vv[j, :, :n], vv[j, :, p_max:] = v_all[:, :n], v_all[:, n:]
+            o = attend(q, kk, vv, mask, backend=self.backend)
+            x = x + a.o_proj(o.transpose(1, 2).reshape(r, t_new, a.h * hd))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = self.model.norm(x)
+        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return x @ w.T
+
+    def init_random(self, seed: int = 0, std: float = 0.3) -> LlamaModel:
+        """Random weights (deterministic per seed), large enough that logits are far from
+        uniform, for tests and benchmarks."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+                    p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+                else:
+                    fan = p.shape[-1] if p.dim() > 1 else 1
+                    s = std if p.dim() == 1 or "embed" in name else 1.0 / math.sqrt(fan)
+                    p.copy_(s * torch.randn(p.shape, generator=g, dtype=torch.float64))
+        return self
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    backend: Backend = "auto",
+) -> LlamaModel:
+    """Load a local Llama/Qwen2-format checkpoint directory (``config.json`` and one or more
+    ``*.safetensors`` files). ``dtype`` defaults to the config's ``torch_dtype``/``dtype``
+    (float32 if absent)."""
+    from safetensors.torch import load_file
+
+    d = Path(path)
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise VerifyError(f"no config.json in {d}")
+    cfg = json.loads(cfg_path.read_text())
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise VerifyError(f"no *.safetensors files in {d}")
+    config = LlamaConfig.from_hf(cfg)
+    if dtype is None:
+        name = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+        dtype = getattr(torch, str(name).replace("torch.", ""), None)
+        if not isinstance(dtype, torch.dtype):
+            raise VerifyError(f"unknown checkpoint dtype {name!r}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    with torch.device("meta"):
+        model = LlamaModel(config, backend=backend)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    expected = set(shapes)
+    missing = sorted(expected - set(state))
+    unexpected = sorted(k for k in set(state) - expected if "rotary_emb" not in k)
+    if missing or unexpected:
+        raise VerifyError(
+            f"checkpoint {d} does not match the config: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
+    for k in expected:
+        if tuple(state[k].shape) != shapes[k]:
+            raise VerifyError(
+                f"{k}: checkpoint shape {tuple(state[k].shape)}, expected {shapes[k]}"
+            )
+    model.load_state_dict(
+        {k: state[k].to(device=device, dtype=dtype) for k in expected}, assign=True
+    )
+    return model.eval()
