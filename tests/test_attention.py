@@ -17,7 +17,6 @@ from specdec.errors import VerifyError
 from specdec.tree import build_ddtree, tree_from_branches
 
 # Tiny tensors: extra intra-op threads only contend (60x slower on a loaded 2-core box).
-torch.set_num_threads(1)
 
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -20,7 +20,6 @@ from specdec.models.hf import HFKVCache, HFTarget
 from specdec.tree import DraftTree, build_ddtree, tree_from_branches
 
 # Tiny tensors: extra intra-op threads only contend (60x slower on a loaded 2-core box).
-torch.set_num_threads(1)
 
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -159,7 +159,7 @@ def test_contract_masks_positions_links_retrieve(case, prefix):
     leaves = [i for i in range(n) if i not in par]
     ri = t.retrieve_indices()
     assert ri.shape == (len(leaves), int(t.depths.max()) + 1)
-    for row, leaf in zip(ri.tolist(), leaves):
+    for row, leaf in zip(ri.tolist(), leaves, strict=True):
         path = [x for x in row if x >= 0]
         assert path == t.path_to(leaf)
         assert row[len(path) :] == [-1] * (len(row) - len(path))
@@ -211,7 +211,7 @@ def test_batched_walk_equals_naive_walk(cases, rnd):
             else:
                 chosen[r, i] = rnd.choice([10_000, 3, 6])
     results = specdec.walk_batch(trees, chosen)
-    for r, (t, res) in enumerate(zip(trees, results)):
+    for r, (t, res) in enumerate(zip(trees, results, strict=True)):
         acc, bonus = naive_walk(t.tokens.tolist(), t.parents.tolist(), chosen[r].tolist())
         assert res.accepted.tolist() == acc and res.bonus_token == bonus
         single = specdec.walk(t, chosen[r, : t.num_nodes])
@@ -297,7 +297,9 @@ def test_ddtree_from_logits_matches_manual_topk():
     one = specdec.ddtree_from_logits(logits[0], 8, temperature=0.5)
     lp = torch.log_softmax(logits[0] / 0.5, -1)
     v, i = torch.topk(lp, 8, -1)
-    assert one.tokens[1:].tolist() == specdec.build_ddtree(v.numpy(), i.numpy(), 8).tokens[1:].tolist()
+    assert (
+        one.tokens[1:].tolist() == specdec.build_ddtree(v.numpy(), i.numpy(), 8).tokens[1:].tolist()
+    )
 
 
 def test_to_device_gives_torch_tensors():

@@ -22,7 +22,6 @@ from specdec.tree import DraftTree, tree_from_branches
 from specdec.verify import Greedy, Sampling, StepResult, Verifier
 
 # Tiny tensors: extra intra-op threads only contend (60x slower on a loaded 2-core box).
-torch.set_num_threads(1)
 
 
 # -- rules ---------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from specdec.models import LlamaConfig, LlamaModel, ModelDrafter
 from specdec.verify import Sampling
 
 # Tiny tensors: extra intra-op threads only contend.
-torch.set_num_threads(1)
 
 V, PROMPT, N_SAMPLES = 8, [3, 5], 20_000
 

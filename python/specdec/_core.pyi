@@ -59,9 +59,7 @@ def walk(
     chosen: npt.NDArray[np.int64],
 ) -> tuple[npt.NDArray[np.int32], int]: ...
 def walk_batch(
-    trees: list[
-        tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]
-    ],
+    trees: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]],
     chosen: npt.NDArray[np.int64],
 ) -> list[tuple[npt.NDArray[np.int32], int]]: ...
 

@@ -13,7 +13,6 @@ import numpy as np
 
 from .tree import build_ddtree, build_ddtree_batch
 
-
 #: Logit scales of the synthetic drafters: mean top-1 probability about 0.19 ("flat", wide
 #: shallow trees) and about 0.53 ("peaked", closer to a trained drafter, deeper trees).
 SCALES = {"flat": 3.0, "peaked": 6.0}
@@ -95,6 +94,17 @@ def _time_us(fn: Callable[[], object], min_time: float = 0.3, repeats: int = 5) 
     return statistics.median(samples)
 
 
+def _rust(lp: np.ndarray, ids: np.ndarray, budget: int, prefix: int, dense: bool) -> None:
+    t = build_ddtree(lp, ids, budget)
+    t.position_ids(prefix)
+    if dense:
+        t.attention_mask(prefix)
+
+
+def _row(dist: str, case: str, tr: float, td: float, tp: float) -> str:
+    return f"| {dist} | {case} | {tr:.1f} | {td:.1f} | {tp:.1f} | {tp / tr:.0f}x | {tp / td:.0f}x |"
+
+
 def bench_tree(quick: bool = False) -> str:
     """Markdown table: Rust vs Python DDTree build at L=16 over B, and a batch of 32."""
     min_time = 0.1 if quick else 0.5
@@ -110,21 +120,10 @@ def bench_tree(quick: bool = False) -> str:
         ref_tokens, ref_parents, _, _ = python_ddtree(lp, ids, b)
         assert ours.tokens[1:].tolist() == ref_tokens[1:] and ours.parents.tolist() == ref_parents
 
-        def rust() -> None:
-            t = build_ddtree(lp, ids, b)
-            t.position_ids(prefix)
-
-        def rust_dense() -> None:
-            t = build_ddtree(lp, ids, b)
-            t.position_ids(prefix)
-            t.attention_mask(prefix)
-
-        tr = _time_us(rust, min_time)
-        td = _time_us(rust_dense, min_time)
-        tp = _time_us(lambda: python_ddtree(lp, ids, b, prefix), min_time)
-        rows.append(
-            f"| {dist} | L=16, B={b} | {tr:.1f} | {td:.1f} | {tp:.1f} | {tp / tr:.0f}x | {tp / td:.0f}x |"
-        )
+        tr = _time_us(lambda lp=lp, ids=ids, b=b: _rust(lp, ids, b, prefix, False), min_time)
+        td = _time_us(lambda lp=lp, ids=ids, b=b: _rust(lp, ids, b, prefix, True), min_time)
+        tp = _time_us(lambda lp=lp, ids=ids, b=b: python_ddtree(lp, ids, b, prefix), min_time)
+        rows.append(_row(dist, f"L=16, B={b}", tr, td, tp))
     r, b = 32, 256
     lp, ids = synthetic_marginals(16, b, seed=7, batch=r, scale=SCALES["peaked"])
     budgets = np.full(r, b, dtype=np.int64)
@@ -141,7 +140,5 @@ def bench_tree(quick: bool = False) -> str:
     tr = _time_us(rust_batch, min_time)
     td = _time_us(rust_batch_dense, min_time)
     tp = _time_us(lambda: [python_ddtree(lp[i], ids[i], b, prefix) for i in range(r)], min_time)
-    rows.append(
-        f"| peaked | R=32 x B=256 batch | {tr:.1f} | {td:.1f} | {tp:.1f} | {tp / tr:.0f}x | {tp / td:.0f}x |"
-    )
+    rows.append(_row("peaked", "R=32 x B=256 batch", tr, td, tp))
     return "\n".join(rows)

@@ -343,7 +343,9 @@ def build_ddtree_batch(
     ids = _as_array(token_ids, np.int64, "token_ids", 3, exact=False)
     b = np.full(lp.shape[0], budgets, dtype=np.int64) if np.isscalar(budgets) else budgets
     b = _as_array(b, np.int64, "budgets", 1, exact=False)
-    roots = None if root_tokens is None else _as_array(root_tokens, np.int64, "root_tokens", 1, False)
+    roots = (
+        None if root_tokens is None else _as_array(root_tokens, np.int64, "root_tokens", 1, False)
+    )
     return [
         DraftTree._from_core(t) for t in _core.build_ddtree_batch(lp, ids, b, roots, min_logprob)
     ]
@@ -376,7 +378,9 @@ def ddtree_from_logits(
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dim() not in (2, 3) or logits.shape[-1] == 0 or logits.shape[-2] == 0:
-        raise TreeError(f"logits must be [L, V] or [R, L, V] with L, V >= 1, got {tuple(logits.shape)}")
+        raise TreeError(
+            f"logits must be [L, V] or [R, L, V] with L, V >= 1, got {tuple(logits.shape)}"
+        )
     if not logits.is_floating_point():
         raise TypeError(f"logits must be floating point, got {logits.dtype}")
     if temperature <= 0:
@@ -385,17 +389,24 @@ def ddtree_from_logits(
     x = logits.unsqueeze(0) if single else logits
     budgets = [int(budget)] * x.shape[0] if isinstance(budget, (int, np.integer)) else list(budget)
     if len(budgets) != x.shape[0] or min(budgets) <= 0:
-        raise TreeError(f"need one budget >= 1 per request, got {budgets} for {x.shape[0]} requests")
+        raise TreeError(
+            f"need one budget >= 1 per request, got {budgets} for {x.shape[0]} requests"
+        )
     k = min(max(budgets), x.shape[-1])
     with torch.no_grad():
-        lp = torch.log_softmax(x.float() / temperature, dim=-1)
-        if torch.isnan(lp).any():
-            raise TreeError("logits contain NaN")
+        lp = torch.log_softmax(x.float() / temperature if temperature != 1.0 else x.float(), -1)
         vals, idx = torch.topk(lp, k, dim=-1, sorted=True)
-        # One device->host transfer: pack the int64 ids and float32 values side by side.
-        packed = torch.cat([idx, vals.view(torch.int32).to(torch.int64)], dim=-1).cpu().numpy()
-    ids = np.ascontiguousarray(packed[..., :k])
-    lpv = np.ascontiguousarray(packed[..., k:].astype(np.int32)).view(np.float32)
+        if x.device.type == "cpu":
+            lpv, ids = vals.numpy(), idx.numpy()  # views, no copy
+        else:
+            # One device->host transfer: the float32 values' bits ride along with the ids.
+            packed = torch.cat([idx, vals.view(torch.int32).to(torch.int64)], dim=-1).cpu()
+            ids = packed[..., :k].numpy()
+            lpv = packed[..., k:].to(torch.int32).view(torch.float32).numpy()
+    # A NaN logit turns its whole row NaN after log-softmax, so the top-K values show it.
+    if np.isnan(lpv).any():
+        raise TreeError("logits contain NaN (or +inf, which log-softmax turns into NaN)")
+    ids, lpv = np.ascontiguousarray(ids), np.ascontiguousarray(lpv)
     roots: Any = root_tokens
     if single:
         root = -1 if roots is None else int(roots)  # type: ignore[arg-type]
@@ -422,9 +433,8 @@ def walk_batch(trees: Sequence[DraftTree], chosen_tokens: Any) -> list[WalkResul
     """:func:`walk` for R trees at once; ``chosen_tokens`` is ``[R, n_max]`` (row i uses its
     first ``trees[i].num_nodes`` entries)."""
     chosen = _chosen_array(chosen_tokens, "chosen_tokens", 2)
-    outs = _core.walk_batch(
-        [(t.tokens, t.first_child, t.next_sibling) for t in trees], chosen
-    )
+    outs = _core.walk_batch([(t.tokens, t.first_child, t.next_sibling) for t in trees], chosen)
     return [
-        WalkResult(acc, int(bonus), t.tokens[acc].tolist()) for t, (acc, bonus) in zip(trees, outs)
+        WalkResult(acc, int(bonus), t.tokens[acc].tolist())
+        for t, (acc, bonus) in zip(trees, outs, strict=True)
     ]

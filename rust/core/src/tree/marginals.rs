@@ -68,15 +68,17 @@ impl<'a> Marginals<'a> {
         for d in 0..depth {
             let row = &logprobs[d * width..d * width + used];
             let ids = &token_ids[d * width..d * width + used];
-            // Branch-free scan (vectorizes); the slow scan below only runs to name the error.
+            // Branch-free scans over integer flags (they vectorize); the slow scan below only
+            // runs to name the error.
             let not_logprob = row
                 .iter()
-                .fold(false, |acc, &v| acc | (v > 0.0) | v.is_nan());
-            let unsorted = row.windows(2).fold(false, |acc, w| acc | (w[1] > w[0]));
-            let bad_id = ids
+                .fold(0u32, |acc, &v| acc | u32::from(v.is_nan() | (v > 0.0)));
+            let unsorted = row[1..]
                 .iter()
-                .fold(false, |acc, &t| acc | (t as u64 > i32::MAX as u64));
-            if not_logprob | unsorted | bad_id {
+                .zip(row)
+                .fold(0u32, |acc, (&next, &prev)| acc | u32::from(next > prev));
+            let bad_id = ids.iter().fold(0u64, |acc, &t| acc | (t as u64 >> 31));
+            if (not_logprob | unsorted) != 0 || bad_id != 0 {
                 return Err(Self::first_error(row, ids, d));
             }
         }
