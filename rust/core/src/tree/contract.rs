@@ -27,17 +27,15 @@ impl AncestorBits {
 pub fn ancestor_bits(parents: &[i32]) -> AncestorBits {
     let n = parents.len();
     let w = n.div_ceil(64).max(1);
-    // Each word is written exactly once (no zero-fill pass): row i is its parent's row up to
-    // the parent's last possible nonzero word (ancestors of p are <= p), then zeros, plus
-    // its own bit.
+    // Each word is written exactly once (no zero-fill pass): row i is a copy of its parent's
+    // whole row (one fixed-size copy; ancestors of p are <= p, so the words past them are
+    // zero there too), or zeros for a root, plus its own bit.
     let mut words: Vec<u64> = Vec::with_capacity(n * w);
     for (i, &p) in parents.iter().enumerate() {
         let start = words.len();
         if p >= 0 {
             let p = p as usize;
-            let used = p / 64 + 1;
-            words.extend_from_within(p * w..p * w + used);
-            words.resize(start + w, 0);
+            words.extend_from_within(p * w..p * w + w);
         } else {
             words.resize(start + w, 0);
         }
@@ -63,18 +61,15 @@ pub fn child_links(parents: &[i32]) -> ChildLinks {
     let n = parents.len();
     let mut first_child = vec![-1i32; n];
     let mut next_sibling = vec![-1i32; n];
-    let mut last_child = vec![-1i32; n];
-    for (i, &p) in parents.iter().enumerate().skip(1) {
+    // Walk backwards, prepending each child to its parent's list: children end up in index
+    // order without a last-child array.
+    for (i, &p) in parents.iter().enumerate().skip(1).rev() {
         if p < 0 {
             continue; // padding node: nobody's child
         }
         let p = p as usize;
-        if first_child[p] < 0 {
-            first_child[p] = i as i32;
-        } else {
-            next_sibling[last_child[p] as usize] = i as i32;
-        }
-        last_child[p] = i as i32;
+        next_sibling[i] = first_child[p];
+        first_child[p] = i as i32;
     }
     ChildLinks {
         first_child,

@@ -69,15 +69,16 @@ impl<'a> Marginals<'a> {
             let row = &logprobs[d * width..d * width + used];
             let ids = &token_ids[d * width..d * width + used];
             // Branch-free scans over integer flags (they vectorize); the slow scan below only
-            // runs to name the error.
-            let not_logprob = row
-                .iter()
-                .fold(0u32, |acc, &v| acc | u32::from(v.is_nan() | (v > 0.0)));
+            // runs to name the error. `!(next <= prev)` catches both a NaN and an ascent, and
+            // with `row[0] <= 0` (false for NaN) a non-ascending row is all <= 0.
+            let not_logprob = u32::from(!(row[0] <= 0.0));
             let unsorted = row[1..]
                 .iter()
                 .zip(row)
-                .fold(0u32, |acc, (&next, &prev)| acc | u32::from(next > prev));
-            let bad_id = ids.iter().fold(0u64, |acc, &t| acc | (t as u64 >> 31));
+                .fold(0u32, |acc, (&next, &prev)| acc | u32::from(!(next <= prev)));
+            // A token id is valid iff it has no bit at or above bit 31 (the sign included):
+            // OR them all and test once.
+            let bad_id = ids.iter().fold(0u64, |acc, &t| acc | t as u64) >> 31;
             if (not_logprob | unsorted) != 0 || bad_id != 0 {
                 return Err(Self::first_error(row, ids, d));
             }

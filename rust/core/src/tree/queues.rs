@@ -7,6 +7,12 @@
 //! each class is already a sorted FIFO queue, and only the queue heads need a heap, which
 //! stays small (about the number of active classes instead of about B). Ties pop in push
 //! order exactly as in the one-heap version (`builder.rs`), so both give the same tree.
+//!
+//! Fast path: the child candidate is pushed last, so when its score is strictly above the
+//! heap top it is the next pop (its class queue is then necessarily empty: a queued head
+//! would be in the heap with a score at least as high). It is emitted directly, without
+//! entering the arena, its queue or the heap. Skipping its push sequence number is harmless:
+//! only the relative order of sequence numbers matters, and that is unchanged.
 
 use super::{BuiltTree, Marginals};
 
@@ -16,53 +22,64 @@ const NONE: u32 = u32::MAX;
 #[derive(Clone, Copy)]
 struct Cand {
     score: f64,
+    /// Score of `parent`: a sibling candidate is `parent_score + logprob[d][r + 1]`.
+    parent_score: f64,
     parent: u32,
     next: u32,
 }
 
+/// The FIFO queue of class (row, rank).
 #[derive(Clone, Copy)]
 struct Queue {
     row: u32,
     rank: u32,
     head: u32,
     tail: u32,
+    /// Queue of class (row, rank + 1), NONE until created. Class (row, r + 1) only gets
+    /// candidates when one of (row, r) pops, so it is reached from (row, r).
+    sib: u32,
 }
 
-/// Heap item: the head candidate of one queue.
-#[derive(Clone, Copy)]
-struct Head {
-    score: f64,
-    seq: u32,
-    queue: u32,
-}
-
+/// Order key of a score: scores are finite and <= 0 (never -0.0: the root scores +0.0 and a
+/// sum is -0.0 only when both terms are), so `0.0 - score` is >= +0.0 and its bits grow as
+/// the score falls.
 #[inline(always)]
-fn before(a: &Head, b: &Head) -> bool {
-    // Higher score first; equal scores in push order. Non-short-circuit operators keep the
-    // comparison branch-free: heap comparisons are unpredictable.
-    (a.score > b.score) | ((a.score == b.score) & (a.seq < b.seq))
+fn score_key(score: f64) -> u64 {
+    (0.0 - score).to_bits()
 }
 
-struct HeadHeap(Vec<Head>);
+/// Heap item: the head candidate of one queue, packed as `score_key << 64 | seq << 32 |
+/// queue`. Smaller is better: higher score first, equal scores in push order (seqs are
+/// unique, so the queue bits never decide).
+#[inline(always)]
+fn head_item(score: f64, seq: u32, queue: u32) -> u128 {
+    ((score_key(score) as u128) << 64) | ((seq as u128) << 32) | queue as u128
+}
+
+/// Binary min-heap of packed heads.
+struct HeadHeap(Vec<u128>);
 
 impl HeadHeap {
-    fn push(&mut self, h: Head) {
+    #[inline(always)]
+    fn push(&mut self, h: u128) {
         let v = &mut self.0;
         let mut i = v.len();
         v.push(h);
         while i > 0 {
             let p = (i - 1) / 2;
-            if !before(&h, &v[p]) {
+            let pv = v[p];
+            if h >= pv {
                 break;
             }
-            v[i] = v[p];
+            v[i] = pv;
             i = p;
         }
         v[i] = h;
     }
 
     /// Replace the top with `h` (or remove it when `h` is None) and restore the order.
-    fn replace_top(&mut self, h: Option<Head>) {
+    #[inline(always)]
+    fn replace_top(&mut self, h: Option<u128>) {
         let v = &mut self.0;
         let h = match h {
             Some(h) => h,
@@ -74,8 +91,7 @@ impl HeadHeap {
                 last
             }
         };
-        // Floyd's variant: walk the hole down to a leaf along the better children (a
-        // branch-free choice per level), then sift `h` up from there (usually a step or two).
+        // Sift `h` down from the root, stopping as soon as it is not behind the better child.
         let n = v.len();
         let mut i = 0;
         loop {
@@ -83,23 +99,66 @@ impl HeadHeap {
             if l >= n {
                 break;
             }
-            let c = if l + 1 < n {
-                l + before(&v[l + 1], &v[l]) as usize
-            } else {
-                l
-            };
-            v[i] = v[c];
-            i = c;
-        }
-        while i > 0 {
-            let p = (i - 1) / 2;
-            if !before(&h, &v[p]) {
+            let mut c = l;
+            let mut cv = v[l];
+            if l + 1 < n {
+                let rv = v[l + 1];
+                if rv < cv {
+                    c = l + 1;
+                    cv = rv;
+                }
+            }
+            if h <= cv {
                 break;
             }
-            v[i] = v[p];
-            i = p;
+            v[i] = cv;
+            i = c;
         }
         v[i] = h;
+    }
+}
+
+/// Candidate arena, class queues and the heap of queue heads.
+struct Classes {
+    arena: Vec<Cand>,
+    queues: Vec<Queue>,
+    heap: HeadHeap,
+}
+
+impl Classes {
+    #[inline(always)]
+    fn new_queue(&mut self, row: usize, rank: usize) -> u32 {
+        let q = self.queues.len() as u32;
+        self.queues.push(Queue {
+            row: row as u32,
+            rank: rank as u32,
+            head: NONE,
+            tail: NONE,
+            sib: NONE,
+        });
+        q
+    }
+
+    /// Append a candidate to queue `q`; a queue that was empty enters the heap.
+    #[inline(always)]
+    fn push(&mut self, q: u32, score: f64, parent: u32, parent_score: f64) {
+        let seq = self.arena.len() as u32;
+        self.arena.push(Cand {
+            score,
+            parent_score,
+            parent,
+            next: NONE,
+        });
+        let queue = &mut self.queues[q as usize];
+        if queue.head == NONE {
+            queue.head = seq;
+            queue.tail = seq;
+            self.heap.push(head_item(score, seq, q));
+        } else {
+            let tail = queue.tail;
+            queue.tail = seq;
+            self.arena[tail as usize].next = seq;
+        }
     }
 }
 
@@ -112,128 +171,123 @@ pub(super) fn build(
     let k = m.used_width().min(budget);
     let rows = m.depth();
     let cap = budget + 1;
-    let mut tokens = Vec::with_capacity(cap);
-    let mut parents = Vec::with_capacity(cap);
-    let mut depths = Vec::with_capacity(cap);
-    let mut logprobs = Vec::with_capacity(cap);
+    let mut tokens: Vec<i64> = Vec::with_capacity(cap);
+    let mut parents: Vec<i32> = Vec::with_capacity(cap);
+    let mut depths: Vec<i32> = Vec::with_capacity(cap);
+    let mut logprobs: Vec<f64> = Vec::with_capacity(cap);
     tokens.push(root_token);
-    parents.push(-1i32);
-    depths.push(0i32);
-    logprobs.push(0.0f64);
+    parents.push(-1);
+    depths.push(0);
+    logprobs.push(0.0);
 
-    let mut arena: Vec<Cand> = Vec::with_capacity(2 * cap);
-    // At most one class per pushed candidate.
-    let mut queues: Vec<Queue> = Vec::with_capacity(2 * cap);
-    // queue_of[row][rank] -> queue index. Class (row, r + 1) first appears when a candidate
-    // of (row, r) pops, so each row's classes are created in rank order: push, never resize.
-    let mut queue_of: Vec<Vec<u32>> = (0..rows).map(|_| Vec::with_capacity(k.min(64))).collect();
-    let mut heap = HeadHeap(Vec::with_capacity(64));
+    let lp0 = m.logprob(0, 0);
+    if cap < 2
+        || k == 0
+        || lp0 == f32::NEG_INFINITY
+        || min_logprob.is_some_and(|min| (lp0 as f64) < min)
+    {
+        return super::builder::finish(tokens, parents, depths, logprobs);
+    }
 
-    // Append a candidate to class (row, rank); a queue that was empty enters the heap.
-    let mut push = |arena: &mut Vec<Cand>,
-                    queues: &mut Vec<Queue>,
-                    heap: &mut HeadHeap,
-                    score: f64,
-                    parent: u32,
-                    row: usize,
-                    rank: usize| {
-        let seq = arena.len() as u32;
-        arena.push(Cand {
-            score,
-            parent,
-            next: NONE,
-        });
-        let ids = &mut queue_of[row];
-        let q = if rank == ids.len() {
-            ids.push(queues.len() as u32);
-            queues.push(Queue {
-                row: row as u32,
-                rank: rank as u32,
-                head: NONE,
-                tail: NONE,
-            });
-            queues.len() - 1
-        } else {
-            ids[rank] as usize
-        };
-        let queue = &mut queues[q];
-        if queue.head == NONE {
-            queue.head = seq;
-            queue.tail = seq;
-            heap.push(Head {
-                score,
-                seq,
-                queue: q as u32,
-            });
-        } else {
-            arena[queue.tail as usize].next = seq;
-            queue.tail = seq;
-        }
+    // Two candidates at most per pop; at most one new sibling class per pop plus the rank-0
+    // class of each row, which is queue `row` (created up front).
+    let mut c = Classes {
+        arena: Vec::with_capacity(2 * cap),
+        queues: Vec::with_capacity(cap + rows),
+        heap: HeadHeap(Vec::with_capacity(64)),
     };
-
-    if m.logprob(0, 0) != f32::NEG_INFINITY {
-        push(
-            &mut arena,
-            &mut queues,
-            &mut heap,
-            m.logprob(0, 0) as f64,
-            0,
-            0,
-            0,
-        );
+    for row in 0..rows {
+        c.new_queue(row, 0);
     }
-    while tokens.len() < cap {
-        let Some(&top) = heap.0.first() else { break };
-        if min_logprob.is_some_and(|min| top.score < min) {
-            break;
-        }
-        let q = top.queue as usize;
-        let cand = arena[top.seq as usize];
-        let Queue { row, rank, .. } = queues[q];
-        let (row, rank) = (row as usize, rank as usize);
-        // Advance this class's queue and put its next head in place of the popped one.
-        queues[q].head = cand.next;
-        let next_head = (cand.next != NONE).then(|| Head {
-            score: arena[cand.next as usize].score,
-            seq: cand.next,
-            queue: top.queue,
-        });
-        heap.replace_top(next_head);
 
-        let node = tokens.len() as u32;
-        tokens.push(m.token(row, rank));
-        parents.push(cand.parent as i32);
-        depths.push(row as i32 + 1);
-        logprobs.push(top.score);
-        if rank + 1 < k {
-            let v = m.logprob(row, rank + 1);
-            if v != f32::NEG_INFINITY {
-                let base = logprobs[cand.parent as usize];
-                push(
-                    &mut arena,
-                    &mut queues,
-                    &mut heap,
-                    base + v as f64,
-                    cand.parent,
-                    row,
-                    rank + 1,
-                );
+    // The nodes are written straight into the outputs' spare capacity; `n` counts them (the
+    // root included) and the loop stops at `cap`.
+    let mut n = 1usize;
+    {
+        let tok_out = &mut tokens.spare_capacity_mut()[..cap - 1];
+        let par_out = &mut parents.spare_capacity_mut()[..cap - 1];
+        let dep_out = &mut depths.spare_capacity_mut()[..cap - 1];
+        let lp_out = &mut logprobs.spare_capacity_mut()[..cap - 1];
+
+        // The next pop: its score, parent (and the parent's score) and class queue.
+        let mut score = lp0 as f64;
+        let mut parent = 0u32;
+        let mut parent_score = 0.0f64;
+        let mut q = 0u32;
+        loop {
+            let Queue { row, rank, sib, .. } = c.queues[q as usize];
+            let (row, rank) = (row as usize, rank as usize);
+            let node = n as u32;
+            let slot = n - 1;
+            tok_out[slot].write(m.token(row, rank));
+            par_out[slot].write(parent as i32);
+            dep_out[slot].write(row as i32 + 1);
+            lp_out[slot].write(score);
+            n += 1;
+            if n >= cap {
+                break;
             }
-        }
-        if row + 1 < rows {
-            let v = m.logprob(row + 1, 0);
-            if v != f32::NEG_INFINITY {
-                push(
-                    &mut arena,
-                    &mut queues,
-                    &mut heap,
-                    top.score + v as f64,
-                    node,
-                    row + 1,
-                    0,
-                );
+            if rank + 1 < k {
+                let v = m.logprob(row, rank + 1);
+                if v != f32::NEG_INFINITY {
+                    let mut sq = sib;
+                    if sq == NONE {
+                        sq = c.new_queue(row, rank + 1);
+                        c.queues[q as usize].sib = sq;
+                    }
+                    c.push(sq, parent_score + v as f64, parent, parent_score);
+                }
             }
+            if row + 1 < rows {
+                let v = m.logprob(row + 1, 0);
+                if v != f32::NEG_INFINITY {
+                    let child = score + v as f64;
+                    let cq = (row + 1) as u32;
+                    let beats_top = match c.heap.0.first() {
+                        Some(&top) => score_key(child) < (top >> 64) as u64,
+                        None => true,
+                    };
+                    if beats_top {
+                        if min_logprob.is_some_and(|min| child < min) {
+                            break;
+                        }
+                        parent_score = score;
+                        score = child;
+                        parent = node;
+                        q = cq;
+                        continue;
+                    }
+                    c.push(cq, child, node, score);
+                }
+            }
+            // Pop the heap top: advance its class queue and put the next head in its place.
+            let Some(&top) = c.heap.0.first() else { break };
+            let seq = (top >> 32) as u32;
+            let tq = top as u32;
+            let cand = c.arena[seq as usize];
+            if min_logprob.is_some_and(|min| cand.score < min) {
+                break;
+            }
+            c.queues[tq as usize].head = cand.next;
+            let next_head = (cand.next != NONE)
+                .then(|| head_item(c.arena[cand.next as usize].score, cand.next, tq));
+            c.heap.replace_top(next_head);
+            score = cand.score;
+            parent = cand.parent;
+            parent_score = cand.parent_score;
+            q = tq;
         }
     }
+    // SAFETY: slots 0..n - 1 of each spare capacity (elements 1..n) were written above, and
+    // n <= cap = the capacity of every output.
+    unsafe {
+        tokens.set_len(n);
+        parents.set_len(n);
+        depths.set_len(n);
+        logprobs.set_len(n);
+    }
+    // Free the scratch (allocated last, so it goes back to the top of the allocator's heap)
+    // before `finish` allocates the large ancestor bitmap.
+    drop(c);
     super::builder::finish(tokens, parents, depths, logprobs)
 }
