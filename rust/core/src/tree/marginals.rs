@@ -71,7 +71,10 @@ impl<'a> Marginals<'a> {
             // Branch-free scans over integer flags (they vectorize); the slow scan below only
             // runs to name the error. `!(next <= prev)` catches both a NaN and an ascent, and
             // with `row[0] <= 0` (false for NaN) a non-ascending row is all <= 0.
+            // The negated comparisons are meant: they are true for NaN.
+            #[allow(clippy::neg_cmp_op_on_partial_ord)]
             let not_logprob = u32::from(!(row[0] <= 0.0));
+            #[allow(clippy::neg_cmp_op_on_partial_ord)]
             let unsorted = row[1..]
                 .iter()
                 .zip(row)

@@ -40,9 +40,9 @@ struct Queue {
     sib: u32,
 }
 
-/// Order key of a score: scores are finite and <= 0 (never -0.0: the root scores +0.0 and a
-/// sum is -0.0 only when both terms are), so `0.0 - score` is >= +0.0 and its bits grow as
-/// the score falls.
+/// Order key of a score: scores are finite and <= 0, so `0.0 - score` is >= +0.0 (a -0.0
+/// score, possible when logprob[0][0] is -0.0, maps to +0.0 as well, the same key as +0.0,
+/// matching `==` on f64) and its bits grow as the score falls.
 #[inline(always)]
 fn score_key(score: f64) -> u64 {
     (0.0 - score).to_bits()
@@ -200,91 +200,72 @@ pub(super) fn build(
         c.new_queue(row, 0);
     }
 
-    // The nodes are written straight into the outputs' spare capacity; `n` counts them (the
-    // root included) and the loop stops at `cap`.
-    let mut n = 1usize;
-    {
-        let tok_out = &mut tokens.spare_capacity_mut()[..cap - 1];
-        let par_out = &mut parents.spare_capacity_mut()[..cap - 1];
-        let dep_out = &mut depths.spare_capacity_mut()[..cap - 1];
-        let lp_out = &mut logprobs.spare_capacity_mut()[..cap - 1];
-
-        // The next pop: its score, parent (and the parent's score) and class queue.
-        let mut score = lp0 as f64;
-        let mut parent = 0u32;
-        let mut parent_score = 0.0f64;
-        let mut q = 0u32;
-        loop {
-            let Queue { row, rank, sib, .. } = c.queues[q as usize];
-            let (row, rank) = (row as usize, rank as usize);
-            let node = n as u32;
-            let slot = n - 1;
-            tok_out[slot].write(m.token(row, rank));
-            par_out[slot].write(parent as i32);
-            dep_out[slot].write(row as i32 + 1);
-            lp_out[slot].write(score);
-            n += 1;
-            if n >= cap {
-                break;
-            }
-            if rank + 1 < k {
-                let v = m.logprob(row, rank + 1);
-                if v != f32::NEG_INFINITY {
-                    let mut sq = sib;
-                    if sq == NONE {
-                        sq = c.new_queue(row, rank + 1);
-                        c.queues[q as usize].sib = sq;
-                    }
-                    c.push(sq, parent_score + v as f64, parent, parent_score);
-                }
-            }
-            if row + 1 < rows {
-                let v = m.logprob(row + 1, 0);
-                if v != f32::NEG_INFINITY {
-                    let child = score + v as f64;
-                    let cq = (row + 1) as u32;
-                    let beats_top = match c.heap.0.first() {
-                        Some(&top) => score_key(child) < (top >> 64) as u64,
-                        None => true,
-                    };
-                    if beats_top {
-                        if min_logprob.is_some_and(|min| child < min) {
-                            break;
-                        }
-                        parent_score = score;
-                        score = child;
-                        parent = node;
-                        q = cq;
-                        continue;
-                    }
-                    c.push(cq, child, node, score);
-                }
-            }
-            // Pop the heap top: advance its class queue and put the next head in its place.
-            let Some(&top) = c.heap.0.first() else { break };
-            let seq = (top >> 32) as u32;
-            let tq = top as u32;
-            let cand = c.arena[seq as usize];
-            if min_logprob.is_some_and(|min| cand.score < min) {
-                break;
-            }
-            c.queues[tq as usize].head = cand.next;
-            let next_head = (cand.next != NONE)
-                .then(|| head_item(c.arena[cand.next as usize].score, cand.next, tq));
-            c.heap.replace_top(next_head);
-            score = cand.score;
-            parent = cand.parent;
-            parent_score = cand.parent_score;
-            q = tq;
+    // The outputs hold `cap` nodes at most (capacity reserved above); the loop stops there.
+    // The next pop: its score, parent (and the parent's score) and class queue.
+    let mut score = lp0 as f64;
+    let mut parent = 0u32;
+    let mut parent_score = 0.0f64;
+    let mut q = 0u32;
+    loop {
+        let Queue { row, rank, sib, .. } = c.queues[q as usize];
+        let (row, rank) = (row as usize, rank as usize);
+        let node = tokens.len() as u32;
+        tokens.push(m.token(row, rank));
+        parents.push(parent as i32);
+        depths.push(row as i32 + 1);
+        logprobs.push(score);
+        if tokens.len() >= cap {
+            break;
         }
-    }
-    // SAFETY: slots 0..n - 1 of each spare capacity (elements 1..n) were written above, and
-    // n <= cap = the capacity of every output.
-    unsafe {
-        tokens.set_len(n);
-        parents.set_len(n);
-        depths.set_len(n);
-        logprobs.set_len(n);
+        if rank + 1 < k {
+            let v = m.logprob(row, rank + 1);
+            if v != f32::NEG_INFINITY {
+                let mut sq = sib;
+                if sq == NONE {
+                    sq = c.new_queue(row, rank + 1);
+                    c.queues[q as usize].sib = sq;
+                }
+                c.push(sq, parent_score + v as f64, parent, parent_score);
+            }
+        }
+        if row + 1 < rows {
+            let v = m.logprob(row + 1, 0);
+            if v != f32::NEG_INFINITY {
+                let child = score + v as f64;
+                let cq = (row + 1) as u32;
+                let beats_top = match c.heap.0.first() {
+                    Some(&top) => score_key(child) < (top >> 64) as u64,
+                    None => true,
+                };
+                if beats_top {
+                    if min_logprob.is_some_and(|min| child < min) {
+                        break;
+                    }
+                    parent_score = score;
+                    score = child;
+                    parent = node;
+                    q = cq;
+                    continue;
+                }
+                c.push(cq, child, node, score);
+            }
+        }
+        // Pop the heap top: advance its class queue and put the next head in its place.
+        let Some(&top) = c.heap.0.first() else { break };
+        let seq = (top >> 32) as u32;
+        let tq = top as u32;
+        let cand = c.arena[seq as usize];
+        if min_logprob.is_some_and(|min| cand.score < min) {
+            break;
+        }
+        c.queues[tq as usize].head = cand.next;
+        let next_head = (cand.next != NONE)
+            .then(|| head_item(c.arena[cand.next as usize].score, cand.next, tq));
+        c.heap.replace_top(next_head);
+        score = cand.score;
+        parent = cand.parent;
+        parent_score = cand.parent_score;
+        q = tq;
     }
     // Free the scratch (allocated last, so it goes back to the top of the allocator's heap)
     // before `finish` allocates the large ancestor bitmap.
