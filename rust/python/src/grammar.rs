@@ -13,9 +13,9 @@ use specdec_core::grammar::{
 };
 use specdec_core::tree::{build_ddtree_filtered, Marginals, TreeError};
 
-use crate::arrays::{as_slice, shape, vec1};
+use crate::arrays::{as_slice, vec1};
 use crate::errors::OrRaise;
-use crate::tree::built_to_py;
+use crate::tree::{built_to_py, check_single_build};
 
 #[pyclass(module = "specdec._core", frozen)]
 pub struct Vocabulary(pub Arc<core::Vocabulary>);
@@ -428,23 +428,7 @@ fn build_ddtree_constrained<'py>(
     root_token: i64,
     min_logprob: Option<f64>,
 ) -> PyResult<Bound<'py, PyTuple>> {
-    let (ls, ts) = (shape(&logprobs), shape(&token_ids));
-    if ls != ts {
-        return Err(TreeError::Shape(format!(
-            "logprobs {ls:?} and token_ids {ts:?} must have the same [L, K] shape"
-        )))
-        .or_raise();
-    }
-    if root_token < -1 || root_token > i32::MAX as i64 {
-        return Err(TreeError::TokenOutOfRange {
-            token: root_token,
-            location: "root_token".into(),
-        })
-        .or_raise();
-    }
-    if min_logprob.is_some_and(f64::is_nan) {
-        return Err(TreeError::Shape("min_logprob must not be NaN".into())).or_raise();
-    }
+    let (l, k) = check_single_build(&logprobs, &token_ids, root_token, min_logprob).or_raise()?;
     let (lp, ids) = (as_slice(&logprobs), as_slice(&token_ids));
     let m = &matcher.0;
     let built = py
@@ -452,7 +436,7 @@ fn build_ddtree_constrained<'py>(
             if budget <= 0 {
                 return Err(TreeError::Budget(budget));
             }
-            let marg = Marginals::all_columns(&lp, &ids, ls[0], ls[1])?;
+            let marg = Marginals::all_columns(&lp, &ids, l, k)?;
             let mut filter = GrammarFilter::new(m, budget as usize + 1);
             Ok::<_, TreeError>(build_ddtree_filtered(
                 &marg,

@@ -41,6 +41,27 @@ pub(crate) fn built_to_py<'py>(py: Python<'py>, b: BuiltTree) -> PyResult<Bound<
     PyTuple::new(py, items)
 }
 
+/// Checks shared by the plain and the grammar-aware single builds: one `[L, K]` shape for
+/// both arrays, a root token in range, no NaN threshold. Returns (L, K).
+pub(crate) fn check_single_build(
+    logprobs: &PyReadonlyArray2<'_, f32>,
+    token_ids: &PyReadonlyArray2<'_, i64>,
+    root_token: i64,
+    min_logprob: Option<f64>,
+) -> Result<(usize, usize), TreeError> {
+    let (ls, ts) = (shape(logprobs), shape(token_ids));
+    if ls != ts {
+        return Err(TreeError::Shape(format!(
+            "logprobs {ls:?} and token_ids {ts:?} must have the same [L, K] shape"
+        )));
+    }
+    check_root(root_token)?;
+    if min_logprob.is_some_and(f64::is_nan) {
+        return Err(TreeError::Shape("min_logprob must not be NaN".into()));
+    }
+    Ok((ls[0], ls[1]))
+}
+
 /// Build one DDTree from `[L, K]` marginals.
 #[pyfunction]
 #[pyo3(signature = (logprobs, token_ids, budget, root_token=-1, min_logprob=None))]
@@ -52,17 +73,9 @@ fn build_ddtree<'py>(
     root_token: i64,
     min_logprob: Option<f64>,
 ) -> PyResult<Bound<'py, PyTuple>> {
-    let (ls, ts) = (shape(&logprobs), shape(&token_ids));
-    if ls != ts {
-        return Err(TreeError::Shape(format!(
-            "logprobs {ls:?} and token_ids {ts:?} must have the same [L, K] shape"
-        )))
-        .or_raise();
-    }
-    check_root(root_token).or_raise()?;
+    let (l, k) = check_single_build(&logprobs, &token_ids, root_token, min_logprob).or_raise()?;
     let (lp, ids) = (as_slice(&logprobs), as_slice(&token_ids));
-    let built =
-        core::build_checked(&lp, &ids, ls[0], ls[1], budget, root_token, min_logprob).or_raise()?;
+    let built = core::build_checked(&lp, &ids, l, k, budget, root_token, min_logprob).or_raise()?;
     built_to_py(py, built)
 }
 
