@@ -110,8 +110,18 @@ class DraftTree:
     def _from_core(cls, arrays: tuple, num_real: int | None = None) -> DraftTree:
         # Arrays straight from Rust are already consistent: skip the checks.
         self = cls.__new__(cls)
-        tok = arrays[0]
-        self._set(*arrays, len(tok) if num_real is None else num_real)
+        (
+            self.tokens,
+            self.parents,
+            self.depths,
+            self.logprobs,
+            self._bits,
+            self.first_child,
+            self.next_sibling,
+            self._expected,
+        ) = arrays
+        self.num_real = len(self.tokens) if num_real is None else num_real
+        self._retrieve = None
         return self
 
     @property
@@ -163,7 +173,7 @@ class DraftTree:
         """int64 ``prefix_len + depth`` (RoPE positions follow depth, never the packed index).
         ``prefix_len`` is the root's position: the number of tokens committed before it."""
         _check_prefix(prefix_len)
-        return self.depths.astype(np.int64) + prefix_len
+        return np.add(self.depths, prefix_len, dtype=np.int64)
 
     def retrieve_indices(self) -> np.ndarray:
         """int32 ``[num_leaves, max_depth + 1]``: node indices from the root to each leaf,
@@ -292,9 +302,15 @@ def _check_prefix(prefix_len: int) -> None:
         raise TreeError(f"prefix_len must be >= 0, got {prefix_len}")
 
 
+_DTYPES = {t: np.dtype(t) for t in (np.float32, np.int64, np.int32)}
+
+
 def _as_array(x: Any, dtype: type, name: str, ndim: int, exact: bool) -> np.ndarray:
     """Borrow ``x`` as a numpy array of ``dtype`` without copying when it already is one.
     ``exact``: refuse other dtypes instead of converting (float marginals must be float32)."""
+    # Fast path (once per decode step on the hot path): already the right array.
+    if type(x) is np.ndarray and x.ndim == ndim and x.dtype is _DTYPES.get(dtype):
+        return x
     if not isinstance(x, np.ndarray):
         if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor
             x = x.detach().cpu().numpy()
