@@ -60,10 +60,15 @@ proptest! {
         p in 0..PATTERNS.len(),
         picks in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
         class_trie in any::<bool>(),
+        levels in any::<bool>(),
     ) {
         let g = compile(tokens, PATTERNS[p]);
         if class_trie {
             g.use_class_trie();
+        }
+        if levels {
+            // Masks of later states then start from cached similar states' masks.
+            g.init_levels();
         }
         let n = g.vocab().vocab_size();
         let oracle = Regex::new(&format!("^(?:{})$", PATTERNS[p])).unwrap();

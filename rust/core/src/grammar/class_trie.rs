@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 
+use super::equiv::heights_below;
 use super::regex::TableDfa;
 use super::trie::{TokenTrie, TrieNode};
 
@@ -20,6 +21,8 @@ pub struct ClassTrie {
     /// Per node: index into `bitmaps`, or `u32::MAX`.
     pub heavy: Vec<u32>,
     pub bitmaps: Vec<Box<[u32]>>,
+    /// Per node: depth of its subtree below it.
+    pub below: Vec<u16>,
 }
 
 /// Byte -> representative byte of its class (the smallest byte with the same DFA column),
@@ -150,7 +153,9 @@ impl ClassTrie {
         for top in open {
             nodes[top].end = len;
         }
+        let below = heights_below(&nodes);
         ClassTrie {
+            below,
             nodes,
             token_ids,
             max_depth,

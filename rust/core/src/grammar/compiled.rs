@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 
 use super::cache::MaskCache;
 use super::class_trie::{byte_classes, ClassTrie};
+use super::equiv::StateLevels;
 use super::regex::{RegexLimits, TableDfa, DEAD};
 use super::trie::TrieNode;
 use super::vocab::Vocabulary;
@@ -16,6 +17,18 @@ pub const TERMINATED: u32 = u32::MAX;
 
 /// A byte-trie walk visiting more nodes than this triggers the class trie.
 const CLASS_TRIE_AFTER: usize = 30_000;
+
+/// A full walk visiting more nodes than this builds the state levels (later walks then
+/// start from a similar state's cached mask).
+const LEVELS_AFTER: usize = 4_000;
+
+/// Lookahead covered by the state levels (deeper subtrees are compared state by state:
+/// only long tokens have them, and each level costs a pass over the DFA).
+const MAX_LEVELS: usize = 24;
+
+/// Precompute visits one state per class at this level first (states agreeing on 4 bytes
+/// of lookahead mostly share their masks).
+const CLUSTER_LEVEL: usize = 4;
 
 /// The class trie is used only when the DFA splits bytes into at most this many classes.
 const MAX_CLASSES: usize = 16;
@@ -30,6 +43,7 @@ pub struct CompiledRegex {
     cache: MaskCache,
     class_trie: OnceLock<ClassTrie>,
     classes: OnceLock<([u8; 256], usize)>,
+    levels: OnceLock<StateLevels>,
     pattern: String,
 }
 
@@ -48,6 +62,7 @@ impl CompiledRegex {
             cache,
             class_trie: OnceLock::new(),
             classes: OnceLock::new(),
+            levels: OnceLock::new(),
             pattern: pattern.to_owned(),
         })
     }
@@ -131,6 +146,11 @@ impl CompiledRegex {
             self.set_eos(out);
         }
         self.cache.offer(idx, out);
+        if let Some(lv) = self.levels.get() {
+            if self.cache.get(idx).is_some() {
+                lv.note_cached(idx);
+            }
+        }
     }
 
     /// Is `state`'s mask ready without a walk (cached, terminated or dead)?
@@ -144,13 +164,57 @@ impl CompiledRegex {
         }
     }
 
-    /// Fill `out` with the tokens viable from `state`: one walk of the merged class trie when
-    /// this grammar has one, else of the byte trie (building the class trie once a byte walk
-    /// turns out large).
+    /// Fill `out` with the tokens viable from `state`: from a cached state's mask when one
+    /// agrees with `state` on enough lookahead (descending only where they differ), else one
+    /// walk of the merged class trie when this grammar has one, else of the byte trie
+    /// (building the class trie and the state levels once a byte walk turns out large).
     fn walk(&self, state: u32, out: &mut [u32]) {
+        if let Some(lv) = self.levels.get() {
+            let idx = TableDfa::index(state);
+            let found = lv.best_ref(idx).or_else(|| {
+                lv.first_byte_ref(&self.dfa, idx, LEVELS_AFTER, |t| {
+                    self.cache.get(t).is_some()
+                })
+                .map(|t| (t, 0))
+            });
+            if let Some((t, level)) = found {
+                if let Some(m) = self.cache.get(t) {
+                    out.copy_from_slice(m);
+                    for &e in self.vocab.eos_ids() {
+                        out[e as usize / 32] &= !(1 << (e % 32));
+                    }
+                    let depth = self.vocab.trie().max_depth;
+                    if !(level == lv.top() && lv.covers(depth)) {
+                        let r = (t * 256) as u32;
+                        match self.class_trie.get() {
+                            Some(ct) => diff_walk(
+                                &self.dfa,
+                                lv,
+                                [state, r],
+                                (&ct.nodes, &ct.token_ids, &ct.below, ct.max_depth),
+                                Some(ct),
+                                out,
+                            ),
+                            None => {
+                                let tr = self.vocab.trie();
+                                diff_walk(
+                                    &self.dfa,
+                                    lv,
+                                    [state, r],
+                                    (&tr.nodes, &tr.token_ids, &tr.below, tr.max_depth),
+                                    None,
+                                    out,
+                                )
+                            }
+                        }
+                    }
+                    return;
+                }
+            }
+        }
         out.fill(0);
         if let Some(ct) = self.class_trie.get() {
-            walk_nodes(
+            let visited = walk_nodes(
                 &self.dfa,
                 state,
                 &ct.nodes,
@@ -159,6 +223,9 @@ impl CompiledRegex {
                 Some(ct),
                 out,
             );
+            if visited > LEVELS_AFTER {
+                self.init_levels();
+            }
             return;
         }
         let trie = self.vocab.trie();
@@ -171,6 +238,9 @@ impl CompiledRegex {
             None,
             out,
         );
+        if visited > LEVELS_AFTER {
+            self.init_levels();
+        }
         if visited > CLASS_TRIE_AFTER {
             // Merging pays off when few classes remain; with many (literal-heavy grammars)
             // the merged trie stays large and its build would cost more than it saves.
@@ -180,6 +250,30 @@ impl CompiledRegex {
                     .get_or_init(|| ClassTrie::build(trie, &classes.0, self.vocab.words()));
             }
         }
+    }
+
+    /// Build the state levels now (normally built after the first large walk).
+    pub fn init_levels(&self) {
+        self.levels.get_or_init(|| {
+            let classes = self.classes.get_or_init(|| byte_classes(&self.dfa));
+            let mut reps: Vec<u8> = (0..=255u8)
+                .filter(|&b| classes.0[b as usize] == b)
+                .collect();
+            reps.dedup();
+            let under = first_byte_nodes(self.vocab.trie());
+            let mut weight = vec![0usize; reps.len()];
+            for (&r, &u) in classes.0.iter().zip(&under) {
+                weight[reps.binary_search(&r).expect("a class byte")] += u;
+            }
+            let depth = self.vocab.trie().max_depth.min(MAX_LEVELS);
+            let lv = StateLevels::build(&self.dfa, &reps, weight, depth);
+            for idx in 1..self.dfa.num_states() {
+                if self.cache.get(idx).is_some() {
+                    lv.note_cached(idx);
+                }
+            }
+            lv
+        });
     }
 
     /// Build the merged class trie now (normally built after the first large walk).
@@ -204,20 +298,67 @@ impl CompiledRegex {
         }
     }
 
-    /// Precompute masks in state order (start state first) until `budget` has elapsed,
-    /// in parallel: cheap grammars end up fully cached at compile time.
+    /// Precompute masks until `budget` has elapsed, on every rayon thread: cheap grammars
+    /// end up fully cached at compile time; for the others the budget goes to the widest
+    /// states first, one per group of similar states (the rest then start from its mask).
     pub fn precompute_within(&self, budget: std::time::Duration) {
-        use rayon::prelude::*;
+        use std::sync::atomic::{AtomicUsize, Ordering};
         let t0 = std::time::Instant::now();
+        let order = self.precompute_order();
+        let next = AtomicUsize::new(0);
         let words = self.vocab.words();
-        (1..self.dfa.num_states()).into_par_iter().for_each_init(
-            || vec![0u32; words],
-            |buf, idx| {
-                if t0.elapsed() < budget && self.cache.get(idx).is_none() {
-                    self.fill_mask((idx * 256) as u32, buf);
+        rayon::broadcast(|_| {
+            let mut buf = vec![0u32; words];
+            while t0.elapsed() < budget {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&idx) = order.get(k) else { break };
+                if self.cache.get(idx).is_none() {
+                    self.fill_mask((idx * 256) as u32, &mut buf);
                 }
-            },
-        );
+            }
+        });
+    }
+
+    /// States in precompute order: index order (start first) when every walk is small,
+    /// else one state per level-`CLUSTER_LEVEL` class, widest first (by the trie nodes
+    /// under its live first bytes), then the rest in index order.
+    fn precompute_order(&self) -> Vec<usize> {
+        let n = self.dfa.num_states();
+        let under = first_byte_nodes(self.vocab.trie());
+        let est: Vec<usize> = (0..n)
+            .map(|idx| {
+                (0..=255u8)
+                    .filter(|&b| idx > 0 && self.dfa.next((idx * 256) as u32, b) != DEAD)
+                    .map(|b| under[b as usize])
+                    .sum()
+            })
+            .collect();
+        if est.iter().all(|&e| e <= LEVELS_AFTER) {
+            return (1..n).collect();
+        }
+        self.init_levels();
+        let lv = self.levels.get().expect("just built");
+        // Greedy, widest first: a wide state heads a group unless an earlier head is similar
+        // (same class at `CLUSTER_LEVEL`, or few differing first bytes); heads go first.
+        let mut wide: Vec<usize> = (1..n).filter(|&i| est[i] > LEVELS_AFTER).collect();
+        wide.sort_by_key(|&idx| std::cmp::Reverse(est[idx]));
+        let mut first: Vec<usize> = Vec::new();
+        let mut is_head = vec![false; n];
+        for idx in wide {
+            let similar = first.iter().any(|&h| {
+                lv.class(CLUSTER_LEVEL, h) == lv.class(CLUSTER_LEVEL, idx) || {
+                    let (own, diff) = lv.first_byte_costs(&self.dfa, idx, h);
+                    diff * 4 < own
+                }
+            });
+            if !similar {
+                is_head[idx] = true;
+                first.push(idx);
+            }
+        }
+        let rest = (1..n).filter(|&i| !is_head[i]);
+        first.extend(rest);
+        first
     }
 
     /// Slow reference: every token's bytes run through the DFA one by one (for tests).
@@ -235,6 +376,18 @@ impl CompiledRegex {
     }
 }
 
+/// Trie nodes under each first byte.
+fn first_byte_nodes(trie: &super::trie::TokenTrie) -> [usize; 256] {
+    let mut under = [0usize; 256];
+    let mut i = 0;
+    while i < trie.nodes.len() {
+        let node = trie.nodes[i];
+        under[node.byte as usize] = node.end as usize - i;
+        i = node.end as usize;
+    }
+    under
+}
+
 /// One preorder walk, skipping a subtree as soon as the DFA dies; returns nodes visited.
 fn walk_nodes(
     dfa: &TableDfa,
@@ -245,12 +398,45 @@ fn walk_nodes(
     heavy: Option<&ClassTrie>,
     out: &mut [u32],
 ) -> usize {
+    walk_range(
+        dfa,
+        state,
+        nodes,
+        ids,
+        0,
+        nodes.len(),
+        max_depth,
+        heavy,
+        out,
+    )
+}
+
+/// [`walk_nodes`] over the subtree `nodes[start..stop]` (a whole subtree, or the whole
+/// trie), `state` being the DFA state before its root's byte.
+#[allow(clippy::too_many_arguments)]
+fn walk_range(
+    dfa: &TableDfa,
+    state: u32,
+    nodes: &[TrieNode],
+    ids: &[u32],
+    start: usize,
+    stop: usize,
+    max_depth: usize,
+    heavy: Option<&ClassTrie>,
+    out: &mut [u32],
+) -> usize {
     let mut stack = vec![0u32; max_depth + 1];
-    stack[0] = state;
     let n = nodes.len();
+    debug_assert!(start < stop || start == n);
+    let base = if start < n {
+        nodes[start].depth as usize - 1
+    } else {
+        0
+    };
+    stack[base] = state;
     let mut visited = 0;
-    let mut i = 0;
-    while i < n {
+    let mut i = start;
+    while i < stop {
         visited += 1;
         // SAFETY: i < n; trie depths are in 1..=max_depth (the stack's length - 1), and
         // `stack` only holds states returned by this DFA, so every index is in bounds.
@@ -283,4 +469,58 @@ fn walk_nodes(
         i += 1;
     }
     visited
+}
+
+/// Turn `out`, the mask of state `pair[1]`, into the mask of `pair[0]`: one preorder walk
+/// that skips every subtree on which the two states agree (same class at the subtree's
+/// remaining depth), clears subtrees only the reference allows and walks from scratch those
+/// only `pair[0]` allows.
+fn diff_walk(
+    dfa: &TableDfa,
+    lv: &StateLevels,
+    pair: [u32; 2],
+    (nodes, ids, below, max_depth): (&[TrieNode], &[u32], &[u16], usize),
+    heavy: Option<&ClassTrie>,
+    out: &mut [u32],
+) {
+    let mut sa = vec![0u32; max_depth + 1];
+    let mut sb = vec![0u32; max_depth + 1];
+    sa[0] = pair[0];
+    sb[0] = pair[1];
+    let n = nodes.len();
+    let tok_at = |j: usize| {
+        if j < n {
+            nodes[j].tok_start as usize
+        } else {
+            ids.len()
+        }
+    };
+    let mut i = 0;
+    while i < n {
+        let node = nodes[i];
+        let d = node.depth as usize;
+        let a = dfa.next(sa[d - 1], node.byte);
+        let b = dfa.next(sb[d - 1], node.byte);
+        let end = node.end as usize;
+        if lv.same(below[i] as usize, a, b) {
+            i = end;
+            continue;
+        }
+        if a == DEAD {
+            for &t in &ids[node.tok_start as usize..tok_at(end)] {
+                out[t as usize / 32] &= !(1 << (t % 32));
+            }
+            i = end;
+            continue;
+        }
+        if b == DEAD {
+            walk_range(dfa, sa[d - 1], nodes, ids, i, end, max_depth, heavy, out);
+            i = end;
+            continue;
+        }
+        // Both alive: the tokens ending here are already set.
+        sa[d] = a;
+        sb[d] = b;
+        i += 1;
+    }
 }

@@ -10,6 +10,7 @@
 mod cache;
 mod class_trie;
 mod compiled;
+mod equiv;
 mod error;
 mod matcher;
 mod regex;

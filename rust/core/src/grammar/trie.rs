@@ -1,6 +1,7 @@
 //! Token trie in preorder arrays: walking it with an automaton visits each shared prefix once
 //! and skips a whole subtree (`end`) as soon as the automaton dies.
 
+use super::equiv::heights_below;
 use super::vocab::Vocabulary;
 
 /// One trie node; nodes are stored in preorder so a subtree is the index range `[i, end)`.
@@ -21,6 +22,8 @@ pub struct TokenTrie {
     pub tok_start: Vec<u32>,
     pub token_ids: Vec<u32>,
     pub max_depth: usize,
+    /// Per node: depth of its subtree below it (for bounded-equivalence pruning).
+    pub below: Vec<u16>,
 }
 
 impl TokenTrie {
@@ -79,11 +82,13 @@ impl TokenTrie {
         for (i, node) in nodes.iter_mut().enumerate() {
             node.tok_start = tok_start[i];
         }
+        let below = heights_below(&nodes);
         TokenTrie {
             nodes,
             tok_start,
             token_ids,
             max_depth,
+            below,
         }
     }
 
