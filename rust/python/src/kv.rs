@@ -17,6 +17,19 @@ fn pairs<'py>(py: Python<'py>, p: impl IntoIterator<Item = (i32, i32)>) -> PyRes
     vec2(py, flat, rows, 2)
 }
 
+/// `(slots, offsets, cow)` of a batched reservation or append, as numpy arrays.
+fn reserve_batch_to_py<'py>(
+    py: Python<'py>,
+    b: core::ReserveBatch,
+) -> PyResult<(Arr<'py>, Arr<'py>, Arr<'py>)> {
+    let offsets: Vec<i64> = b.offsets.iter().map(|&o| o as i64).collect();
+    Ok((
+        vec1(py, b.slots).into_any(),
+        vec1(py, offsets).into_any(),
+        block_pairs(py, b.cow)?,
+    ))
+}
+
 fn block_pairs<'py>(
     py: Python<'py>,
     p: impl IntoIterator<Item = (u32, u32)>,
@@ -214,12 +227,7 @@ impl BlockManager {
         let c = to_counts(&c, "node counts").or_raise()?;
         let m = &mut self.0;
         let b = py.detach(|| m.reserve_tree_batch(&seqs, &c)).or_raise()?;
-        let offsets: Vec<i64> = b.offsets.iter().map(|&o| o as i64).collect();
-        Ok((
-            vec1(py, b.slots).into_any(),
-            vec1(py, offsets).into_any(),
-            block_pairs(py, b.cow)?,
-        ))
+        reserve_batch_to_py(py, b)
     }
     /// One decode step's commits (`accepted[offsets[i]:offsets[i+1]]` for `seqs[i]`):
     /// `(src_slots, dst_slots)`; all or nothing.
@@ -253,12 +261,7 @@ impl BlockManager {
         let c = to_counts(&c, "slot counts").or_raise()?;
         let m = &mut self.0;
         let b = py.detach(|| m.append_slots_batch(&seqs, &c)).or_raise()?;
-        let offsets: Vec<i64> = b.offsets.iter().map(|&o| o as i64).collect();
-        Ok((
-            vec1(py, b.slots).into_any(),
-            vec1(py, offsets).into_any(),
-            block_pairs(py, b.cow)?,
-        ))
+        reserve_batch_to_py(py, b)
     }
     /// `allocate` for many new sequences; all or nothing.
     fn allocate_batch(
