@@ -349,6 +349,18 @@ def test_bad_marginals(mutate, exc, match):
         specdec.build_ddtree(lp, ids, 4)
 
 
+def test_token_ids_are_checked_where_the_tree_uses_them():
+    lp = np.array([[-0.1, -9.0], [-0.1, -9.0]], dtype=np.float32)
+    ids = np.array([[4, 2**40], [6, 7]], dtype=np.int64)
+    # Budget 2 takes [4] then its child [4, 6]: the bad id at [0, 1] is never read.
+    assert specdec.build_ddtree(lp, ids, 2).tokens[1:].tolist() == [4, 6]
+    # Budget 3 reaches it: the error names the entry.
+    with pytest.raises(TreeError, match=r"token_ids\[0, 1\]"):
+        specdec.build_ddtree(lp, ids, 3)
+    with pytest.raises(TreeError, match="request 0"):
+        specdec.build_ddtree_batch(lp[None], ids[None], [3])
+
+
 def test_bad_budgets_and_other_input():
     lp, ids = _ok()
     for b in (0, -3):

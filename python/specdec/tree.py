@@ -173,7 +173,7 @@ class DraftTree:
         """int64 ``prefix_len + depth`` (RoPE positions follow depth, never the packed index).
         ``prefix_len`` is the root's position: the number of tokens committed before it."""
         _check_prefix(prefix_len)
-        return np.add(self.depths, prefix_len, dtype=np.int64)
+        return _core.position_ids(self.depths, int(prefix_len))
 
     def retrieve_indices(self) -> np.ndarray:
         """int32 ``[num_leaves, max_depth + 1]``: node indices from the root to each leaf,
@@ -337,7 +337,9 @@ def build_ddtree(
     marginals (``[L, K]`` float32 log-probs, each row sorted descending, and their int64
     token ids): best-first heap over rank tuples, K = min(budget, K). Entries at -inf never
     enter the tree; equal scores pop in push order. ``min_logprob`` stops the build once the
-    best remaining prefix is below it. ``root_token`` is stored at index 0 (-1 = unknown)."""
+    best remaining prefix is below it. ``root_token`` is stored at index 0 (-1 = unknown).
+    Log-probs are checked in every column the build may read; token ids where the tree uses
+    them (an id outside [0, 2^31) that enters the tree raises :class:`TreeError`)."""
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
         raise TypeError(f"budget must be an int, got {type(budget).__name__}")
     lp = _as_array(logprobs, np.float32, "logprobs", 2, exact=True)

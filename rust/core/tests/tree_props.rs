@@ -250,6 +250,26 @@ fn bad_input_is_an_error_not_a_panic() {
         e(vec![-1.0, -2.0], vec![0, 1 << 40], 1, 2, 4),
         TreeError::TokenOutOfRange { .. }
     ));
+    // Ids are checked where the tree uses them: the error names the entry of a used id...
+    let used = e(vec![-1.0, -2.0, -1.0, -3.0], vec![0, 1, -5, 9], 2, 2, 3);
+    assert!(
+        matches!(&used, TreeError::TokenOutOfRange { token: -5, location } if location == "token_ids[1, 0]"),
+        "{used:?}"
+    );
+    // ... and an id past the budget's columns or below the tree's reach is never read.
+    let ok = build_checked(&[-1.0, -2.0, -9.0], &[4, 5, -1], 1, 3, 2, -1, None).unwrap();
+    assert_eq!(ok.tree.tokens, vec![-1, 4, 5]);
+    let ok = build_checked(
+        &[-0.1, -9.0, -0.1, -9.0],
+        &[4, 1 << 40, 6, 7],
+        2,
+        2,
+        2,
+        -1,
+        None,
+    )
+    .unwrap();
+    assert_eq!(ok.tree.tokens, vec![-1, 4, 6]);
     let links = ChildLinks {
         first_child: vec![-1],
         next_sibling: vec![-1],

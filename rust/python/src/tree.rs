@@ -222,6 +222,16 @@ fn attention_mask<'py>(
     }
 }
 
+/// int64 `prefix_len + depth` per node (`prefix_len` >= 0 is checked by the caller).
+#[pyfunction]
+fn position_ids<'py>(
+    py: Python<'py>,
+    depths: PyReadonlyArray1<'py, i32>,
+    prefix_len: i64,
+) -> Bound<'py, PyAny> {
+    vec1(py, core::position_ids(&as_slice(&depths), prefix_len)).into_any()
+}
+
 /// One row per leaf, root to leaf, padded with -1.
 #[pyfunction]
 fn retrieve_indices<'py>(
@@ -339,6 +349,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tree_arrays, m)?)?;
     m.add_function(wrap_pyfunction!(attention_mask, m)?)?;
     m.add_function(wrap_pyfunction!(retrieve_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(position_ids, m)?)?;
     m.add_function(wrap_pyfunction!(pad_tree, m)?)?;
     m.add_function(wrap_pyfunction!(walk, m)?)?;
     m.add_function(wrap_pyfunction!(walk_batch, m)?)?;

@@ -165,7 +165,9 @@ pub(super) fn finish(
     })
 }
 
-/// Validate and build in one call (what the bindings use).
+/// Validate and build in one call (what the bindings use). Token ids are range-checked
+/// where the tree uses them: an id outside [0, 2^31) that enters the tree is an error,
+/// one in a column the tree never reaches is not read.
 pub fn build_checked(
     logprobs: &[f32],
     token_ids: &[i64],
@@ -175,11 +177,33 @@ pub fn build_checked(
     root_token: i64,
     min_logprob: Option<f64>,
 ) -> Result<BuiltTree, TreeError> {
-    let m = Marginals::new(logprobs, token_ids, depth, width, budget)?;
+    let m = Marginals::for_build(logprobs, token_ids, depth, width, budget)?;
     if let Some(v) = min_logprob {
         if v.is_nan() {
             return Err(TreeError::Shape("min_logprob must not be NaN".into()));
         }
     }
-    Ok(build_ddtree(&m, budget as usize, root_token, min_logprob))
+    let built = build_ddtree(&m, budget as usize, root_token, min_logprob);
+    let drafted = &built.tree.tokens[1..];
+    if drafted.iter().fold(0u64, |acc, &t| acc | t as u64) >> 31 != 0 {
+        return Err(out_of_range_token(&built.tree, token_ids, width));
+    }
+    Ok(built)
+}
+
+/// Name the first drafted node whose token id is out of range by its marginals entry.
+#[cold]
+fn out_of_range_token(tree: &DraftTree, token_ids: &[i64], width: usize) -> TreeError {
+    let (node, &token) = (tree.tokens.iter().enumerate().skip(1))
+        .find(|&(_, &t)| !(0..=i32::MAX as i64).contains(&t))
+        .expect("an out-of-range token was seen");
+    let d = tree.depths[node] as usize - 1;
+    let rank = token_ids[d * width..(d + 1) * width]
+        .iter()
+        .position(|&t| t == token)
+        .unwrap_or(0);
+    TreeError::TokenOutOfRange {
+        token,
+        location: format!("token_ids[{d}, {rank}]"),
+    }
 }

@@ -8,6 +8,7 @@ mod branches;
 mod builder;
 mod contract;
 mod error;
+mod heap;
 mod marginals;
 mod queues;
 mod walk;
@@ -15,8 +16,8 @@ mod walk;
 pub use branches::tree_from_branches;
 pub use builder::{build_checked, build_ddtree, build_ddtree_filtered, AllowAll, TokenFilter};
 pub use contract::{
-    ancestor_bits, attention_mask, child_links, pad_tree, retrieve_indices, AncestorBits,
-    ChildLinks, MaskValue, Padded,
+    ancestor_bits, attention_mask, child_links, pad_tree, position_ids, retrieve_indices,
+    AncestorBits, ChildLinks, MaskValue, Padded,
 };
 pub use error::TreeError;
 pub use marginals::Marginals;

@@ -14,6 +14,7 @@
 //! entering the arena, its queue or the heap. Skipping its push sequence number is harmless:
 //! only the relative order of sequence numbers matters, and that is unchanged.
 
+use super::heap::MinHeap as HeadHeap;
 use super::{BuiltTree, Marginals};
 
 const NONE: u32 = u32::MAX;
@@ -22,8 +23,6 @@ const NONE: u32 = u32::MAX;
 #[derive(Clone, Copy)]
 struct Cand {
     score: f64,
-    /// Score of `parent`: a sibling candidate is `parent_score + logprob[d][r + 1]`.
-    parent_score: f64,
     parent: u32,
     next: u32,
 }
@@ -56,68 +55,6 @@ fn head_item(score: f64, seq: u32, queue: u32) -> u128 {
     ((score_key(score) as u128) << 64) | ((seq as u128) << 32) | queue as u128
 }
 
-/// Binary min-heap of packed heads.
-struct HeadHeap(Vec<u128>);
-
-impl HeadHeap {
-    #[inline(always)]
-    fn push(&mut self, h: u128) {
-        let v = &mut self.0;
-        let mut i = v.len();
-        v.push(h);
-        while i > 0 {
-            let p = (i - 1) / 2;
-            let pv = v[p];
-            if h >= pv {
-                break;
-            }
-            v[i] = pv;
-            i = p;
-        }
-        v[i] = h;
-    }
-
-    /// Replace the top with `h` (or remove it when `h` is None) and restore the order.
-    #[inline(always)]
-    fn replace_top(&mut self, h: Option<u128>) {
-        let v = &mut self.0;
-        let h = match h {
-            Some(h) => h,
-            None => {
-                let last = v.pop().expect("replace_top on an empty heap");
-                if v.is_empty() {
-                    return;
-                }
-                last
-            }
-        };
-        // Sift `h` down from the root, stopping as soon as it is not behind the better child.
-        let n = v.len();
-        let mut i = 0;
-        loop {
-            let l = 2 * i + 1;
-            if l >= n {
-                break;
-            }
-            let mut c = l;
-            let mut cv = v[l];
-            if l + 1 < n {
-                let rv = v[l + 1];
-                if rv < cv {
-                    c = l + 1;
-                    cv = rv;
-                }
-            }
-            if h <= cv {
-                break;
-            }
-            v[i] = cv;
-            i = c;
-        }
-        v[i] = h;
-    }
-}
-
 /// Candidate arena, class queues and the heap of queue heads.
 struct Classes {
     arena: Vec<Cand>,
@@ -141,11 +78,10 @@ impl Classes {
 
     /// Append a candidate to queue `q`; a queue that was empty enters the heap.
     #[inline(always)]
-    fn push(&mut self, q: u32, score: f64, parent: u32, parent_score: f64) {
+    fn push(&mut self, q: u32, score: f64, parent: u32) {
         let seq = self.arena.len() as u32;
         self.arena.push(Cand {
             score,
-            parent_score,
             parent,
             next: NONE,
         });
@@ -194,17 +130,16 @@ pub(super) fn build(
     let mut c = Classes {
         arena: Vec::with_capacity(2 * cap),
         queues: Vec::with_capacity(cap + rows),
-        heap: HeadHeap(Vec::with_capacity(64)),
+        heap: HeadHeap::with_capacity(64),
     };
     for row in 0..rows {
         c.new_queue(row, 0);
     }
 
     // The outputs hold `cap` nodes at most (capacity reserved above); the loop stops there.
-    // The next pop: its score, parent (and the parent's score) and class queue.
+    // The next pop: its score, parent and class queue.
     let mut score = lp0 as f64;
     let mut parent = 0u32;
-    let mut parent_score = 0.0f64;
     let mut q = 0u32;
     loop {
         let Queue { row, rank, sib, .. } = c.queues[q as usize];
@@ -225,7 +160,8 @@ pub(super) fn build(
                     sq = c.new_queue(row, rank + 1);
                     c.queues[q as usize].sib = sq;
                 }
-                c.push(sq, parent_score + v as f64, parent, parent_score);
+                // The parent is already emitted: its score is in the output.
+                c.push(sq, logprobs[parent as usize] + v as f64, parent);
             }
         }
         if row + 1 < rows {
@@ -233,25 +169,24 @@ pub(super) fn build(
             if v != f32::NEG_INFINITY {
                 let child = score + v as f64;
                 let cq = (row + 1) as u32;
-                let beats_top = match c.heap.0.first() {
-                    Some(&top) => score_key(child) < (top >> 64) as u64,
+                let beats_top = match c.heap.first() {
+                    Some(top) => score_key(child) < (top >> 64) as u64,
                     None => true,
                 };
                 if beats_top {
                     if min_logprob.is_some_and(|min| child < min) {
                         break;
                     }
-                    parent_score = score;
                     score = child;
                     parent = node;
                     q = cq;
                     continue;
                 }
-                c.push(cq, child, node, score);
+                c.push(cq, child, node);
             }
         }
         // Pop the heap top: advance its class queue and put the next head in its place.
-        let Some(&top) = c.heap.0.first() else { break };
+        let Some(top) = c.heap.first() else { break };
         let seq = (top >> 32) as u32;
         let tq = top as u32;
         let cand = c.arena[seq as usize];
@@ -264,7 +199,6 @@ pub(super) fn build(
         c.heap.replace_top(next_head);
         score = cand.score;
         parent = cand.parent;
-        parent_score = cand.parent_score;
         q = tq;
     }
     // Free the scratch (allocated last, so it goes back to the top of the allocator's heap)
