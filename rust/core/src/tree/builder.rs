@@ -12,7 +12,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::{BuiltTree, DraftTree, Marginals, TreeError};
+use super::{check_token, BuiltTree, DraftTree, Marginals, TreeError};
 
 /// Restricts which tokens may extend a node (used by grammar-aware trees).
 pub trait TokenFilter {
@@ -195,15 +195,12 @@ pub fn build_checked(
 #[cold]
 fn out_of_range_token(tree: &DraftTree, token_ids: &[i64], width: usize) -> TreeError {
     let (node, &token) = (tree.tokens.iter().enumerate().skip(1))
-        .find(|&(_, &t)| !(0..=i32::MAX as i64).contains(&t))
+        .find(|&(_, &t)| check_token(t, String::new).is_err())
         .expect("an out-of-range token was seen");
     let d = tree.depths[node] as usize - 1;
     let rank = token_ids[d * width..(d + 1) * width]
         .iter()
         .position(|&t| t == token)
         .unwrap_or(0);
-    TreeError::TokenOutOfRange {
-        token,
-        location: format!("token_ids[{d}, {rank}]"),
-    }
+    check_token(token, || format!("token_ids[{d}, {rank}]")).expect_err("the token is out of range")
 }

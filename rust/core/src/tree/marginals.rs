@@ -24,17 +24,7 @@ impl<'a> Marginals<'a> {
         width: usize,
         budget: i64,
     ) -> Result<Self, TreeError> {
-        if budget <= 0 {
-            return Err(TreeError::Budget(budget));
-        }
-        Self::with_columns(
-            logprobs,
-            token_ids,
-            depth,
-            width,
-            width.min(budget as usize),
-            true,
-        )
+        Self::budgeted(logprobs, token_ids, depth, width, budget, true)
     }
 
     /// As [`Marginals::new`] without the token-id range scan, for `build_checked`, which
@@ -48,11 +38,22 @@ impl<'a> Marginals<'a> {
         width: usize,
         budget: i64,
     ) -> Result<Self, TreeError> {
+        Self::budgeted(logprobs, token_ids, depth, width, budget, false)
+    }
+
+    fn budgeted(
+        logprobs: &'a [f32],
+        token_ids: &'a [i64],
+        depth: usize,
+        width: usize,
+        budget: i64,
+        check_ids: bool,
+    ) -> Result<Self, TreeError> {
         if budget <= 0 {
             return Err(TreeError::Budget(budget));
         }
         let used = width.min(budget as usize);
-        Self::with_columns(logprobs, token_ids, depth, width, used, false)
+        Self::with_columns(logprobs, token_ids, depth, width, used, check_ids)
     }
 
     /// Validate every column: a constrained build may skip any number of disallowed
