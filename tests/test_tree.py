@@ -321,6 +321,18 @@ def test_draft_tree_from_arrays_is_checked():
         specdec.DraftTree([1, 2], [-1, 0], [0, 2])
 
 
+def test_child_links_are_derived_once_on_request_and_checked():
+    t = specdec.tree_from_branches([[4, 5], [4, 6], [7]])
+    fc, ns = t.first_child, t.next_sibling
+    assert fc is t.first_child and ns is t.next_sibling  # derived once, then kept
+    assert fc.dtype == np.int32 and ns.dtype == np.int32
+    assert specdec.walk(t, [4, 6, 0, 0, 0]).accepted_tokens == [4, 6]
+    bad = specdec.tree_from_branches([[4, 5]])
+    bad.parents[2] = 2  # edited after the build: a node cannot be its own parent
+    with pytest.raises(TreeError, match=r"parents\[2\] = 2"):
+        _ = bad.first_child
+
+
 # ---- bad input ----------------------------------------------------------------------------
 def _ok():
     return np.array([[-0.1, -2.0]], dtype=np.float32), np.array([[3, 4]], dtype=np.int64)
@@ -399,3 +411,31 @@ def test_bad_budgets_and_other_input():
         specdec.ddtree_from_logits(torch.zeros(4), 4)
     with pytest.raises(TreeError, match="temperature"):
         specdec.ddtree_from_logits(torch.zeros(2, 4), 4, temperature=0)
+
+
+def test_huge_sizes_are_errors_not_aborts():
+    lp, ids = _ok()
+    # Two possible prefixes: a budget far past them builds them all, allocating for 3 nodes.
+    assert specdec.build_ddtree(lp, ids, 10**15).tokens[1:].tolist() == [3, 4]
+    wide = np.full((16, 8), -1.0, np.float32), np.ones((16, 8), np.int64)
+    with pytest.raises(TreeError, match="int32"):
+        specdec.build_ddtree(*wide, 2**40)
+    with pytest.raises(TreeError, match="cannot be allocated"):
+        specdec.build_ddtree(*wide, 2**31 - 2)
+    t = specdec.build_ddtree(lp, ids, 2)
+    with pytest.raises(TreeError, match="int32"):
+        t.padded(2**40)
+    with pytest.raises(TreeError, match="cannot be allocated"):
+        t.attention_mask(2**62)
+
+
+def test_edited_arrays_are_errors_not_panics():
+    t = specdec.tree_from_branches([[4, 5], [4, 6]])
+    t.parents[1], t.parents[2] = 2, 1  # a cycle: node 1 under node 2 under node 1
+    with pytest.raises(TreeError, match="node 1"):
+        t.retrieve_indices()
+    t = specdec.tree_from_branches([[4, 5], [4, 6]])
+    bits = t.ancestor_bits()
+    bits[1, 0] |= np.uint64(1 << 9)  # node 9 of a 4-node tree
+    with pytest.raises(TreeError, match="row 1"):
+        t.attention_mask(0)

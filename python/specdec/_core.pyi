@@ -10,16 +10,14 @@ __version__: str
 
 # ---- tree ---------------------------------------------------------------------------------
 # A tree crosses the boundary as (tokens i64, parents i32, depths i32, logprobs f64,
-# ancestor_bits u64 [n, W], first_child i32, next_sibling i32, expected_acceptance: None =
-# sum exp(logprobs) on demand, NaN = unscored tree from explicit branches).
+# ancestor_bits u64 [n, W], expected_acceptance: None = sum exp(logprobs) on demand, NaN =
+# unscored tree from explicit branches); `child_links` derives the walk's links on request.
 _TreeTuple = tuple[
     npt.NDArray[np.int64],
     npt.NDArray[np.int32],
     npt.NDArray[np.int32],
     npt.NDArray[np.float64],
     npt.NDArray[np.uint64],
-    npt.NDArray[np.int32],
-    npt.NDArray[np.int32],
     float | None,
 ]
 
@@ -40,7 +38,10 @@ def build_ddtree_batch(
 def tree_from_branches(branches: list[list[int]], root_token: int = -1) -> _TreeTuple: ...
 def tree_arrays(
     parents: npt.NDArray[np.int32], depths: npt.NDArray[np.int32]
-) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
+) -> npt.NDArray[np.uint64]: ...
+def child_links(
+    parents: npt.NDArray[np.int32],
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
 def attention_mask(
     bits: npt.NDArray[np.uint64], prefix_len: int, additive: bool = False
 ) -> npt.NDArray[np.bool_] | npt.NDArray[np.float32]: ...

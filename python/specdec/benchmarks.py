@@ -95,8 +95,9 @@ def _time_us(fn: Callable[[], object], min_time: float = 0.3, repeats: int = 5) 
 
 
 def _rust(lp: np.ndarray, ids: np.ndarray, budget: int, prefix: int, dense: bool) -> None:
+    # What a verifier reads each step: tokens, the bit-packed mask and positions.
     t = build_ddtree(lp, ids, budget)
-    t.position_ids(prefix)
+    t.tokens, t.ancestor_bits(), t.position_ids(prefix)
     if dense:
         t.attention_mask(prefix)
 
@@ -130,11 +131,11 @@ def bench_tree(quick: bool = False) -> str:
 
     def rust_batch() -> None:
         for t in build_ddtree_batch(lp, ids, budgets):
-            t.position_ids(prefix)
+            t.tokens, t.ancestor_bits(), t.position_ids(prefix)
 
     def rust_batch_dense() -> None:
         for t in build_ddtree_batch(lp, ids, budgets):
-            t.position_ids(prefix)
+            t.tokens, t.ancestor_bits(), t.position_ids(prefix)
             t.attention_mask(prefix)
 
     tr = _time_us(rust_batch, min_time)

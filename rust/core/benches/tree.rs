@@ -1,5 +1,6 @@
-//! DDTree build (tree + ancestor bits + child links) at L=16 over B, plus the dense mask,
-//! and a batch of 32 trees with rayon. Run: `cargo bench -p specdec-core --bench tree`.
+//! DDTree build (tree + ancestor bits) at L=16 over B, plus the dense mask, the child links
+//! (derived on request), the walk and a batch of 32 trees with rayon. Run:
+//! `cargo bench -p specdec-core --bench tree`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rayon::prelude::*;
@@ -58,8 +59,12 @@ fn bench_build(c: &mut Criterion) {
         bench.iter(|| black_box(attention_mask::<bool>(&built.bits, 512)))
     });
     let chosen: Vec<i64> = built.tree.tokens.iter().map(|&t| t + 1).collect();
+    let links = built.links();
+    c.bench_function("child_links_B1024", |bench| {
+        bench.iter(|| black_box(built.links()))
+    });
     c.bench_function("walk_B1024", |bench| {
-        bench.iter(|| black_box(walk(&built.tree.tokens, &built.links, &chosen).unwrap()))
+        bench.iter(|| black_box(walk(&built.tree.tokens, &links, &chosen).unwrap()))
     });
 }
 

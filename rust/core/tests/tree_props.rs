@@ -2,8 +2,9 @@
 
 use proptest::prelude::*;
 use specdec_core::tree::{
-    attention_mask, build_checked, build_ddtree, build_ddtree_filtered, retrieve_indices,
-    tree_from_branches, walk, AllowAll, ChildLinks, Marginals, TreeError,
+    attention_mask, build_checked, build_ddtree, build_ddtree_filtered, check_tree_size, max_nodes,
+    pad_tree, retrieve_indices, tree_from_branches, walk, AllowAll, ChildLinks, Marginals,
+    TreeError,
 };
 
 /// Every prefix over the first `k` ranks of each row, with its log-prob (finite only).
@@ -58,6 +59,28 @@ fn marginals() -> impl Strategy<Value = (usize, usize, Vec<f32>, Vec<i64>, usize
                     .collect();
                 (l, k, lp, ids, b)
             })
+    })
+}
+
+/// Larger marginals (up to L = 16, K = 96, B = 400) for the unchecked fast builder and the
+/// vector bitmap paths, which the small cases above barely exercise (queues past the
+/// first, bitmap rows of several words).
+fn large_marginals() -> impl Strategy<Value = (usize, usize, Vec<f32>, Vec<i64>, usize)> {
+    (1usize..=16, 1usize..=96, 1usize..=400).prop_flat_map(|(l, k, b)| {
+        let value = prop_oneof![
+            Just(-0.25f32),
+            Just(-1.0f32),
+            Just(f32::NEG_INFINITY),
+            -8.0f32..0.0f32,
+            -8.0f32..0.0f32,
+        ];
+        (proptest::collection::vec(value, l * k), Just(b)).prop_map(move |(mut lp, b)| {
+            for row in lp.chunks_mut(k) {
+                row.sort_by(|a, b| b.total_cmp(a));
+            }
+            let ids = (0..(l * k) as i64).collect();
+            (l, k, lp, ids, b)
+        })
     })
 }
 
@@ -134,6 +157,29 @@ proptest! {
     }
 
     #[test]
+    fn large_queue_build_equals_one_heap_build_and_bits_are_ancestors(
+        (l, k, lp, ids, b) in large_marginals(),
+        thr in prop::option::of(-12.0f64..0.0),
+    ) {
+        let m = Marginals::new(&lp, &ids, l, k, b as i64).unwrap();
+        let built = build_ddtree(&m, b, 3, thr);
+        let heap = build_ddtree_filtered(&m, b, 3, thr, &mut AllowAll).tree;
+        prop_assert_eq!(&built.tree, &heap);
+        let parents = &built.tree.parents;
+        for i in 0..parents.len() {
+            let mut anc = vec![false; parents.len()];
+            let mut j = i as i32;
+            while j >= 0 {
+                anc[j as usize] = true;
+                j = parents[j as usize];
+            }
+            for (j, &a) in anc.iter().enumerate() {
+                prop_assert_eq!(built.bits.get(i, j), a, "bit ({}, {})", i, j);
+            }
+        }
+    }
+
+    #[test]
     fn min_logprob_stops_at_threshold((l, k, lp, ids, b) in marginals(), thr in -4.0f64..0.0) {
         let m = Marginals::new(&lp, &ids, l, k, b as i64).unwrap();
         let full = build_ddtree(&m, b, -1, None).tree;
@@ -155,7 +201,7 @@ proptest! {
             let kids: Vec<usize> = (0..n).filter(|&j| t.parents[j] == i as i32).collect();
             if !kids.is_empty() && (s >> 33) % 4 != 0 { t.tokens[kids[(s >> 40) as usize % kids.len()]] } else { 999 }
         }).collect();
-        let out = walk(&t.tokens, &built.links, &chosen).unwrap();
+        let out = walk(&t.tokens, &built.links(), &chosen).unwrap();
         // Naive: scan all nodes for a child with the chosen token.
         let mut node = 0usize;
         let mut acc = vec![];
@@ -190,7 +236,7 @@ fn paper_worked_example() {
     chosen[0] = 0;
     chosen[1] = 1;
     chosen[3] = 3;
-    let out = walk(&b.tree.tokens, &b.links, &chosen).unwrap();
+    let out = walk(&b.tree.tokens, &b.links(), &chosen).unwrap();
     assert_eq!(out.accepted, vec![1, 3]);
     assert_eq!(out.bonus, 3);
 }
@@ -211,7 +257,7 @@ fn notes_branches_example() {
     chosen[0] = 4;
     chosen[1] = 7;
     chosen[4] = 3;
-    let out = walk(&b.tree.tokens, &b.links, &chosen).unwrap();
+    let out = walk(&b.tree.tokens, &b.links(), &chosen).unwrap();
     assert_eq!(out.accepted, vec![1, 4]);
     assert_eq!(out.bonus, 3);
     let released = b.tree.len() - 1 - out.accepted.len();
@@ -277,4 +323,35 @@ fn bad_input_is_an_error_not_a_panic() {
     assert!(walk(&[0], &links, &[]).is_err());
     assert!(tree_from_branches(&[], 0).is_err());
     assert!(tree_from_branches(&[vec![]], 0).is_err());
+}
+
+#[test]
+fn budgets_past_what_the_marginals_hold_allocate_nothing_extra_or_are_refused() {
+    // max_nodes against a plain count of the prefixes.
+    for (budget, rows, k) in [
+        (1usize, 1usize, 1usize),
+        (5, 2, 2),
+        (6, 2, 2),
+        (7, 2, 2),
+        (100, 3, 4),
+        (3, 0, 9),
+    ] {
+        let prefixes = (1..=rows as u32).map(|d| k.pow(d)).sum::<usize>();
+        assert_eq!(max_nodes(budget, rows, k), budget.min(prefixes) + 1);
+    }
+    assert_eq!(max_nodes(usize::MAX, 64, 1 << 20), usize::MAX);
+    // Two possible prefixes: any budget gives the same 3-node tree.
+    let lp = [-0.1f32, -2.0];
+    let t = build_checked(&lp, &[3, 4], 1, 2, i64::MAX, -1, None).unwrap();
+    assert_eq!(t.tree.tokens, vec![-1, 3, 4]);
+    // 8^16 possible prefixes: a tree past int32 indices, or one whose 2^59-byte ancestor
+    // bitmap cannot be allocated, is an error (not an abort).
+    let (lp, ids) = (vec![-1.0f32; 16 * 8], vec![1i64; 16 * 8]);
+    for budget in [1i64 << 40, i32::MAX as i64 - 1] {
+        let err = build_checked(&lp, &ids, 16, 8, budget, -1, None).unwrap_err();
+        assert!(matches!(err, TreeError::TooLarge(_)), "{err:?}");
+    }
+    let small = build_checked(&lp, &ids, 16, 8, 4, -1, None).unwrap();
+    assert!(pad_tree(&small.tree, usize::MAX, 0).is_err());
+    assert!(check_tree_size(1025).is_ok());
 }

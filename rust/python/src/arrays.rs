@@ -2,7 +2,9 @@
 
 use std::borrow::Cow;
 
-use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArray, PyUntypedArrayMethods};
+use numpy::ndarray::Array2;
+use numpy::{Element, PyArray1, PyArray2, PyReadonlyArray, PyUntypedArrayMethods};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// The array's data as one slice: borrowed when C-contiguous, else gathered once.
@@ -27,12 +29,14 @@ pub fn vec1<'py, T: Element>(py: Python<'py>, v: Vec<T>) -> Bound<'py, PyArray1<
     PyArray1::from_vec(py, v)
 }
 
-/// Move a row-major vector into a 2-D numpy array (no copy: a reshaped view).
+/// Move a row-major vector into a 2-D numpy array (no copy, one array object).
 pub fn vec2<'py, T: Element>(
     py: Python<'py>,
     v: Vec<T>,
     rows: usize,
     cols: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
-    Ok(PyArray1::from_vec(py, v).reshape([rows, cols])?.into_any())
+    let a = Array2::from_shape_vec((rows, cols), v)
+        .map_err(|e| PyValueError::new_err(format!("{rows} x {cols} array: {e}")))?;
+    Ok(PyArray2::from_owned_array(py, a).into_any())
 }

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 use specdec_core::grammar::{
     self as core, CompiledRegex, GrammarError, GrammarFilter, RegexLimits,
 };
-use specdec_core::tree::{build_ddtree_filtered, Marginals, TreeError};
+use specdec_core::tree::{build_ddtree_filtered, check_tree_size, max_nodes, Marginals, TreeError};
 
 use crate::arrays::{as_slice, vec1};
 use crate::errors::OrRaise;
@@ -437,7 +437,9 @@ fn build_ddtree_constrained<'py>(
                 return Err(TreeError::Budget(budget));
             }
             let marg = Marginals::all_columns(&lp, &ids, l, k)?;
-            let mut filter = GrammarFilter::new(m, budget as usize + 1);
+            let cap = max_nodes(budget as usize, l, k);
+            check_tree_size(cap)?;
+            let mut filter = GrammarFilter::new(m, cap);
             Ok::<_, TreeError>(build_ddtree_filtered(
                 &marg,
                 budget as usize,

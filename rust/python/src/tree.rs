@@ -1,6 +1,7 @@
 //! Bindings of `specdec_core::tree`. Trees cross the boundary as tuples of numpy arrays
-//! `(tokens, parents, depths, logprobs, ancestor_bits, first_child, next_sibling,
-//! expected_acceptance or None = compute from logprobs)`; the Python `DraftTree` holds them.
+//! `(tokens, parents, depths, logprobs, ancestor_bits, expected_acceptance or None =
+//! compute from logprobs)`; the Python `DraftTree` holds them and asks `child_links` for the
+//! walk's links when first needed.
 
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3};
 use pyo3::prelude::*;
@@ -22,15 +23,13 @@ fn check_root(root_token: i64) -> Result<(), TreeError> {
 }
 
 pub(crate) fn built_to_py<'py>(py: Python<'py>, b: BuiltTree) -> PyResult<Bound<'py, PyTuple>> {
-    let BuiltTree { tree, bits, links } = b;
+    let BuiltTree { tree, bits } = b;
     let items: Vec<Bound<'py, PyAny>> = vec![
         vec1(py, tree.tokens).into_any(),
         vec1(py, tree.parents).into_any(),
         vec1(py, tree.depths).into_any(),
         vec1(py, tree.logprobs).into_any(),
         vec2(py, bits.words, bits.rows, bits.words_per_row)?,
-        vec1(py, links.first_child).into_any(),
-        vec1(py, links.next_sibling).into_any(),
         // None: Python sums exp(logprobs) lazily (vectorized) when asked; NaN: unscored.
         if tree.scored {
             py.None().into_bound(py)
@@ -160,19 +159,36 @@ fn tree_from_branches<'py>(
     )
 }
 
-/// Validate node arrays given from outside and derive the ancestor bits and child links.
+/// Validate node arrays given from outside and derive the ancestor bits.
 #[pyfunction]
 fn tree_arrays<'py>(
     py: Python<'py>,
     parents: PyReadonlyArray1<'py, i32>,
     depths: PyReadonlyArray1<'py, i32>,
-) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+) -> PyResult<Bound<'py, PyAny>> {
     let (parents, depths) = (as_slice(&parents), as_slice(&depths));
     DraftTree::validate_structure(&parents, &depths).or_raise()?;
+    core::check_tree_size(parents.len()).or_raise()?;
     let bits = core::ancestor_bits(&parents);
+    vec2(py, bits.words, bits.rows, bits.words_per_row)
+}
+
+/// First-child / next-sibling links (-1 = none) of a parents array; each parent must be
+/// -1 (the root, or a padding node) or an earlier node.
+#[pyfunction]
+fn child_links<'py>(
+    py: Python<'py>,
+    parents: PyReadonlyArray1<'py, i32>,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let parents = as_slice(&parents);
+    if let Some((i, &p)) = (parents.iter().enumerate()).find(|&(i, &p)| p < -1 || p >= i as i32) {
+        return Err(TreeError::InvalidTree(format!(
+            "parents[{i}] = {p} must be -1 or in [0, {i})"
+        )))
+        .or_raise();
+    }
     let links = core::child_links(&parents);
     Ok((
-        vec2(py, bits.words, bits.rows, bits.words_per_row)?,
         vec1(py, links.first_child).into_any(),
         vec1(py, links.next_sibling).into_any(),
     ))
@@ -204,6 +220,28 @@ fn attention_mask<'py>(
         )))
         .or_raise();
     }
+    // Bits past the last node would index past the mask's columns.
+    let (n, last) = (b.rows, b.rows / 64);
+    if let Some(i) = (0..n).find(|&i| {
+        let row = b.row(i);
+        row[last..].iter().enumerate().any(|(w, &word)| {
+            let allowed = if w == 0 && n % 64 != 0 {
+                (1u64 << (n % 64)) - 1
+            } else {
+                0
+            };
+            word & !allowed != 0
+        })
+    }) {
+        return Err(TreeError::InvalidTree(format!(
+            "ancestor bits row {i} names a node at or past {n}"
+        )))
+        .or_raise();
+    }
+    let cols = prefix_len.checked_add(b.rows);
+    let elem = if additive { 4 } else { 1 };
+    let bytes = cols.and_then(|c| c.checked_mul(b.rows)?.checked_mul(elem));
+    core::check_alloc("the dense attention mask", b.rows, bytes).or_raise()?;
     let cols = prefix_len + b.rows;
     if additive {
         vec2(
@@ -240,14 +278,35 @@ fn retrieve_indices<'py>(
     depths: PyReadonlyArray1<'py, i32>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let (parents, depths) = (as_slice(&parents), as_slice(&depths));
-    if parents.len() != depths.len() {
-        return Err(TreeError::Shape(
-            "parents and depths differ in length".into(),
-        ))
-        .or_raise();
-    }
+    check_padded_structure(&parents, &depths).or_raise()?;
     let (rows, cols, data) = core::retrieve_indices(&parents, &depths);
     vec2(py, data, rows, cols)
+}
+
+/// `DraftTree::validate_structure`, also allowing padding nodes (parent -1, depth 0) after
+/// the root: arrays from Python may have been edited, and the walks below must end.
+fn check_padded_structure(parents: &[i32], depths: &[i32]) -> Result<(), TreeError> {
+    if parents.len() != depths.len() || parents.is_empty() {
+        return Err(TreeError::Shape(format!(
+            "parents ({}) and depths ({}) must have the same length >= 1",
+            parents.len(),
+            depths.len()
+        )));
+    }
+    for (i, (&p, &d)) in parents.iter().zip(depths).enumerate() {
+        let ok = if p == -1 {
+            d == 0
+        } else {
+            p >= 0 && (p as usize) < i && d == depths[p as usize] + 1
+        };
+        if !ok {
+            return Err(TreeError::InvalidTree(format!(
+                "node {i}: parent {p}, depth {d} (a parent must precede its child, one level up; \
+                 roots and padding have parent -1 and depth 0)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Pad a tree to `budget` drafted nodes (fixed shapes for CUDA graphs).
@@ -347,6 +406,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(build_ddtree_batch, m)?)?;
     m.add_function(wrap_pyfunction!(tree_from_branches, m)?)?;
     m.add_function(wrap_pyfunction!(tree_arrays, m)?)?;
+    m.add_function(wrap_pyfunction!(child_links, m)?)?;
     m.add_function(wrap_pyfunction!(attention_mask, m)?)?;
     m.add_function(wrap_pyfunction!(retrieve_indices, m)?)?;
     m.add_function(wrap_pyfunction!(position_ids, m)?)?;

@@ -1,6 +1,6 @@
 //! Trees from explicit token paths (Medusa choices, static EAGLE trees).
 
-use super::{check_token, BuiltTree, DraftTree, TreeError};
+use super::{check_token, check_tree_size, BuiltTree, DraftTree, TreeError};
 
 /// Merge token paths into one tree under `root_token`, shared prefixes once. Nodes are
 /// packed breadth-first: by depth, then by parent index, then by first appearance among the
@@ -34,6 +34,7 @@ pub fn tree_from_branches(branches: &[Vec<i64>], root_token: i64) -> Result<Buil
     }
     // Breadth-first order over the trie gives exactly the packing described above.
     let n = children.len();
+    check_tree_size(n)?;
     let mut tokens = Vec::with_capacity(n);
     let mut parents = Vec::with_capacity(n);
     let mut depths = Vec::with_capacity(n);

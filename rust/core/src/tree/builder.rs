@@ -12,7 +12,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::{check_token, BuiltTree, DraftTree, Marginals, TreeError};
+use super::{check_token, check_tree_size, BuiltTree, DraftTree, Marginals, TreeError};
 
 /// Restricts which tokens may extend a node (used by grammar-aware trees).
 pub trait TokenFilter {
@@ -66,6 +66,22 @@ impl Ord for Entry {
     }
 }
 
+/// Most nodes, root included, that a tree of `budget` drafted nodes over `rows` depths of
+/// `k` candidates can hold: `budget + 1`, or every prefix plus the root when there are
+/// fewer. The builders size their buffers by it, so a budget far above what the marginals
+/// can fill allocates nothing extra.
+pub fn max_nodes(budget: usize, rows: usize, k: usize) -> usize {
+    let (mut prefixes, mut level) = (0usize, 1usize);
+    for _ in 0..rows {
+        level = level.saturating_mul(k);
+        prefixes = prefixes.saturating_add(level);
+        if prefixes >= budget {
+            return budget.saturating_add(1);
+        }
+    }
+    prefixes + 1
+}
+
 /// Build the optimal tree of at most `budget` drafted nodes under a root token.
 pub fn build_ddtree(
     m: &Marginals<'_>,
@@ -89,7 +105,7 @@ pub fn build_ddtree_filtered<F: TokenFilter>(
     // Every validated column: with a filter, allowed tokens may sit below rank `budget`.
     let k = m.used_width();
     let rows = m.depth();
-    let cap = budget + 1;
+    let cap = max_nodes(budget, rows, k);
     let mut tokens = Vec::with_capacity(cap);
     let mut parents = Vec::with_capacity(cap);
     let mut depths = Vec::with_capacity(cap);
@@ -178,6 +194,7 @@ pub fn build_checked(
     min_logprob: Option<f64>,
 ) -> Result<BuiltTree, TreeError> {
     let m = Marginals::for_build(logprobs, token_ids, depth, width, budget)?;
+    check_tree_size(max_nodes(budget as usize, depth, m.used_width()))?;
     if let Some(v) = min_logprob {
         if v.is_nan() {
             return Err(TreeError::Shape("min_logprob must not be NaN".into()));

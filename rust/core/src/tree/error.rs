@@ -30,4 +30,7 @@ pub enum TreeError {
     InvalidTree(String),
     #[error("tree has {drafted} drafted nodes, more than the padding budget {budget}")]
     PadTooSmall { drafted: usize, budget: usize },
+    /// A tree (or an array derived from it) too large to index or to allocate.
+    #[error("{0}")]
+    TooLarge(String),
 }

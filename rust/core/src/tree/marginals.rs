@@ -80,6 +80,15 @@ impl<'a> Marginals<'a> {
                 "marginals must have L >= 1 depths and K >= 1 candidates, got [{depth}, {width}]"
             )));
         }
+        // The builder indexes entries and nodes with u32.
+        if !depth
+            .checked_mul(width)
+            .is_some_and(|n| n <= u32::MAX as usize)
+        {
+            return Err(TreeError::Shape(format!(
+                "marginals [{depth}, {width}] have more than 2^32 entries"
+            )));
+        }
         if logprobs.len() != depth * width || token_ids.len() != depth * width {
             return Err(TreeError::Shape(format!(
                 "logprobs ({} values) and token_ids ({} values) must both be [{depth}, {width}]",
@@ -90,7 +99,7 @@ impl<'a> Marginals<'a> {
         let bad = if check_ids {
             first_bad_row::<true>(logprobs, token_ids, width, used)
         } else {
-            first_bad_row::<false>(logprobs, token_ids, width, used)
+            first_bad_row_no_ids(logprobs, token_ids, width, used)
         };
         if let Some(d) = bad {
             let (row, ids) = (
@@ -155,11 +164,45 @@ impl<'a> Marginals<'a> {
     pub fn token(&self, d: usize, r: usize) -> i64 {
         self.token_ids[d * self.width + r]
     }
+
+    /// Row-major log-probs, token ids and the row stride, for the unchecked hot loop.
+    #[inline]
+    pub(super) fn raw(&self) -> (&'a [f32], &'a [i64], usize) {
+        (self.logprobs, self.token_ids, self.width)
+    }
+}
+
+/// `first_bad_row` without the id scan (the per-build check), with 8-lane compares when
+/// the CPU has AVX2: about 2x faster than the baseline x86-64 build's 4 lanes.
+fn first_bad_row_no_ids(
+    logprobs: &[f32],
+    token_ids: &[i64],
+    width: usize,
+    used: usize,
+) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { first_bad_row_avx2(logprobs, token_ids, width, used) };
+    }
+    first_bad_row::<false>(logprobs, token_ids, width, used)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn first_bad_row_avx2(
+    logprobs: &[f32],
+    token_ids: &[i64],
+    width: usize,
+    used: usize,
+) -> Option<usize> {
+    first_bad_row::<false>(logprobs, token_ids, width, used)
 }
 
 /// Index of the first row whose first `used` entries are not valid marginals: a log-prob
 /// that is NaN, positive or above its predecessor, or (with `IDS`) a token id outside
 /// [0, 2^31).
+#[inline(always)]
 fn first_bad_row<const IDS: bool>(
     logprobs: &[f32],
     token_ids: &[i64],

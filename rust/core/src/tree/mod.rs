@@ -14,10 +14,12 @@ mod queues;
 mod walk;
 
 pub use branches::tree_from_branches;
-pub use builder::{build_checked, build_ddtree, build_ddtree_filtered, AllowAll, TokenFilter};
+pub use builder::{
+    build_checked, build_ddtree, build_ddtree_filtered, max_nodes, AllowAll, TokenFilter,
+};
 pub use contract::{
-    ancestor_bits, attention_mask, child_links, pad_tree, position_ids, retrieve_indices,
-    AncestorBits, ChildLinks, MaskValue, Padded,
+    ancestor_bits, attention_mask, check_alloc, check_tree_size, child_links, pad_tree,
+    position_ids, retrieve_indices, AncestorBits, ChildLinks, MaskValue, Padded,
 };
 pub use error::TreeError;
 pub use marginals::Marginals;
@@ -93,19 +95,24 @@ impl DraftTree {
     }
 }
 
-/// A built tree with everything a verifier needs computed in the same pass.
+/// A built tree with the ancestor bits every verifier needs, computed in the same pass.
+/// The child links only a walk needs are derived on request ([`BuiltTree::links`]): at
+/// B = 1024 they cost about 1 us, a twentieth of the build.
 #[derive(Debug, Clone)]
 pub struct BuiltTree {
     pub tree: DraftTree,
     pub bits: AncestorBits,
-    pub links: ChildLinks,
 }
 
 impl BuiltTree {
     pub fn from_tree(tree: DraftTree) -> Self {
         let bits = ancestor_bits(&tree.parents);
-        let links = child_links(&tree.parents);
-        BuiltTree { tree, bits, links }
+        BuiltTree { tree, bits }
+    }
+
+    /// First-child / next-sibling links for the walk.
+    pub fn links(&self) -> ChildLinks {
+        child_links(&self.tree.parents)
     }
 }
 

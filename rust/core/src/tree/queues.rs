@@ -13,6 +13,10 @@
 //! would be in the heap with a score at least as high). It is emitted directly, without
 //! entering the arena, its queue or the heap. Skipping its push sequence number is harmless:
 //! only the relative order of sequence numbers matters, and that is unchanged.
+//!
+//! The loop reads and writes without bounds checks (each `SAFETY` note names the bound):
+//! the checks kept values in memory instead of registers and cost about 20% of the loop.
+//! The proptests compare this builder with the checked one-heap builder, ties included.
 
 use super::heap::MinHeap as HeadHeap;
 use super::{BuiltTree, Marginals};
@@ -32,6 +36,8 @@ struct Cand {
 struct Queue {
     row: u32,
     rank: u32,
+    /// `row * width + rank`: the class's entry in the marginals.
+    cell: u32,
     head: u32,
     tail: u32,
     /// Queue of class (row, rank + 1), NONE until created. Class (row, r + 1) only gets
@@ -64,28 +70,42 @@ struct Classes {
 
 impl Classes {
     #[inline(always)]
-    fn new_queue(&mut self, row: usize, rank: usize) -> u32 {
-        let q = self.queues.len() as u32;
-        self.queues.push(Queue {
-            row: row as u32,
-            rank: rank as u32,
-            head: NONE,
-            tail: NONE,
-            sib: NONE,
-        });
-        q
+    fn new_queue(&mut self, row: usize, rank: usize, width: usize) -> u32 {
+        let q = self.queues.len();
+        debug_assert!(q < self.queues.capacity());
+        // SAFETY: the capacity reserved in `build` covers every queue (one per row plus at
+        // most one new sibling class per pop).
+        unsafe {
+            self.queues.as_mut_ptr().add(q).write(Queue {
+                row: row as u32,
+                rank: rank as u32,
+                cell: (row * width + rank) as u32,
+                head: NONE,
+                tail: NONE,
+                sib: NONE,
+            });
+            self.queues.set_len(q + 1);
+        }
+        q as u32
     }
 
     /// Append a candidate to queue `q`; a queue that was empty enters the heap.
     #[inline(always)]
     fn push(&mut self, q: u32, score: f64, parent: u32) {
-        let seq = self.arena.len() as u32;
-        self.arena.push(Cand {
-            score,
-            parent,
-            next: NONE,
-        });
-        let queue = &mut self.queues[q as usize];
+        let seq = self.arena.len();
+        debug_assert!(seq < self.arena.capacity());
+        // SAFETY: the arena's capacity covers every push (two per pop) and `q` is a queue
+        // index handed out by `new_queue`; see `build`.
+        unsafe {
+            self.arena.as_mut_ptr().add(seq).write(Cand {
+                score,
+                parent,
+                next: NONE,
+            });
+            self.arena.set_len(seq + 1);
+        }
+        let seq = seq as u32;
+        let queue = unsafe { self.queues.get_unchecked_mut(q as usize) };
         if queue.head == NONE {
             queue.head = seq;
             queue.tail = seq;
@@ -93,7 +113,7 @@ impl Classes {
         } else {
             let tail = queue.tail;
             queue.tail = seq;
-            self.arena[tail as usize].next = seq;
+            unsafe { self.arena.get_unchecked_mut(tail as usize).next = seq };
         }
     }
 }
@@ -106,7 +126,7 @@ pub(super) fn build(
 ) -> BuiltTree {
     let k = m.used_width().min(budget);
     let rows = m.depth();
-    let cap = budget + 1;
+    let cap = super::max_nodes(budget, rows, k);
     let mut tokens: Vec<i64> = Vec::with_capacity(cap);
     let mut parents: Vec<i32> = Vec::with_capacity(cap);
     let mut depths: Vec<i32> = Vec::with_capacity(cap);
@@ -117,55 +137,71 @@ pub(super) fn build(
     logprobs.push(0.0);
 
     let lp0 = m.logprob(0, 0);
-    if cap < 2
-        || k == 0
-        || lp0 == f32::NEG_INFINITY
-        || min_logprob.is_some_and(|min| (lp0 as f64) < min)
-    {
+    let min = min_logprob.unwrap_or(f64::NEG_INFINITY);
+    if cap < 2 || k == 0 || lp0 == f32::NEG_INFINITY || (lp0 as f64) < min {
         return super::builder::finish(tokens, parents, depths, logprobs);
     }
+    let (lp, ids, width) = m.raw();
+    // SAFETY (all unchecked accesses below): `row < rows` and `rank < k <= width`, so
+    // `row * width + rank` is inside the validated `[rows, width]` arrays; node, queue and
+    // candidate indices are below the lengths written so far, which never exceed the
+    // capacities reserved here (one node per pop up to `cap`, two candidates per pop, one
+    // new queue per pop plus one per row).
+    let lpv = |i: usize| unsafe { *lp.get_unchecked(i) };
 
-    // Two candidates at most per pop; at most one new sibling class per pop plus the rank-0
-    // class of each row, which is queue `row` (created up front).
     let mut c = Classes {
         arena: Vec::with_capacity(2 * cap),
         queues: Vec::with_capacity(cap + rows),
-        heap: HeadHeap::with_capacity(64),
+        // A queue is in the heap at most once.
+        heap: HeadHeap::with_capacity(cap + rows),
     };
     for row in 0..rows {
-        c.new_queue(row, 0);
+        c.new_queue(row, 0, width);
     }
+    let out_tok = tokens.as_mut_ptr();
+    let out_par = parents.as_mut_ptr();
+    let out_dep = depths.as_mut_ptr();
+    let out_lp = logprobs.as_mut_ptr();
 
-    // The outputs hold `cap` nodes at most (capacity reserved above); the loop stops there.
-    // The next pop: its score, parent and class queue.
+    let mut n = 1usize;
     let mut score = lp0 as f64;
     let mut parent = 0u32;
     let mut q = 0u32;
     loop {
-        let Queue { row, rank, sib, .. } = c.queues[q as usize];
-        let (row, rank) = (row as usize, rank as usize);
-        let node = tokens.len() as u32;
-        tokens.push(m.token(row, rank));
-        parents.push(parent as i32);
-        depths.push(row as i32 + 1);
-        logprobs.push(score);
-        if tokens.len() >= cap {
+        let Queue {
+            row,
+            rank,
+            cell,
+            sib,
+            ..
+        } = unsafe { *c.queues.get_unchecked(q as usize) };
+        let (row, rank, cell) = (row as usize, rank as usize, cell as usize);
+        let node = n as u32;
+        unsafe {
+            out_tok.add(n).write(*ids.get_unchecked(cell));
+            out_par.add(n).write(parent as i32);
+            out_dep.add(n).write(row as i32 + 1);
+            out_lp.add(n).write(score);
+        }
+        n += 1;
+        if n >= cap {
             break;
         }
         if rank + 1 < k {
-            let v = m.logprob(row, rank + 1);
+            let v = lpv(cell + 1);
             if v != f32::NEG_INFINITY {
                 let mut sq = sib;
                 if sq == NONE {
-                    sq = c.new_queue(row, rank + 1);
-                    c.queues[q as usize].sib = sq;
+                    sq = c.new_queue(row, rank + 1, width);
+                    unsafe { c.queues.get_unchecked_mut(q as usize).sib = sq };
                 }
                 // The parent is already emitted: its score is in the output.
-                c.push(sq, logprobs[parent as usize] + v as f64, parent);
+                let base = unsafe { *out_lp.add(parent as usize) };
+                c.push(sq, base + v as f64, parent);
             }
         }
         if row + 1 < rows {
-            let v = m.logprob(row + 1, 0);
+            let v = lpv(cell - rank + width);
             if v != f32::NEG_INFINITY {
                 let child = score + v as f64;
                 let cq = (row + 1) as u32;
@@ -174,7 +210,7 @@ pub(super) fn build(
                     None => true,
                 };
                 if beats_top {
-                    if min_logprob.is_some_and(|min| child < min) {
+                    if child < min {
                         break;
                     }
                     score = child;
@@ -189,17 +225,26 @@ pub(super) fn build(
         let Some(top) = c.heap.first() else { break };
         let seq = (top >> 32) as u32;
         let tq = top as u32;
-        let cand = c.arena[seq as usize];
-        if min_logprob.is_some_and(|min| cand.score < min) {
+        let cand = unsafe { *c.arena.get_unchecked(seq as usize) };
+        if cand.score < min {
             break;
         }
-        c.queues[tq as usize].head = cand.next;
-        let next_head = (cand.next != NONE)
-            .then(|| head_item(c.arena[cand.next as usize].score, cand.next, tq));
+        unsafe { c.queues.get_unchecked_mut(tq as usize).head = cand.next };
+        let next_head = (cand.next != NONE).then(|| {
+            let s = unsafe { c.arena.get_unchecked(cand.next as usize).score };
+            head_item(s, cand.next, tq)
+        });
         c.heap.replace_top(next_head);
         score = cand.score;
         parent = cand.parent;
         q = tq;
+    }
+    // SAFETY: nodes 0..n were written above, n <= cap.
+    unsafe {
+        tokens.set_len(n);
+        parents.set_len(n);
+        depths.set_len(n);
+        logprobs.set_len(n);
     }
     // Free the scratch (allocated last, so it goes back to the top of the allocator's heap)
     // before `finish` allocates the large ancestor bitmap.
