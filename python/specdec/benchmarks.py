@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .tree import build_ddtree, build_ddtree_batch
+from .tree import DraftTree, build_ddtree, build_ddtree_batch
 
 #: Logit scales of the synthetic drafters: mean top-1 probability about 0.19 ("flat", wide
 #: shallow trees) and about 0.53 ("peaked", closer to a trained drafter, deeper trees).
@@ -94,25 +94,31 @@ def _time_us(fn: Callable[[], object], min_time: float = 0.3, repeats: int = 5) 
     return statistics.median(samples)
 
 
-def _rust(lp: np.ndarray, ids: np.ndarray, budget: int, prefix: int, dense: bool) -> None:
-    # What a verifier reads each step: tokens, the bit-packed mask and positions.
-    t = build_ddtree(lp, ids, budget)
+def _reads(t: DraftTree, prefix: int, extra: str) -> None:
+    """What a verifier reads each step: tokens, the bit-packed mask and positions; with
+    ``extra`` also the walk's child links ("links") or a dense bool mask ("dense")."""
     t.tokens, t.ancestor_bits(), t.position_ids(prefix)
-    if dense:
+    if extra == "links":
+        _ = t.first_child, t.next_sibling
+    elif extra == "dense":
         t.attention_mask(prefix)
 
 
-def _row(dist: str, case: str, tr: float, td: float, tp: float) -> str:
-    return f"| {dist} | {case} | {tr:.1f} | {td:.1f} | {tp:.1f} | {tp / tr:.0f}x | {tp / td:.0f}x |"
+def _row(dist: str, case: str, tr: float, tl: float, td: float, tp: float) -> str:
+    return (
+        f"| {dist} | {case} | {tr:.1f} | {tl:.1f} | {td:.1f} | {tp:.1f} | {tp / tr:.0f}x "
+        f"| {tp / td:.0f}x |"
+    )
 
 
 def bench_tree(quick: bool = False) -> str:
     """Markdown table: Rust vs Python DDTree build at L=16 over B, and a batch of 32."""
     min_time = 0.1 if quick else 0.5
     rows = [
-        "| marginals | case | Rust tree+bits+positions (us) | Rust + dense bool mask (us) | "
-        "plain Python heapq+numpy (us) | speed-up (bits) | speed-up (dense) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| marginals | case | Rust tree+bits+positions (us) | + child links (us) | "
+        "+ dense bool mask (us) | plain Python heapq+numpy (us) | speed-up (bits) | "
+        "speed-up (dense) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     prefix = 512
     for dist, b in [(d, b) for d in SCALES for b in (16, 64, 256, 1024)]:
@@ -121,25 +127,24 @@ def bench_tree(quick: bool = False) -> str:
         ref_tokens, ref_parents, _, _ = python_ddtree(lp, ids, b)
         assert ours.tokens[1:].tolist() == ref_tokens[1:] and ours.parents.tolist() == ref_parents
 
-        tr = _time_us(lambda lp=lp, ids=ids, b=b: _rust(lp, ids, b, prefix, False), min_time)
-        td = _time_us(lambda lp=lp, ids=ids, b=b: _rust(lp, ids, b, prefix, True), min_time)
+        t_ours = [
+            _time_us(
+                lambda lp=lp, ids=ids, b=b, x=x: _reads(build_ddtree(lp, ids, b), prefix, x),
+                min_time,
+            )
+            for x in ("", "links", "dense")
+        ]
         tp = _time_us(lambda lp=lp, ids=ids, b=b: python_ddtree(lp, ids, b, prefix), min_time)
-        rows.append(_row(dist, f"L=16, B={b}", tr, td, tp))
+        rows.append(_row(dist, f"L=16, B={b}", *t_ours, tp))
     r, b = 32, 256
     lp, ids = synthetic_marginals(16, b, seed=7, batch=r, scale=SCALES["peaked"])
     budgets = np.full(r, b, dtype=np.int64)
 
-    def rust_batch() -> None:
+    def rust_batch(extra: str) -> None:
         for t in build_ddtree_batch(lp, ids, budgets):
-            t.tokens, t.ancestor_bits(), t.position_ids(prefix)
+            _reads(t, prefix, extra)
 
-    def rust_batch_dense() -> None:
-        for t in build_ddtree_batch(lp, ids, budgets):
-            t.tokens, t.ancestor_bits(), t.position_ids(prefix)
-            t.attention_mask(prefix)
-
-    tr = _time_us(rust_batch, min_time)
-    td = _time_us(rust_batch_dense, min_time)
+    t_ours = [_time_us(lambda x=x: rust_batch(x), min_time) for x in ("", "links", "dense")]
     tp = _time_us(lambda: [python_ddtree(lp[i], ids[i], b, prefix) for i in range(r)], min_time)
-    rows.append(_row("peaked", "R=32 x B=256 batch", tr, td, tp))
+    rows.append(_row("peaked", "R=32 x B=256 batch", *t_ours, tp))
     return "\n".join(rows)
