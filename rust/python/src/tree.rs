@@ -278,35 +278,9 @@ fn retrieve_indices<'py>(
     depths: PyReadonlyArray1<'py, i32>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let (parents, depths) = (as_slice(&parents), as_slice(&depths));
-    check_padded_structure(&parents, &depths).or_raise()?;
+    DraftTree::validate_padded_structure(&parents, &depths).or_raise()?;
     let (rows, cols, data) = core::retrieve_indices(&parents, &depths);
     vec2(py, data, rows, cols)
-}
-
-/// `DraftTree::validate_structure`, also allowing padding nodes (parent -1, depth 0) after
-/// the root: arrays from Python may have been edited, and the walks below must end.
-fn check_padded_structure(parents: &[i32], depths: &[i32]) -> Result<(), TreeError> {
-    if parents.len() != depths.len() || parents.is_empty() {
-        return Err(TreeError::Shape(format!(
-            "parents ({}) and depths ({}) must have the same length >= 1",
-            parents.len(),
-            depths.len()
-        )));
-    }
-    for (i, (&p, &d)) in parents.iter().zip(depths).enumerate() {
-        let ok = if p == -1 {
-            d == 0
-        } else {
-            p >= 0 && (p as usize) < i && d == depths[p as usize] + 1
-        };
-        if !ok {
-            return Err(TreeError::InvalidTree(format!(
-                "node {i}: parent {p}, depth {d} (a parent must precede its child, one level up; \
-                 roots and padding have parent -1 and depth 0)"
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// Pad a tree to `budget` drafted nodes (fixed shapes for CUDA graphs).

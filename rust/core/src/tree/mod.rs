@@ -58,6 +58,33 @@ impl DraftTree {
         self.logprobs.iter().skip(1).map(|s| s.exp()).sum()
     }
 
+    /// [`DraftTree::validate_structure`], also allowing padding nodes (parent -1, depth 0)
+    /// after the root: arrays from Python may have been edited, and walks up the parents
+    /// (retrieve indices) must end.
+    pub fn validate_padded_structure(parents: &[i32], depths: &[i32]) -> Result<(), TreeError> {
+        if parents.len() != depths.len() || parents.is_empty() {
+            return Err(TreeError::Shape(format!(
+                "parents ({}) and depths ({}) must have the same length >= 1",
+                parents.len(),
+                depths.len()
+            )));
+        }
+        for (i, (&p, &d)) in parents.iter().zip(depths).enumerate() {
+            let ok = if p == -1 {
+                d == 0
+            } else {
+                p >= 0 && (p as usize) < i && d == depths[p as usize] + 1
+            };
+            if !ok {
+                return Err(TreeError::InvalidTree(format!(
+                    "node {i}: parent {p}, depth {d} (a parent must precede its child, one \
+                     level up; roots and padding have parent -1 and depth 0)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Check the structural invariants of externally supplied arrays.
     pub fn validate_structure(parents: &[i32], depths: &[i32]) -> Result<(), TreeError> {
         if parents.is_empty() {
