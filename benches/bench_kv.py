@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec.kv import BlockManager
+from specdec.cache import BlockManager
 
 # ---- the peer: vLLM v1's block pool, in Python -----------------------------------------------
 

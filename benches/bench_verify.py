@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from specdec.generate import build_tree
+from specdec.tree import DDTreeShape
 from specdec.models import LlamaConfig, LlamaModel
 from specdec.verify import STAGES, Greedy, Verifier
 
@@ -49,7 +49,7 @@ def step_breakdown(model: LlamaModel, budget: int, args: argparse.Namespace) -> 
     runs: dict[str, list[float]] = {s: [] for s in STAGES}
     for i in range(args.repeats + 1):
         t0 = time.perf_counter()
-        tree = build_tree(logits, int(prefix[-1]), kind="ddtree", budget=budget)
+        tree = DDTreeShape(budget).build(logits, int(prefix[-1]))
         build = time.perf_counter() - t0
         assert tree.num_drafted == budget
         res = ver.step(tree, cache)
@@ -71,7 +71,7 @@ def compare(
     g = torch.Generator().manual_seed(budget)
     prefix = torch.randint(0, args.vocab, (args.prefix,), generator=g)
     logits = 4.0 * torch.randn(args.depth, args.vocab, generator=g)
-    tree = build_tree(logits, int(prefix[-1]), budget=budget)
+    tree = DDTreeShape(budget).build(logits, int(prefix[-1]))
     tt = tree.to("cpu")
     p = args.prefix - 1
     pos, mask = tt.position_ids(p), tt.attention_mask(p)
@@ -117,7 +117,7 @@ def batched(
             lst.append(model.new_cache(n + budget + 8))
             ver.prefill(prefix[:-1], lst[-1])
         logits = 4.0 * torch.randn(args.depth, args.vocab, generator=g)
-        trees.append(build_tree(logits, int(prefix[-1]), budget=budget))
+        trees.append(DDTreeShape(budget).build(logits, int(prefix[-1])))
     tb, ts = [], []
     for i in range(args.repeats + 1):
         t0 = time.perf_counter()

@@ -19,8 +19,8 @@ import warnings
 
 import torch
 
-from specdec.attention import flex_available
-from specdec.generate import build_tree
+from specdec.verify.attention import flex_available
+from specdec.tree import DDTreeShape
 from specdec.models import LlamaConfig, LlamaModel
 from specdec.verify import Verifier
 
@@ -79,7 +79,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, cfg.vocab_size, (args.prefix,), generator=g)
     for budget in args.budgets:
-        tree = build_tree(3.0 * torch.randn(16, cfg.vocab_size, generator=g), 1, budget=budget)
+        tree = DDTreeShape(budget).build(3.0 * torch.randn(16, cfg.vocab_size, generator=g), 1)
         tt = tree.to(dev)
         p = args.prefix - 1
         pos, mask = tt.position_ids(p), tt.attention_mask(p)

@@ -12,7 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.attention import attend, batch_tree_inputs, tree_attention
+from specdec.tree import batch_tree_inputs
+from specdec.verify.attention import attend, tree_attention
 from specdec.errors import VerifyError
 from specdec.tree import build_ddtree, tree_from_branches
 
@@ -163,7 +164,8 @@ def test_padded_batch_of_trees_matches_each_tree_alone(backend: str) -> None:
     trees = [random_tree(s, b) for s, b in ((1, 3), (2, 9), (3, 14))]
     prefix = [5, 0, 2]
     budget = 16
-    tokens, positions, mask = batch_tree_inputs(trees, prefix, budget=budget)
+    batch = batch_tree_inputs(trees, prefix, budget=budget)
+    tokens, positions, mask = batch.tokens, batch.positions, batch.mask
     r, n = tokens.shape
     assert (r, n) == (3, budget + 1) and mask.shape == (3, n, max(prefix) + n)
     g = torch.Generator().manual_seed(0)

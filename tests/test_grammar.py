@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import specdec
 from specdec import (
     GrammarError,
+    SpecdecTypeError,
     Matcher,
     NoAllowedTokens,
     RegexGrammar,
@@ -107,7 +108,7 @@ def test_batch_fill_equals_single_fills(tekken: Vocabulary) -> None:
     for m, r in zip(ms, rows, strict=True):
         m.fill_next_token_bitmask(one)
         assert np.array_equal(bm[r], one[0])
-    assert not bm[1].any() and not bm[2].any()
+    assert (bm[1] == -1).all() and (bm[2] == -1).all()  # rows nobody fills stay as allocated
     tb = torch.zeros(8, bm.shape[1], dtype=torch.int32)
     fill_next_token_bitmask_batch(ms, tb)
     assert np.array_equal(tb.numpy(), bm[rows])
@@ -254,7 +255,7 @@ def test_apply_token_bitmask_no_allowed_tokens() -> None:
     with pytest.raises(NoAllowedTokens, match=r"row\(s\) \[1\]"):
         apply_token_bitmask(logits, bm)
     assert torch.equal(logits, before)
-    with pytest.raises(GrammarError):
+    with pytest.raises(SpecdecTypeError, match="int32"):
         apply_token_bitmask(logits, bm.astype(np.int64))
     with pytest.raises(GrammarError):
         apply_token_bitmask(logits, bm[:1])
@@ -278,20 +279,20 @@ def test_bad_buffers_and_tokens_leave_matcher_unchanged(tekken: Vocabulary) -> N
     good = allocate_token_bitmask(2, tekken.vocab_size)
     m.fill_next_token_bitmask(good, 1)
     bad_inputs = [
-        np.zeros((2, words - 1), dtype=np.int32),
-        np.zeros((2, words), dtype=np.int64),
-        np.zeros(words, dtype=np.int32),
-        np.zeros((2, 2 * words), dtype=np.int32)[:, ::2],
-        torch.zeros(2, words, dtype=torch.float32),
-        torch.zeros(2, words, dtype=torch.int32, device="meta"),
-        [[0] * words],
+        (np.zeros((2, words - 1), dtype=np.int32), GrammarError),
+        (np.zeros((2, words), dtype=np.int64), SpecdecTypeError),
+        (np.zeros(words, dtype=np.int32), GrammarError),
+        (np.zeros((2, 2 * words), dtype=np.int32)[:, ::2], GrammarError),
+        (torch.zeros(2, words, dtype=torch.float32), SpecdecTypeError),
+        (torch.zeros(2, words, dtype=torch.int32, device="meta"), GrammarError),
+        ([[0] * words], SpecdecTypeError),
     ]
-    for bad in bad_inputs:
-        with pytest.raises(GrammarError):
+    for bad, error in bad_inputs:
+        with pytest.raises(error):
             m.fill_next_token_bitmask(bad, 0)
-    good_t = torch.zeros(2, words, dtype=torch.int32)
-    m.fill_next_token_bitmask(good_t, 1)  # the torch fast path writes the same row
-    assert np.array_equal(good_t.numpy(), good) and not good_t[0].any()
+    good_t = torch.full((2, words), -1, dtype=torch.int32)
+    m.fill_next_token_bitmask(good_t, 1)  # a CPU tensor is written through a numpy view
+    assert np.array_equal(good_t.numpy(), good) and (good_t[0] == -1).all()
     for row in (-1, 2):
         for buf in (good, good_t):
             with pytest.raises(GrammarError):

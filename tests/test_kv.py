@@ -25,7 +25,7 @@ from hypothesis.stateful import (
 
 from specdec import KVCacheError, OutOfBlocks, UnknownSequence
 from specdec.errors import DoubleFree, SlotNotReserved
-from specdec.kv import BlockManager
+from specdec.cache import BlockManager
 
 SEQ = st.integers(0, 7)
 MASK = (1 << 62) - 1
@@ -35,8 +35,13 @@ def content(prev: int, token: int, extra: int) -> int:
     return (hash((prev, token, extra)) & MASK) | 1  # never 0: 0 marks "never written"
 
 
+def _lens(m: BlockManager, s: int) -> tuple[int, int]:
+    n = m.seq_len(s)
+    return n.committed, n.tentative
+
+
 def snapshot(m: BlockManager) -> tuple:
-    tables = tuple((s, tuple(m.block_table(s)), m.seq_len(s)) for s in m.sequences())
+    tables = tuple((s, tuple(m.block_table(s)), _lens(m, s)) for s in m.sequences())
     return tuple(m.refcounts()), tuple(m.free_queue()), tables, m.num_cached_blocks()
 
 
@@ -84,7 +89,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         return live[i % len(live)] if live and i < 6 else i
 
     def expect_cow(self, seq: int) -> bool:
-        n, pending = self.m.seq_len(seq)
+        n, pending = _lens(self.m, seq)
         table = self.m.block_table(seq)
         if (n + pending) % self.bs == 0:
             return False
@@ -99,7 +104,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             BlockManagerMachine.cows += 1
 
     def blocks_needed(self, seq: int, n: int) -> int:
-        ln, pending = self.m.seq_len(seq)
+        ln, pending = _lens(self.m, seq)
         table = self.m.block_table(seq)
         new = -(-(ln + pending + n) // self.bs) - len(table)
         return new + (1 if n and self.expect_cow(seq) else 0)
@@ -142,7 +147,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if self.blocks_needed(seq, len(tokens)) > self.m.num_free_blocks():
             return self.refuse(OutOfBlocks, self.m.append_slots, seq, len(tokens), arr)
         want_cow = bool(tokens) and self.expect_cow(seq)
-        slots, cow = self.m.append_slots(seq, len(tokens), arr)
+        res = self.m.append_slots(seq, len(tokens), arr)
+        slots, cow = res.slots, res.cow
+        assert res.offsets.tolist() == [0, len(tokens)]
         assert (len(cow) == 1) == want_cow, "copy-on-write iff growing a shared partial tail"
         self.run_cow(cow)
         self.storage[slots] = [self.model[seq].push(t) for t in tokens]
@@ -190,7 +197,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if self.blocks_needed(seq, n) > self.m.num_free_blocks():
             return self.refuse(OutOfBlocks, self.m.reserve_tree, seq, n)
         want_cow = self.expect_cow(seq)
-        slots, cow = self.m.reserve_tree(seq, n)
+        res = self.m.reserve_tree(seq, n)
+        slots, cow = res.slots, res.cow
         assert (len(cow) == 1) == want_cow
         self.run_cow(cow)
         accepted = [i for i in range(n) if accept >> i & 1]
@@ -206,7 +214,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             return
         acc = np.array(accepted, dtype=np.int64)
         moves = self.m.commit(seq, acc, np.array([tokens[i] for i in accepted], dtype=np.int64))
-        self.storage[moves[:, 1]] = self.storage[moves[:, 0]].copy()  # gather, then scatter
+        self.storage[moves.dst] = self.storage[moves.src].copy()  # gather, then scatter
         self.model[seq] = model
         BlockManagerMachine.ops += 1
 
@@ -257,7 +265,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert int((count > 0).sum()) + len(free) == m.num_blocks, "free + used != total"
         assert sorted(m.sequences()) == sorted(self.model)
         for s, mod in self.model.items():
-            ln, pending = m.seq_len(s)
+            ln, pending = _lens(m, s)
             assert pending == 0 and ln == len(mod.values)
             assert self.storage[m.slot_mapping(s, 0, ln)].tolist() == mod.values
         m.check_invariants()
@@ -299,7 +307,7 @@ def test_bad_input_types() -> None:
         BlockManager(0, 4)
     m = BlockManager(4, 4)
     m.allocate(0, 3)
-    with pytest.raises(OverflowError):
+    with pytest.raises(KVCacheError, match=">= 0"):
         m.allocate(-1, 1)
     with pytest.raises(KVCacheError):
         m.slot_mapping(0, 2, 5)
@@ -324,23 +332,24 @@ def test_batched_calls_equal_single_calls() -> None:
     seqs = np.concatenate([ids, ids[:4] + 100])
     for _ in range(5):
         counts = rng.integers(1, 10, size=len(seqs))
-        slots, offsets, cow = a.reserve_tree_batch(seqs, counts)
+        res = a.reserve_tree_batch(seqs, counts)
         single = [b.reserve_tree(int(s), int(n)) for s, n in zip(seqs, counts, strict=True)]
-        assert slots.tolist() == [x for sl, _ in single for x in sl.tolist()]
-        assert cow.tolist() == [p for _, c in single for p in c.tolist()]
+        assert res.slots.tolist() == [x for one in single for x in one.slots.tolist()]
+        assert res.cow.tolist() == [p for one in single for p in one.cow.tolist()]
+        assert res.offsets.tolist() == np.cumsum([0, *counts]).tolist()
         acc = [sorted(rng.choice(n, rng.integers(0, n + 1), replace=False)) for n in counts]
         flat = np.array([i for x in acc for i in x], dtype=np.int64)
         off = np.cumsum([0] + [len(x) for x in acc]).astype(np.int64)
-        src, dst = a.commit_batch(seqs, flat, off)
+        batch = a.commit_batch(seqs, flat, off)
         moves = [
             b.commit(int(s), np.array(x, dtype=np.int64)) for s, x in zip(seqs, acc, strict=True)
         ]
-        assert src.tolist() == [m[0] for mv in moves for m in mv.tolist()]
-        assert dst.tolist() == [m[1] for mv in moves for m in mv.tolist()]
+        assert batch.src.tolist() == [m for mv in moves for m in mv.src.tolist()]
+        assert batch.dst.tolist() == [m for mv in moves for m in mv.dst.tolist()]
         app = rng.integers(0, 5, size=len(seqs))
-        slots, offsets, cow = a.append_slots_batch(seqs, app)
+        res = a.append_slots_batch(seqs, app)
         single = [b.append_slots(int(s), int(n)) for s, n in zip(seqs, app, strict=True)]
-        assert slots.tolist() == [x for sl, _ in single for x in sl.tolist()]
+        assert res.slots.tolist() == [x for one in single for x in one.slots.tolist()]
     a.free_batch(seqs)
     for s in seqs:
         b.free(int(s))

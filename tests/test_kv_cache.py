@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from specdec import KVCacheError, OutOfBlocks, VerifyError
 from specdec.cache import DenseKVCache, KVCache
 from specdec.errors import DoubleFree
-from specdec.kv import PagedKVCache, PagedKVPool
+from specdec.cache import PagedKVCache, PagedKVPool
 
 L, H, D, MAX = 2, 2, 3, 64
 

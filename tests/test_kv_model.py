@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from specdec.cache import DenseKVCache, KVCache
-from specdec.generate import SpeculativeGenerator, autoregressive_generate
-from specdec.kv import PagedKVCache, PagedKVPool
-from specdec.models import LlamaConfig, LlamaModel, OracleDrafter, RandomDrafter
+from specdec.decode import SpeculativeGenerator, autoregressive_generate
+from specdec.cache import PagedKVCache, PagedKVPool
+from specdec.models import LlamaConfig, LlamaModel
+from specdec.testing import OracleDrafter, RandomDrafter
 from specdec.tree import tree_from_branches
 from specdec.verify import Verifier
 

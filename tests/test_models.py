@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.cache import DenseKVCache
-from specdec.errors import VerifyError
+from specdec.errors import CheckpointError, ConfigError, VerifyError
 from specdec.models import LlamaConfig, LlamaModel, load_checkpoint
-from specdec.models.hf import HFKVCache, HFTarget
+from specdec.cache import HFKVCache
+from specdec.models.hf import HFTarget
 from specdec.tree import DraftTree, build_ddtree, tree_from_branches
 
 # Tiny tensors: extra intra-op threads only contend (60x slower on a loaded 2-core box).
@@ -256,26 +257,26 @@ def test_load_handwritten_sharded_checkpoint(tmp_path) -> None:  # type: ignore[
 def test_checkpoint_errors(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from safetensors.torch import save_file
 
-    with pytest.raises(VerifyError, match="config.json"):
+    with pytest.raises(CheckpointError, match="config.json"):
         load_checkpoint(tmp_path)
     cfg = {**CFG, "model_type": "llama"}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(VerifyError, match="safetensors"):
+    with pytest.raises(CheckpointError, match="safetensors"):
         load_checkpoint(tmp_path)
     sd = {k: v.contiguous() for k, v in small_model().state_dict().items()}
     sd.pop("model.norm.weight")
     save_file(sd, str(tmp_path / "model.safetensors"))
-    with pytest.raises(VerifyError, match="missing"):
+    with pytest.raises(CheckpointError, match="missing"):
         load_checkpoint(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "hidden_size": 16}))
-    with pytest.raises(VerifyError):
+    with pytest.raises(ConfigError):  # shapes that do not match the config
         load_checkpoint(tmp_path)
     bad = {**cfg, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
     (tmp_path / "config.json").write_text(json.dumps(bad))
-    with pytest.raises(VerifyError, match="RoPE scaling"):
+    with pytest.raises(ConfigError, match="RoPE scaling"):
         load_checkpoint(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
-    with pytest.raises(VerifyError, match="model_type"):
+    with pytest.raises(ConfigError, match="model_type"):
         load_checkpoint(tmp_path)
 
 
@@ -348,5 +349,5 @@ def test_forward_bad_inputs(llama_targets, hf_target) -> None:  # type: ignore[n
     with pytest.raises(TypeError, match="HFKVCache"):
         hf_target(torch.tensor([1]), torch.tensor([0]), m.new_cache(4), None)
     assert isinstance(hf_target.new_cache(4), HFKVCache)
-    with pytest.raises(VerifyError, match="multiple"):
+    with pytest.raises(ConfigError, match="multiple"):
         LlamaConfig(**{**CFG, "num_key_value_heads": 3})

@@ -10,15 +10,11 @@ import torch
 
 from specdec.cache import DenseKVCache, KVCache
 from specdec.errors import VerifyError
-from specdec.generate import SpeculativeGenerator, autoregressive_generate, build_tree
-from specdec.models import (
-    AdversarialDrafter,
-    LlamaConfig,
-    LlamaModel,
-    OracleDrafter,
-    RandomDrafter,
-)
-from specdec.tree import DraftTree, tree_from_branches
+from specdec.decode import SpeculativeGenerator, autoregressive_generate
+from specdec.errors import ConfigError
+from specdec.models import LlamaConfig, LlamaModel
+from specdec.testing import AdversarialDrafter, OracleDrafter, RandomDrafter
+from specdec.tree import ChainShape, DDTreeShape, DraftTree, tree_from_branches, tree_shape
 from specdec.verify import Greedy, Sampling, StepResult, Verifier
 
 # Tiny tensors: extra intra-op threads only contend (60x slower on a loaded 2-core box).
@@ -72,7 +68,7 @@ def test_sampling_draws_follow_probs_and_greedy_is_argmax() -> None:
 
 def test_rule_bad_input() -> None:
     for kw in ({"temperature": 0.0}, {"top_k": -1}, {"top_p": 0.0}, {"top_p": 1.5}):
-        with pytest.raises(VerifyError):
+        with pytest.raises(ConfigError):
             Sampling(**kw)
     with pytest.raises(VerifyError, match=r"\[T, V\]"):
         Greedy().choose(torch.zeros(3))
@@ -161,7 +157,7 @@ def test_step_padded_tree_and_chain_special_case() -> None:
     cache = target.new_cache()
     assert ver.step(tree, cache).tokens == [2, 3, 4]
     assert cache_tokens(cache) == [1, 2, 3]
-    chain = build_tree(torch.eye(16)[[2, 3, 9]] * 5, 1, kind="chain", budget=3)
+    chain = ChainShape(3).build(torch.eye(16)[[2, 3, 9]] * 5, 1)
     assert chain.tokens.tolist() == [1, 2, 3, 9] and chain.parents.tolist() == [-1, 0, 1, 2]
 
 
@@ -186,8 +182,8 @@ def test_step_bad_input() -> None:
         Verifier(object())  # type: ignore[arg-type]
     with pytest.raises(VerifyError, match="prefill"):
         ver.prefill([], cache)
-    with pytest.raises(VerifyError, match="tree kind"):
-        build_tree(torch.zeros(2, 4), 0, kind="beam")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="tree shape"):
+        tree_shape("beam", budget=4, depth=4)
 
 
 # -- lossless greedy on a real model -------------------------------------------------------
@@ -288,7 +284,7 @@ def test_generate_eos_and_limits(target, references) -> None:  # type: ignore[no
     assert autoregressive_generate(target, prompt, 3).tokens == ref_tokens[:3]
     with pytest.raises(VerifyError, match="prompt"):
         gen.generate([], 4)
-    with pytest.raises(VerifyError, match="budget"):
+    with pytest.raises(ConfigError, match="budget"):
         SpeculativeGenerator(target, RandomDrafter(VOCAB), budget=0)
     with pytest.raises(VerifyError, match="maximum|fit"):
         gen.generate(prompt, 400)
@@ -389,7 +385,7 @@ def test_step_batch_equals_single_steps(target, references) -> None:  # type: ig
     drafters = [OracleDrafter(target, miss=0.4, seed=i) for i in range(len(seqs))]
     for step in range(8):
         trees = [
-            build_tree(d.draft(ctx, DEPTH), ctx[-1], budget=4 + 3 * ((i + step) % 4))
+            DDTreeShape(4 + 3 * ((i + step) % 4)).build(d.draft_one(ctx, DEPTH), ctx[-1])
             for i, (d, ctx) in enumerate(zip(drafters, contexts, strict=True))
         ]
         batch = ver.step_batch(trees, batch_caches)

@@ -13,8 +13,9 @@ import torch
 from scipy import stats
 
 from specdec.cache import KVCache
-from specdec.generate import SpeculativeGenerator, autoregressive_generate
-from specdec.models import LlamaConfig, LlamaModel, ModelDrafter
+from specdec.decode import SpeculativeGenerator, autoregressive_generate
+from specdec.draft import ModelDrafter, SequenceDrafter
+from specdec.models import LlamaConfig, LlamaModel
 from specdec.verify import Sampling
 
 # Tiny tensors: extra intra-op threads only contend.
@@ -105,7 +106,7 @@ class ReplayTarget:
         return logits
 
 
-class HashDrafter:
+class HashDrafter(SequenceDrafter):
     """The target's own greedy-rollout logits plus noise seeded by the context: deterministic
     per context, independent of the verifier's random draws, accepted often but not always."""
 
@@ -113,12 +114,12 @@ class HashDrafter:
         self.inner = ModelDrafter(target)
         self.memo: dict[tuple[int, ...], torch.Tensor] = {}
 
-    def draft(self, context: Sequence[int], depth: int) -> torch.Tensor:
+    def draft_one(self, context: Sequence[int], depth: int) -> torch.Tensor:
         key = (*context, -depth)
         if key not in self.memo:
             g = torch.Generator().manual_seed(hash(tuple(context)) % (2**31))
             noise = torch.randn(depth, V, generator=g)
-            self.memo[key] = self.inner.draft(context, depth) + noise
+            self.memo[key] = self.inner.draft_one(context, depth) + noise
         return self.memo[key]
 
 

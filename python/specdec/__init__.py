@@ -1,12 +1,32 @@
 """specdec: Rust-accelerated speculative decoding with draft trees.
 
-One decode step: draft -> build tree -> mask -> verify -> walk -> commit.
+One decode step, one subpackage per stage::
+
+    draft (specdec.draft) -> build tree (specdec.tree) -> mask (specdec.constrain)
+      -> verify (specdec.verify, over specdec.cache) -> walk (specdec.tree) -> commit (specdec.cache)
+
+The extension points are in :mod:`specdec.protocols`; :mod:`specdec.decode` runs the loops.
 """
 
 from __future__ import annotations
 
 from ._core import BlockManager, __version__
+from .constrain import (
+    Matcher,
+    RegexGrammar,
+    Vocabulary,
+    allocate_token_bitmask,
+    apply_token_bitmask,
+    apply_token_bitmask_inplace,
+    build_ddtree_constrained,
+    fill_next_token_bitmask_batch,
+    fill_tree_bitmask,
+    get_bitmask_shape,
+    reset_token_bitmask,
+)
 from .errors import (
+    CheckpointError,
+    ConfigError,
     DoubleFree,
     GrammarError,
     KVCacheError,
@@ -14,21 +34,15 @@ from .errors import (
     OutOfBlocks,
     SlotNotReserved,
     SpecdecError,
+    SpecdecTypeError,
     TreeError,
     UnknownSequence,
     VerifyError,
 )
-from .grammar import (
-    Matcher,
-    RegexGrammar,
-    Vocabulary,
-    allocate_token_bitmask,
-    apply_token_bitmask,
-    build_ddtree_constrained,
-    fill_next_token_bitmask_batch,
-    fill_tree_bitmask,
-)
+from .protocols import Constraint, Drafter, DraftRequest, KVCache, Target, TreeShape
 from .tree import (
+    ChainShape,
+    DDTreeShape,
     DraftTree,
     TreeTensors,
     WalkResult,
@@ -42,17 +56,19 @@ from .tree import (
 
 # Verification needs torch: import it on first use so `import specdec` stays light.
 _TORCH_EXPORTS = {
-    "tree_attention": "attention",
-    "KVCache": "cache",
-    "DenseKVCache": "cache",
-    "PagedKVPool": "kv",
-    "PagedKVCache": "kv",
+    "tree_attention": "verify",
     "Verifier": "verify",
     "StepResult": "verify",
     "Greedy": "verify",
     "Sampling": "verify",
-    "SpeculativeGenerator": "generate",
-    "autoregressive_generate": "generate",
+    "DenseKVCache": "cache",
+    "PagedKVPool": "cache",
+    "PagedKVCache": "cache",
+    "SpeculativeGenerator": "decode",
+    "autoregressive_generate": "decode",
+    "GenerationResult": "decode",
+    "TreeBatch": "tree",
+    "batch_tree_inputs": "tree",
 }
 
 
@@ -66,43 +82,66 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "__version__",
+    # protocols
+    "Target",
+    "Drafter",
+    "DraftRequest",
+    "TreeShape",
+    "KVCache",
+    "Constraint",
+    # tree
     "DraftTree",
     "TreeTensors",
     "WalkResult",
+    "TreeBatch",
+    "DDTreeShape",
+    "ChainShape",
     "build_ddtree",
     "build_ddtree_batch",
     "ddtree_from_logits",
     "tree_from_branches",
+    "batch_tree_inputs",
     "walk",
     "walk_batch",
+    # verify
     "tree_attention",
-    "KVCache",
-    "DenseKVCache",
-    "PagedKVPool",
-    "PagedKVCache",
     "Verifier",
     "StepResult",
     "Greedy",
     "Sampling",
+    # cache
+    "DenseKVCache",
+    "PagedKVPool",
+    "PagedKVCache",
+    "BlockManager",
+    # decode
     "SpeculativeGenerator",
     "autoregressive_generate",
-    "SpecdecError",
-    "TreeError",
-    "VerifyError",
-    "KVCacheError",
-    "OutOfBlocks",
-    "UnknownSequence",
-    "DoubleFree",
-    "SlotNotReserved",
-    "BlockManager",
-    "GrammarError",
-    "NoAllowedTokens",
+    "GenerationResult",
+    # constrain
     "Vocabulary",
     "RegexGrammar",
     "Matcher",
     "allocate_token_bitmask",
     "apply_token_bitmask",
+    "apply_token_bitmask_inplace",
+    "get_bitmask_shape",
+    "reset_token_bitmask",
     "build_ddtree_constrained",
     "fill_next_token_bitmask_batch",
     "fill_tree_bitmask",
+    # errors
+    "SpecdecError",
+    "SpecdecTypeError",
+    "TreeError",
+    "VerifyError",
+    "ConfigError",
+    "CheckpointError",
+    "KVCacheError",
+    "OutOfBlocks",
+    "UnknownSequence",
+    "DoubleFree",
+    "SlotNotReserved",
+    "GrammarError",
+    "NoAllowedTokens",
 ]

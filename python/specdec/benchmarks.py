@@ -4,74 +4,14 @@ matrix, as the public DDTree reference does it), timed in the same process."""
 
 from __future__ import annotations
 
-import heapq
 import statistics
 import time
 from collections.abc import Callable
 
 import numpy as np
 
+from .testing import SCALES, python_ddtree, synthetic_marginals
 from .tree import DraftTree, build_ddtree, build_ddtree_batch
-
-#: Logit scales of the synthetic drafters: mean top-1 probability about 0.19 ("flat", wide
-#: shallow trees) and about 0.53 ("peaked", closer to a trained drafter, deeper trees).
-SCALES = {"flat": 3.0, "peaked": 6.0}
-
-
-def synthetic_marginals(
-    depth: int,
-    k: int,
-    vocab: int = 8192,
-    seed: int = 0,
-    batch: int | None = None,
-    scale: float = SCALES["flat"],
-) -> tuple[np.ndarray, np.ndarray]:
-    """Drafter-like marginals: log-softmax of random logits, top ``k`` per depth, sorted."""
-    rng = np.random.default_rng(seed)
-    shape = (depth, vocab) if batch is None else (batch, depth, vocab)
-    logits = rng.normal(0.0, scale, size=shape).astype(np.float32)
-    logits -= logits.max(-1, keepdims=True)
-    lp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    ids = np.argsort(-lp, axis=-1, kind="stable")[..., :k]
-    vals = np.take_along_axis(lp, ids, -1).astype(np.float32)
-    return np.ascontiguousarray(vals), np.ascontiguousarray(ids.astype(np.int64))
-
-
-def python_ddtree(
-    logprobs: np.ndarray, token_ids: np.ndarray, budget: int, prefix_len: int = 0
-) -> tuple[list[int], list[int], np.ndarray, np.ndarray]:
-    """Plain-Python DDTree: heapq over rank tuples, then the visibility matrix and positions."""
-    depth = logprobs.shape[0]
-    k = min(budget, logprobs.shape[1])
-    lp = logprobs[:, :k].tolist()
-    ids = token_ids[:, :k].tolist()
-    tokens, parents, depths = [-1], [-1], [0]
-    counter = 0
-    heap = [(-lp[0][0], counter, 0.0, (0,), 0)]
-    while heap and len(tokens) <= budget:
-        neg, _, base, ranks, parent = heapq.heappop(heap)
-        score = -neg
-        d = len(ranks) - 1
-        node = len(tokens)
-        tokens.append(ids[d][ranks[-1]])
-        parents.append(parent)
-        depths.append(d + 1)
-        r = ranks[-1] + 1
-        if r < k and lp[d][r] != float("-inf"):
-            counter += 1
-            heapq.heappush(heap, (-(base + lp[d][r]), counter, base, ranks[:-1] + (r,), parent))
-        if d + 1 < depth and lp[d + 1][0] != float("-inf"):
-            counter += 1
-            heapq.heappush(heap, (-(score + lp[d + 1][0]), counter, score, ranks + (0,), node))
-    n = len(tokens)
-    visible = np.zeros((n, n), dtype=bool)
-    for i in range(n):
-        if parents[i] >= 0:
-            visible[i] = visible[parents[i]]
-        visible[i, i] = True
-    positions = np.asarray(depths, dtype=np.int64) + prefix_len
-    return tokens, parents, visible, positions
-
 
 def _time_us(fn: Callable[[], object], min_time: float = 0.3, repeats: int = 5) -> float:
     """Median per-call time in microseconds over ``repeats`` batches of calls."""

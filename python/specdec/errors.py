@@ -1,22 +1,54 @@
-"""The exception hierarchy. The Rust extension raises these classes (it looks them up here),
-so a caller can catch one family (``SpecdecError``) or the builtin it also derives from."""
+"""The exception hierarchy. Every exception specdec raises on purpose is a :class:`SpecdecError`;
+each class also derives from the builtin a caller would expect (``ValueError`` for bad values,
+``TypeError`` for wrong types, ``KeyError`` for unknown sequences), so ``except ValueError``
+keeps working. The Rust extension looks these classes up once, when it is imported."""
 
 from __future__ import annotations
+
+__all__ = [
+    "SpecdecError",
+    "SpecdecTypeError",
+    "TreeError",
+    "VerifyError",
+    "ConfigError",
+    "CheckpointError",
+    "KVCacheError",
+    "OutOfBlocks",
+    "UnknownSequence",
+    "DoubleFree",
+    "SlotNotReserved",
+    "GrammarError",
+    "NoAllowedTokens",
+]
 
 
 class SpecdecError(Exception):
     """Base class of every error specdec raises on purpose."""
 
 
+class SpecdecTypeError(SpecdecError, TypeError):
+    """An argument of the wrong type or dtype (a list where an array is needed, float ids...)."""
+
+
 class TreeError(SpecdecError, ValueError):
-    """Invalid draft-tree input: shapes, dtypes, NaN, unsorted marginals, bad budgets..."""
+    """Invalid draft-tree input: shapes, NaN, unsorted marginals, bad budgets, broken links..."""
 
 
 class VerifyError(SpecdecError, ValueError):
-    """Invalid verification input: mismatched shapes, dtypes or devices, positions too large."""
+    """Invalid verification input: mismatched shapes or devices, positions too large, a cache
+    that does not hold what the step needs."""
 
 
-class KVCacheError(SpecdecError):
+class ConfigError(SpecdecError, ValueError):
+    """An invalid or unsupported model / generator configuration."""
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint directory or file that cannot be loaded (missing files, unknown dtypes,
+    tensors whose shapes do not match the configuration)."""
+
+
+class KVCacheError(SpecdecError, ValueError):
     """Paged KV bookkeeping error; the manager is left unchanged."""
 
 
@@ -26,6 +58,9 @@ class OutOfBlocks(KVCacheError):
 
 class UnknownSequence(KVCacheError, KeyError):
     """The sequence id is not (or no longer) known to the block manager."""
+
+    # KeyError's str() quotes its message; keep the plain sentence.
+    __str__ = ValueError.__str__
 
 
 class DoubleFree(UnknownSequence):
@@ -37,7 +72,7 @@ class SlotNotReserved(KVCacheError, IndexError):
 
 
 class GrammarError(SpecdecError, ValueError):
-    """Invalid grammar, regex, vocabulary or matcher input."""
+    """Invalid grammar, regex, vocabulary, bitmask or matcher input."""
 
 
 class NoAllowedTokens(GrammarError):

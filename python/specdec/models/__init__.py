@@ -1,17 +1,9 @@
-"""Target and draft models: the compact Llama-style decoder with its checkpoint loader, the
-``transformers`` adapter (:mod:`specdec.models.hf`, imported on demand) and test drafters."""
+"""Target models (:class:`~specdec.protocols.Target`): the compact Llama-style decoder with its
+checkpoint loader, and the ``transformers`` adapter (:mod:`specdec.models.hf`, imported on
+demand)."""
 
 from __future__ import annotations
 
-from .drafters import AdversarialDrafter, ModelDrafter, OracleDrafter, RandomDrafter
 from .llama import LlamaConfig, LlamaModel, load_checkpoint
 
-__all__ = [
-    "LlamaConfig",
-    "LlamaModel",
-    "load_checkpoint",
-    "RandomDrafter",
-    "OracleDrafter",
-    "AdversarialDrafter",
-    "ModelDrafter",
-]
+__all__ = ["LlamaConfig", "LlamaModel", "load_checkpoint"]

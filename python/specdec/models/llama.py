@@ -18,9 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention import Backend, attend
-from ..cache import DenseKVCache, KVCache
-from ..errors import VerifyError
+from ..cache.dense import DenseKVCache
+from ..errors import CheckpointError, ConfigError, SpecdecTypeError, VerifyError
+from ..protocols import KVCache
+from ..verify.attention import Backend, attend
 
 __all__ = ["LlamaConfig", "LlamaModel", "load_checkpoint", "causal_mask", "check_step_inputs"]
 
@@ -56,34 +57,34 @@ class LlamaConfig:
             self.max_position_embeddings,
         )
         if min(dims) <= 0:
-            raise VerifyError(f"config dimensions must be positive: {self}")
+            raise ConfigError(f"config dimensions must be positive: {self}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise VerifyError(
+            raise ConfigError(
                 f"num_attention_heads {self.num_attention_heads} must be a multiple of "
                 f"num_key_value_heads {self.num_key_value_heads}"
             )
         if self.head_dim % 2:
-            raise VerifyError(f"head_dim must be even for RoPE, got {self.head_dim}")
+            raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> LlamaConfig:
         """From a Hugging Face ``config.json`` dict (Llama, Qwen2, Mistral without sliding
-        window). Unsupported features (RoPE scaling, sliding window) raise VerifyError rather
+        window). Unsupported features (RoPE scaling, sliding window) raise ConfigError rather
         than giving silently different logits."""
         mt = cfg.get("model_type", "llama")
         if mt not in ("llama", "qwen2", "mistral"):
-            raise VerifyError(f"unsupported model_type {mt!r} (llama, qwen2, mistral)")
+            raise ConfigError(f"unsupported model_type {mt!r} (llama, qwen2, mistral)")
         rope = cfg.get("rope_parameters") or {}
         scaling = cfg.get("rope_scaling")
         rtype = (scaling or {}).get("rope_type", (scaling or {}).get("type")) or rope.get(
             "rope_type", "default"
         )
         if rtype != "default":
-            raise VerifyError(f"RoPE scaling {rtype!r} is not supported")
+            raise ConfigError(f"RoPE scaling {rtype!r} is not supported")
         if cfg.get("use_sliding_window") or (mt == "mistral" and cfg.get("sliding_window")):
-            raise VerifyError("sliding-window attention is not supported")
+            raise ConfigError("sliding-window attention is not supported")
         if cfg.get("hidden_act", "silu") != "silu":
-            raise VerifyError(f"hidden_act {cfg.get('hidden_act')!r} is not supported (silu)")
+            raise ConfigError(f"hidden_act {cfg.get('hidden_act')!r} is not supported (silu)")
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in cfg.items() if k in names}
         kw["rope_theta"] = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
@@ -183,12 +184,12 @@ def check_step_inputs(
 ) -> None:
     """The checks every target runs before a step (clear errors instead of index faults)."""
     if not isinstance(cache, KVCache):
-        raise TypeError(f"cache must be a specdec.cache.KVCache, got {type(cache).__name__}")
+        raise SpecdecTypeError(f"cache must be a specdec.cache.KVCache, got {type(cache).__name__}")
     for name, t in (("input_ids", input_ids), ("position_ids", position_ids)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            raise SpecdecTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"{name} must be int64/int32, got {t.dtype}")
+            raise SpecdecTypeError(f"{name} must be int64/int32, got {t.dtype}")
         if t.dim() != 1:
             raise VerifyError(f"{name} must be 1-D [T], got shape {tuple(t.shape)}")
         if t.device != device:
@@ -213,9 +214,9 @@ def check_step_inputs(
         raise VerifyError("the cache has an uncommitted step: commit or roll it back first")
     if mask is not None:
         if not isinstance(mask, torch.Tensor):
-            raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+            raise SpecdecTypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
         if mask.dtype != torch.bool:
-            raise TypeError(f"mask must be bool (True = visible), got {mask.dtype}")
+            raise SpecdecTypeError(f"mask must be bool (True = visible), got {mask.dtype}")
         want = (t_new, cache.committed_len + t_new)
         if tuple(mask.shape) != want:
             raise VerifyError(
@@ -348,12 +349,12 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """R sequences (one cache each) in one forward: ``input_ids``/``position_ids``
         ``[R, T]`` and ``mask`` ``[R, T, P_max + T]`` laid out as
-        :func:`specdec.attention.batch_tree_inputs` does (row r's prefix in columns
+        :func:`specdec.tree.batch_tree_inputs` does (row r's prefix in columns
         ``[0, committed_r)``, then the step's T tokens). Returns logits ``[R, T, vocab]``;
         each cache's step stays pending."""
         c = self.config
         if not isinstance(input_ids, torch.Tensor) or not isinstance(position_ids, torch.Tensor):
-            raise TypeError("input_ids and position_ids must be torch.Tensors")
+            raise SpecdecTypeError("input_ids and position_ids must be torch.Tensors")
         if input_ids.dim() != 2 or position_ids.shape != input_ids.shape:
             raise VerifyError(
                 f"input_ids {tuple(input_ids.shape)} and position_ids "
@@ -374,7 +375,7 @@ class LlamaModel(nn.Module):
                 device=self.device,
             )
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            raise TypeError("mask must be a bool torch.Tensor (True = visible)")
+            raise SpecdecTypeError("mask must be a bool torch.Tensor (True = visible)")
         if tuple(mask.shape) != (r, t_new, p_max + t_new) or mask.device != self.device:
             raise VerifyError(
                 f"mask must be [R, T, P_max + T] = {[r, t_new, p_max + t_new]} on "
@@ -460,17 +461,17 @@ def load_checkpoint(
     d = Path(path)
     cfg_path = d / "config.json"
     if not cfg_path.is_file():
-        raise VerifyError(f"no config.json in {d}")
+        raise CheckpointError(f"no config.json in {d}")
     cfg = json.loads(cfg_path.read_text())
     files = sorted(d.glob("*.safetensors"))
     if not files:
-        raise VerifyError(f"no *.safetensors files in {d}")
+        raise CheckpointError(f"no *.safetensors files in {d}")
     config = LlamaConfig.from_hf(cfg)
     if dtype is None:
         name = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
         dtype = getattr(torch, str(name).replace("torch.", ""), None)
         if not isinstance(dtype, torch.dtype):
-            raise VerifyError(f"unknown checkpoint dtype {name!r}")
+            raise CheckpointError(f"unknown checkpoint dtype {name!r}")
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
@@ -483,13 +484,13 @@ def load_checkpoint(
     missing = sorted(expected - set(state))
     unexpected = sorted(k for k in set(state) - expected if "rotary_emb" not in k)
     if missing or unexpected:
-        raise VerifyError(
+        raise CheckpointError(
             f"checkpoint {d} does not match the config: missing {missing[:5]}, "
             f"unexpected {unexpected[:5]}"
         )
     for k in expected:
         if tuple(state[k].shape) != shapes[k]:
-            raise VerifyError(
+            raise CheckpointError(
                 f"{k}: checkpoint shape {tuple(state[k].shape)}, expected {shapes[k]}"
             )
     model.load_state_dict(

@@ -3,7 +3,9 @@
 use std::borrow::Cow;
 
 use numpy::ndarray::Array2;
-use numpy::{Element, PyArray1, PyArray2, PyReadonlyArray, PyUntypedArrayMethods};
+use numpy::{
+    Element, PyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray, PyUntypedArrayMethods,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -30,13 +32,31 @@ pub fn vec1<'py, T: Element>(py: Python<'py>, v: Vec<T>) -> Bound<'py, PyArray1<
 }
 
 /// Move a row-major vector into a 2-D numpy array (no copy, one array object).
+pub fn vec2_typed<'py, T: Element>(
+    py: Python<'py>,
+    v: Vec<T>,
+    rows: usize,
+    cols: usize,
+) -> PyResult<Bound<'py, PyArray2<T>>> {
+    let a = Array2::from_shape_vec((rows, cols), v)
+        .map_err(|e| PyValueError::new_err(format!("{rows} x {cols} array: {e}")))?;
+    Ok(PyArray2::from_owned_array(py, a))
+}
+
+/// [`vec2_typed`] as a plain object.
 pub fn vec2<'py, T: Element>(
     py: Python<'py>,
     v: Vec<T>,
     rows: usize,
     cols: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let a = Array2::from_shape_vec((rows, cols), v)
-        .map_err(|e| PyValueError::new_err(format!("{rows} x {cols} array: {e}")))?;
-    Ok(PyArray2::from_owned_array(py, a).into_any())
+    Ok(vec2_typed(py, v, rows, cols)?.into_any())
+}
+
+/// Borrow an array this crate handed out for reading; a conflicting borrow (another thread
+/// writing it through Rust) is an error, not a panic.
+pub fn read<'py, T: Element, D: numpy::ndarray::Dimension>(
+    a: &Bound<'py, PyArray<T, D>>,
+) -> PyResult<PyReadonlyArray<'py, T, D>> {
+    a.try_readonly().map_err(|e| PyValueError::new_err(format!("array in use: {e}")))
 }

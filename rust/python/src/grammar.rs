@@ -4,18 +4,18 @@
 
 use std::sync::Arc;
 
-use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
+use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::types::PyBytes;
 use rayon::prelude::*;
 use specdec_core::grammar::{
     self as core, CompiledRegex, GrammarError, GrammarFilter, RegexLimits,
 };
 use specdec_core::tree::{build_ddtree_filtered, check_tree_size, max_nodes, Marginals, TreeError};
 
-use crate::arrays::{as_slice, vec1};
+use crate::arrays::{as_slice, read, vec1};
 use crate::errors::OrRaise;
-use crate::tree::{built_to_py, check_single_build};
+use crate::tree::{check_single_build, TreeArrays};
 
 #[pyclass(module = "specdec._core", frozen)]
 pub struct Vocabulary(pub Arc<core::Vocabulary>);
@@ -191,18 +191,33 @@ fn as_u32(s: &mut [i32]) -> &mut [u32] {
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u32>(), s.len()) }
 }
 
-/// Borrow a writable C-contiguous int32 `[rows, cols]` buffer.
+/// A bitmask buffer borrowed for writing: `release` says whether the GIL may be released
+/// while it is written. Only an array that owns its memory qualifies: a view (of a torch
+/// tensor, say) could be freed or resized by another thread once the GIL is gone.
+struct Buffer<'a> {
+    words: &'a mut [i32],
+    rows: usize,
+    cols: usize,
+    release: bool,
+}
+
+/// Borrow a writable C-contiguous int32 `[rows, cols]` numpy buffer.
 fn with_buffer<R>(
     bitmask: &Bound<'_, PyAny>,
     words: usize,
-    f: impl FnOnce(&mut [i32], usize, usize) -> PyResult<R>,
+    f: impl FnOnce(Buffer<'_>) -> PyResult<R>,
 ) -> PyResult<R> {
     let arr = bitmask.cast::<PyArray2<i32>>().map_err(|_| {
         PyErr::from(crate::errors::Error::from(GrammarError::Shape(
-            "bitmask must be a 2-D int32 array".into(),
+            "bitmask must be a 2-D int32 numpy array".into(),
         )))
     })?;
-    let mut rw = arr.try_readwrite()?;
+    let release = arr.getattr(pyo3::intern!(arr.py(), "base"))?.is_none();
+    let mut rw = arr.try_readwrite().map_err(|e| {
+        PyErr::from(crate::errors::Error::from(GrammarError::Shape(format!(
+            "bitmask cannot be written: {e}"
+        ))))
+    })?;
     let (rows, cols) = (rw.shape()[0], rw.shape()[1]);
     if cols < words {
         return Err(GrammarError::Shape(format!(
@@ -215,19 +230,15 @@ fn with_buffer<R>(
             "bitmask must be C-contiguous".into(),
         )))
     })?;
-    f(slice, rows, cols)
+    f(Buffer {
+        words: slice,
+        rows,
+        cols,
+        release,
+    })
 }
 
-impl Matcher {
-    fn fill(&self, py: Python<'_>, out: &mut [u32]) -> PyResult<()> {
-        let m = &self.0;
-        if m.grammar().is_cheap(m.state()) {
-            m.fill_bitmask(out).or_raise()
-        } else {
-            py.detach(|| m.fill_bitmask(out)).or_raise()
-        }
-    }
-}
+
 
 #[pymethods]
 impl Matcher {
@@ -289,41 +300,17 @@ impl Matcher {
         row: i64,
     ) -> PyResult<()> {
         let words = self.0.grammar().vocab().words();
-        with_buffer(bitmask, words, |buf, rows, cols| {
-            let out = row_slice(buf, rows, cols, row).or_raise()?;
-            self.fill(py, out)
+        let m = &self.0;
+        with_buffer(bitmask, words, |mut buf| {
+            let cheap = m.grammar().is_cheap(m.state());
+            buf.release &= !cheap; // a cached mask is a copy: not worth a GIL round trip
+            let out = row_slice(buf.words, buf.rows, buf.cols, row).or_raise()?;
+            if buf.release {
+                py.detach(|| m.fill_bitmask(out)).or_raise()
+            } else {
+                m.fill_bitmask(out).or_raise()
+            }
         })
-    }
-
-    /// Fill row `row` of a raw int32 `[rows, cols]` buffer at `ptr` (the torch fast path:
-    /// the Python caller has checked device, dtype, contiguity and shape).
-    fn _fill_next_token_bitmask_ptr(
-        &self,
-        py: Python<'_>,
-        ptr: usize,
-        rows: usize,
-        cols: usize,
-        row: i64,
-    ) -> PyResult<()> {
-        let words = self.0.grammar().vocab().words();
-        if ptr == 0 || ptr % std::mem::align_of::<u32>() != 0 || cols < words {
-            return Err(GrammarError::Shape(format!(
-                "bitmask must be a non-null aligned int32 buffer with >= {words} words per row"
-            )))
-            .or_raise();
-        }
-        if row < 0 || row as usize >= rows {
-            return Err(GrammarError::Shape(format!(
-                "row {row} outside a bitmask of {rows} rows"
-            )))
-            .or_raise();
-        }
-        // SAFETY: the caller passes the data pointer of a live, contiguous CPU int32 tensor
-        // of shape [rows, cols]; only row `row` is written.
-        let out = unsafe {
-            std::slice::from_raw_parts_mut((ptr as *mut u32).add(row as usize * cols), cols)
-        };
-        self.fill(py, out)
     }
 }
 
@@ -350,7 +337,8 @@ fn fill_next_token_bitmask_batch(
         return Ok(());
     };
     let words = first.grammar().vocab().words();
-    with_buffer(bitmask, words, |buf, nrows, cols| {
+    with_buffer(bitmask, words, |buf| {
+        let (nrows, cols) = (buf.rows, buf.cols);
         let mut seen = vec![false; nrows];
         for (m, &r) in ms.iter().zip(&targets) {
             if r < 0 || r as usize >= nrows {
@@ -369,10 +357,11 @@ fn fill_next_token_bitmask_batch(
                 .or_raise();
             }
         }
-        let buf = as_u32(buf);
-        py.detach(|| {
+        let release = buf.release;
+        let words = as_u32(buf.words);
+        let mut fill = move || {
             // Disjoint rows: hand each matcher its own row.
-            let mut slots: Vec<Option<&mut [u32]>> = buf.chunks_mut(cols).map(Some).collect();
+            let mut slots: Vec<Option<&mut [u32]>> = words.chunks_mut(cols).map(Some).collect();
             let jobs: Vec<(&core::Matcher, &mut [u32])> = ms
                 .iter()
                 .zip(&targets)
@@ -380,39 +369,46 @@ fn fill_next_token_bitmask_batch(
                 .collect();
             jobs.into_par_iter()
                 .try_for_each(|(m, out)| m.fill_bitmask(out))
-        })
-        .or_raise()
+        };
+        if release { py.detach(fill) } else { fill() }.or_raise()
     })
 }
 
 /// Fill rows `row_offset..row_offset + n` with the masks of a tree's nodes (root first);
-/// returns a bool array: does the grammar accept each node's path?
+/// returns a bool array: does the grammar accept each node's path? Padding nodes of a padded
+/// tree get all-zero rows and False.
 #[pyfunction]
-#[pyo3(signature = (matcher, tokens, parents, bitmask, row_offset=0))]
+#[pyo3(signature = (matcher, tree, bitmask, row_offset=0))]
 fn fill_tree_bitmask<'py>(
     py: Python<'py>,
     matcher: &Matcher,
-    tokens: PyReadonlyArray1<'py, i64>,
-    parents: PyReadonlyArray1<'py, i32>,
+    tree: &TreeArrays,
     bitmask: &Bound<'py, PyAny>,
     row_offset: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let (tokens, parents) = (as_slice(&tokens), as_slice(&parents));
+    let (tokens, parents) = (read(tree.tokens(py))?, read(tree.parents(py))?);
+    let (n, real) = (tokens.len(), tree.num_real());
+    let (tokens, parents) = (&as_slice(&tokens)[..real], &as_slice(&parents)[..real]);
     let words = matcher.0.grammar().vocab().words();
     let m = &matcher.0;
-    let valid = with_buffer(bitmask, words, |buf, rows, cols| {
-        if row_offset + tokens.len() > rows {
+    let mut valid = with_buffer(bitmask, words, |buf| {
+        let end = row_offset.checked_add(n).filter(|&e| e <= buf.rows);
+        let Some(end) = end else {
             return Err(GrammarError::Shape(format!(
-                "a tree of {} nodes from row {row_offset} needs {} rows, the bitmask has {rows}",
-                tokens.len(),
-                row_offset + tokens.len()
+                "a tree of {n} nodes from row {row_offset} needs more rows than the bitmask's {}",
+                buf.rows
             )))
             .or_raise();
-        }
-        let out = as_u32(&mut buf[row_offset * cols..]);
-        py.detach(|| core::fill_tree_bitmask(m, &tokens, &parents, out, cols))
-            .or_raise()
+        };
+        let cols = buf.cols;
+        let release = buf.release;
+        let rows = as_u32(&mut buf.words[row_offset * cols..end * cols]);
+        let (real_rows, pad_rows) = rows.split_at_mut(real * cols);
+        pad_rows.fill(0);
+        let mut fill = move || core::fill_tree_bitmask(m, tokens, parents, real_rows, cols);
+        if release { py.detach(fill) } else { fill() }.or_raise()
     })?;
+    valid.resize(n, false);
     Ok(vec1(py, valid).into_any())
 }
 
@@ -427,7 +423,7 @@ fn build_ddtree_constrained<'py>(
     matcher: &Matcher,
     root_token: i64,
     min_logprob: Option<f64>,
-) -> PyResult<Bound<'py, PyTuple>> {
+) -> PyResult<TreeArrays> {
     let (l, k) = check_single_build(&logprobs, &token_ids, root_token, min_logprob).or_raise()?;
     let (lp, ids) = (as_slice(&logprobs), as_slice(&token_ids));
     let m = &matcher.0;
@@ -449,7 +445,7 @@ fn build_ddtree_constrained<'py>(
             ))
         })
         .or_raise()?;
-    built_to_py(py, built)
+    TreeArrays::built(py, built)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

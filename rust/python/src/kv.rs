@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use specdec_core::kv::{self as core, KvError};
 
 use crate::arrays::{as_slice, vec1, vec2};
-use crate::errors::OrRaise;
+use crate::errors::{kv_arg, OrRaise};
 
 type Arr<'py> = Bound<'py, PyAny>;
 
@@ -17,24 +17,75 @@ fn pairs<'py>(py: Python<'py>, p: impl IntoIterator<Item = (i32, i32)>) -> PyRes
     vec2(py, flat, rows, 2)
 }
 
-/// `(slots, offsets, cow)` of a batched reservation or append, as numpy arrays.
-fn reserve_batch_to_py<'py>(
-    py: Python<'py>,
-    b: core::ReserveBatch,
-) -> PyResult<(Arr<'py>, Arr<'py>, Arr<'py>)> {
-    let offsets: Vec<i64> = b.offsets.iter().map(|&o| o as i64).collect();
-    Ok((
-        vec1(py, b.slots).into_any(),
-        vec1(py, offsets).into_any(),
-        block_pairs(py, b.cow)?,
-    ))
-}
-
 fn block_pairs<'py>(
     py: Python<'py>,
     p: impl IntoIterator<Item = (u32, u32)>,
 ) -> PyResult<Arr<'py>> {
     pairs(py, p.into_iter().map(|(a, b)| (a as i32, b as i32)))
+}
+
+/// Tentative or appended slots of one call, single or batched: `slots` (int32, sequence i's
+/// are `slots[offsets[i]:offsets[i+1]]`), `offsets` (int64, one more than sequences) and
+/// `cow`, the `[k, 2]` int32 `(src_block, dst_block)` copies to run before writing a slot.
+#[pyclass(frozen, module = "specdec._core", name = "Reservation")]
+pub struct Reservation {
+    #[pyo3(get)]
+    slots: Py<PyAny>,
+    #[pyo3(get)]
+    offsets: Py<PyAny>,
+    #[pyo3(get)]
+    cow: Py<PyAny>,
+}
+
+impl Reservation {
+    fn from_batch(py: Python<'_>, b: core::ReserveBatch) -> PyResult<Self> {
+        let offsets: Vec<i64> = b.offsets.iter().map(|&o| o as i64).collect();
+        Ok(Reservation {
+            slots: vec1(py, b.slots).into_any().unbind(),
+            offsets: vec1(py, offsets).into_any().unbind(),
+            cow: block_pairs(py, b.cow)?.unbind(),
+        })
+    }
+
+    fn single(py: Python<'_>, a: core::Appended) -> PyResult<Self> {
+        let n = a.slots.len();
+        Self::from_batch(
+            py,
+            core::ReserveBatch {
+                slots: a.slots,
+                offsets: vec![0, n],
+                cow: a.cow.into_iter().collect(),
+            },
+        )
+    }
+}
+
+/// Commit moves of one call, single or batched: copy slot `src[i]` to `dst[i]` for all i
+/// (gather all, then scatter; int32).
+#[pyclass(frozen, module = "specdec._core", name = "CommitMoves")]
+pub struct CommitMoves {
+    #[pyo3(get)]
+    src: Py<PyAny>,
+    #[pyo3(get)]
+    dst: Py<PyAny>,
+}
+
+impl CommitMoves {
+    fn new(py: Python<'_>, b: core::CommitBatch) -> Self {
+        CommitMoves {
+            src: vec1(py, b.src).into_any().unbind(),
+            dst: vec1(py, b.dst).into_any().unbind(),
+        }
+    }
+}
+
+/// A sequence's token counts: `committed`, and `tentative` (reserved in the open step).
+#[pyclass(frozen, module = "specdec._core", name = "SeqLength")]
+pub struct SeqLength {
+    #[pyo3(get)]
+    committed: usize,
+    #[pyo3(get)]
+    tentative: usize,
 }
 
 fn i32s(v: &[u32]) -> Vec<i32> {
@@ -60,7 +111,7 @@ pub struct BlockManager(core::BlockManager);
 impl BlockManager {
     #[new]
     #[pyo3(signature = (num_blocks, block_size, prefix_caching=false))]
-    fn new(num_blocks: usize, block_size: usize, prefix_caching: bool) -> PyResult<Self> {
+    fn new(#[pyo3(from_py_with = kv_arg)] num_blocks: usize, #[pyo3(from_py_with = kv_arg)] block_size: usize, #[pyo3(from_py_with = kv_arg)] prefix_caching: bool) -> PyResult<Self> {
         Ok(BlockManager(
             core::BlockManager::new(num_blocks, block_size, prefix_caching).or_raise()?,
         ))
@@ -84,13 +135,13 @@ impl BlockManager {
     fn num_cached_blocks(&self) -> usize {
         self.0.num_cached_blocks()
     }
-    fn can_allocate(&self, num_tokens: usize) -> bool {
+    fn can_allocate(&self, #[pyo3(from_py_with = kv_arg)] num_tokens: usize) -> bool {
         self.0.can_allocate(num_tokens)
     }
     fn __len__(&self) -> usize {
         self.0.num_sequences()
     }
-    fn __contains__(&self, seq: u64) -> bool {
+    fn __contains__(&self, #[pyo3(from_py_with = kv_arg)] seq: u64) -> bool {
         self.0.contains(seq)
     }
     fn sequences(&self) -> Vec<u64> {
@@ -98,19 +149,23 @@ impl BlockManager {
         s.sort_unstable();
         s
     }
-    /// `(committed, tentative)` token counts.
-    fn seq_len(&self, seq: u64) -> PyResult<(usize, usize)> {
-        self.0.seq_len(seq).or_raise()
+    /// Committed and tentative token counts.
+    fn seq_len(&self, #[pyo3(from_py_with = kv_arg)] seq: u64) -> PyResult<SeqLength> {
+        let (committed, tentative) = self.0.seq_len(seq).or_raise()?;
+        Ok(SeqLength {
+            committed,
+            tentative,
+        })
     }
-    fn block_table<'py>(&self, py: Python<'py>, seq: u64) -> PyResult<Arr<'py>> {
+    fn block_table<'py>(&self, py: Python<'py>, #[pyo3(from_py_with = kv_arg)] seq: u64) -> PyResult<Arr<'py>> {
         Ok(vec1(py, i32s(self.0.block_table(seq).or_raise()?)).into_any())
     }
     fn slot_mapping<'py>(
         &self,
         py: Python<'py>,
-        seq: u64,
-        start: usize,
-        n: usize,
+        #[pyo3(from_py_with = kv_arg)] seq: u64,
+        #[pyo3(from_py_with = kv_arg)] start: usize,
+        #[pyo3(from_py_with = kv_arg)] n: usize,
     ) -> PyResult<Arr<'py>> {
         Ok(vec1(py, self.0.slot_mapping(seq, start, n).or_raise()?).into_any())
     }
@@ -130,7 +185,7 @@ impl BlockManager {
             .or_raise()
     }
 
-    fn allocate(&mut self, seq: u64, num_tokens: usize) -> PyResult<()> {
+    fn allocate(&mut self, #[pyo3(from_py_with = kv_arg)] seq: u64, #[pyo3(from_py_with = kv_arg)] num_tokens: usize) -> PyResult<()> {
         self.0.allocate(seq, num_tokens).or_raise()
     }
     /// Start `seq` with these token ids, reusing cached full blocks; returns the number of
@@ -138,9 +193,9 @@ impl BlockManager {
     #[pyo3(signature = (seq, tokens, extra_key=0))]
     fn allocate_tokens(
         &mut self,
-        seq: u64,
-        tokens: PyReadonlyArray1<'_, i64>,
-        extra_key: u64,
+        #[pyo3(from_py_with = kv_arg)] seq: u64,
+        #[pyo3(from_py_with = kv_arg)] tokens: PyReadonlyArray1<'_, i64>,
+        #[pyo3(from_py_with = kv_arg)] extra_key: u64,
     ) -> PyResult<usize> {
         self.0
             .allocate_tokens(seq, &as_slice(&tokens), extra_key)
@@ -152,94 +207,95 @@ impl BlockManager {
     #[pyo3(signature = (seq, tokens, extra_key=0))]
     fn allocate_cached_prefix(
         &mut self,
-        seq: u64,
-        tokens: PyReadonlyArray1<'_, i64>,
-        extra_key: u64,
+        #[pyo3(from_py_with = kv_arg)] seq: u64,
+        #[pyo3(from_py_with = kv_arg)] tokens: PyReadonlyArray1<'_, i64>,
+        #[pyo3(from_py_with = kv_arg)] extra_key: u64,
     ) -> PyResult<usize> {
         self.0
             .allocate_cached_prefix(seq, &as_slice(&tokens), extra_key)
             .or_raise()
     }
-    /// Append `n` committed slots: `(slots, cow)`.
+    /// Append `n` committed slots.
     #[pyo3(signature = (seq, n, tokens=None))]
     fn append_slots<'py>(
         &mut self,
         py: Python<'py>,
-        seq: u64,
-        n: usize,
-        tokens: Option<PyReadonlyArray1<'py, i64>>,
-    ) -> PyResult<(Arr<'py>, Arr<'py>)> {
+        #[pyo3(from_py_with = kv_arg)] seq: u64,
+        #[pyo3(from_py_with = kv_arg)] n: usize,
+        #[pyo3(from_py_with = kv_arg)] tokens: Option<PyReadonlyArray1<'py, i64>>,
+    ) -> PyResult<Reservation> {
         let t = tokens.as_ref().map(as_slice);
         let a = self.0.append_slots(seq, n, t.as_deref()).or_raise()?;
-        Ok((vec1(py, a.slots).into_any(), block_pairs(py, a.cow)?))
+        Reservation::single(py, a)
     }
     /// Keep only the first `length` committed tokens (outside a step).
-    fn truncate(&mut self, seq: u64, length: usize) -> PyResult<()> {
+    fn truncate(&mut self, #[pyo3(from_py_with = kv_arg)] seq: u64, #[pyo3(from_py_with = kv_arg)] length: usize) -> PyResult<()> {
         self.0.truncate_seq(seq, length).or_raise()
     }
     /// Whether block `block` is registered in the prefix cache.
-    fn is_cached(&self, block: u32) -> bool {
+    fn is_cached(&self, #[pyo3(from_py_with = kv_arg)] block: u32) -> bool {
         self.0.is_cached(block)
     }
-    fn fork(&mut self, parent: u64, child: u64) -> PyResult<()> {
+    fn fork(&mut self, #[pyo3(from_py_with = kv_arg)] parent: u64, #[pyo3(from_py_with = kv_arg)] child: u64) -> PyResult<()> {
         self.0.fork(parent, child).or_raise()
     }
-    fn free(&mut self, seq: u64) -> PyResult<()> {
+    fn free(&mut self, #[pyo3(from_py_with = kv_arg)] seq: u64) -> PyResult<()> {
         self.0.free(seq).or_raise()
     }
-    /// Reserve `n` tentative slots for a tree's nodes: `(slots, cow)`.
+    /// Reserve `n` tentative slots for a tree's nodes.
     fn reserve_tree<'py>(
         &mut self,
         py: Python<'py>,
-        seq: u64,
-        n: usize,
-    ) -> PyResult<(Arr<'py>, Arr<'py>)> {
+        #[pyo3(from_py_with = kv_arg)] seq: u64,
+        #[pyo3(from_py_with = kv_arg)] n: usize,
+    ) -> PyResult<Reservation> {
         let a = self.0.reserve_tree(seq, n).or_raise()?;
-        Ok((vec1(py, a.slots).into_any(), block_pairs(py, a.cow)?))
+        Reservation::single(py, a)
     }
-    /// Keep the accepted nodes; returns the `[m, 2]` `(src_slot, dst_slot)` moves.
+    /// Keep the accepted nodes (indices into the step's nodes); returns the slot moves.
     #[pyo3(signature = (seq, accepted, tokens=None))]
     fn commit<'py>(
         &mut self,
         py: Python<'py>,
-        seq: u64,
-        accepted: PyReadonlyArray1<'py, i64>,
-        tokens: Option<PyReadonlyArray1<'py, i64>>,
-    ) -> PyResult<Arr<'py>> {
+        #[pyo3(from_py_with = kv_arg)] seq: u64,
+        #[pyo3(from_py_with = kv_arg)] accepted: PyReadonlyArray1<'py, i64>,
+        #[pyo3(from_py_with = kv_arg)] tokens: Option<PyReadonlyArray1<'py, i64>>,
+    ) -> PyResult<CommitMoves> {
         let t = tokens.as_ref().map(as_slice);
         let moves = self
             .0
             .commit(seq, &as_slice(&accepted), t.as_deref())
             .or_raise()?;
-        pairs(py, moves)
+        let (src, dst) = moves.into_iter().unzip();
+        Ok(CommitMoves::new(py, core::CommitBatch { src, dst }))
     }
-    fn rollback(&mut self, seq: u64) -> PyResult<()> {
+    fn rollback(&mut self, #[pyo3(from_py_with = kv_arg)] seq: u64) -> PyResult<()> {
         self.0.rollback(seq).or_raise()
     }
-    /// One decode step's reservations: `(slots, offsets, cow)`; all or nothing.
+    /// One decode step's reservations; all or nothing.
     fn reserve_tree_batch<'py>(
         &mut self,
         py: Python<'py>,
-        seqs: PyReadonlyArray1<'py, u64>,
-        counts: PyReadonlyArray1<'py, i64>,
-    ) -> PyResult<(Arr<'py>, Arr<'py>, Arr<'py>)> {
+        #[pyo3(from_py_with = kv_arg)] seqs: PyReadonlyArray1<'py, u64>,
+        #[pyo3(from_py_with = kv_arg)] counts: PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<Reservation> {
         let (seqs, c) = (as_slice(&seqs), as_slice(&counts));
         let c = to_counts(&c, "node counts").or_raise()?;
         let m = &mut self.0;
         let b = py.detach(|| m.reserve_tree_batch(&seqs, &c)).or_raise()?;
-        reserve_batch_to_py(py, b)
+        Reservation::from_batch(py, b)
     }
     /// One decode step's commits (`accepted[offsets[i]:offsets[i+1]]` for `seqs[i]`):
-    /// `(src_slots, dst_slots)`; all or nothing.
+    /// all or nothing.
     #[pyo3(signature = (seqs, accepted, offsets, tokens=None))]
     fn commit_batch<'py>(
         &mut self,
         py: Python<'py>,
-        seqs: PyReadonlyArray1<'py, u64>,
-        accepted: PyReadonlyArray1<'py, i64>,
-        offsets: PyReadonlyArray1<'py, i64>,
-        tokens: Option<PyReadonlyArray1<'py, i64>>,
-    ) -> PyResult<(Arr<'py>, Arr<'py>)> {
+        #[pyo3(from_py_with = kv_arg)] seqs: PyReadonlyArray1<'py, u64>,
+        #[pyo3(from_py_with = kv_arg)] accepted: PyReadonlyArray1<'py, i64>,
+        #[pyo3(from_py_with = kv_arg)] offsets: PyReadonlyArray1<'py, i64>,
+        #[pyo3(from_py_with = kv_arg)] tokens: Option<PyReadonlyArray1<'py, i64>>,
+    ) -> PyResult<CommitMoves> {
         let (seqs, acc, off) = (as_slice(&seqs), as_slice(&accepted), as_slice(&offsets));
         let off = to_counts(&off, "offsets").or_raise()?;
         let t = tokens.as_ref().map(as_slice);
@@ -248,26 +304,26 @@ impl BlockManager {
         let b = py
             .detach(|| m.commit_batch(&seqs, &acc, &off, t))
             .or_raise()?;
-        Ok((vec1(py, b.src).into_any(), vec1(py, b.dst).into_any()))
+        Ok(CommitMoves::new(py, b))
     }
-    /// `append_slots` for many sequences: `(slots, offsets, cow)`; all or nothing.
+    /// `append_slots` for many sequences; all or nothing.
     fn append_slots_batch<'py>(
         &mut self,
         py: Python<'py>,
-        seqs: PyReadonlyArray1<'py, u64>,
-        counts: PyReadonlyArray1<'py, i64>,
-    ) -> PyResult<(Arr<'py>, Arr<'py>, Arr<'py>)> {
+        #[pyo3(from_py_with = kv_arg)] seqs: PyReadonlyArray1<'py, u64>,
+        #[pyo3(from_py_with = kv_arg)] counts: PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<Reservation> {
         let (seqs, c) = (as_slice(&seqs), as_slice(&counts));
         let c = to_counts(&c, "slot counts").or_raise()?;
         let m = &mut self.0;
         let b = py.detach(|| m.append_slots_batch(&seqs, &c)).or_raise()?;
-        reserve_batch_to_py(py, b)
+        Reservation::from_batch(py, b)
     }
     /// `allocate` for many new sequences; all or nothing.
     fn allocate_batch(
         &mut self,
-        seqs: PyReadonlyArray1<'_, u64>,
-        counts: PyReadonlyArray1<'_, i64>,
+        #[pyo3(from_py_with = kv_arg)] seqs: PyReadonlyArray1<'_, u64>,
+        #[pyo3(from_py_with = kv_arg)] counts: PyReadonlyArray1<'_, i64>,
     ) -> PyResult<()> {
         let c = to_counts(&as_slice(&counts), "token counts").or_raise()?;
         self.0.allocate_batch(&as_slice(&seqs), &c).or_raise()
@@ -275,19 +331,19 @@ impl BlockManager {
     /// `fork(parents[i], children[i])` for all `i`; all or nothing.
     fn fork_batch(
         &mut self,
-        parents: PyReadonlyArray1<'_, u64>,
-        children: PyReadonlyArray1<'_, u64>,
+        #[pyo3(from_py_with = kv_arg)] parents: PyReadonlyArray1<'_, u64>,
+        #[pyo3(from_py_with = kv_arg)] children: PyReadonlyArray1<'_, u64>,
     ) -> PyResult<()> {
         self.0
             .fork_batch(&as_slice(&parents), &as_slice(&children))
             .or_raise()
     }
     /// `free` for many sequences; all or nothing.
-    fn free_batch(&mut self, seqs: PyReadonlyArray1<'_, u64>) -> PyResult<()> {
+    fn free_batch(&mut self, #[pyo3(from_py_with = kv_arg)] seqs: PyReadonlyArray1<'_, u64>) -> PyResult<()> {
         self.0.free_batch(&as_slice(&seqs)).or_raise()
     }
     /// Beam `beams[i]` continues `beams[parents[i]]` (shared blocks, no copy).
-    fn reorder(&mut self, beams: Vec<u64>, parents: Vec<i64>) -> PyResult<()> {
+    fn reorder(&mut self, #[pyo3(from_py_with = kv_arg)] beams: Vec<u64>, #[pyo3(from_py_with = kv_arg)] parents: Vec<i64>) -> PyResult<()> {
         let p = to_counts(&parents, "parent indices").or_raise()?;
         self.0.reorder(&beams, &p).or_raise()
     }
@@ -295,5 +351,8 @@ impl BlockManager {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<BlockManager>()?;
+    m.add_class::<Reservation>()?;
+    m.add_class::<CommitMoves>()?;
+    m.add_class::<SeqLength>()?;
     Ok(())
 }

@@ -12,6 +12,7 @@ mod tree;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::init(m.py())?;
     tree::register(m)?;
     kv::register(m)?;
     grammar::register(m)?;

@@ -3,7 +3,7 @@
 A :class:`PagedKVPool` holds every layer's K/V as ``[num_layers, num_blocks, block_size,
 kv_heads, head_dim]`` (so ``pool.k[layer]`` is the per-layer ``[num_blocks, block_size,
 kv_heads, head_dim]`` tensor) and one :class:`BlockManager`. Each :class:`PagedKVCache` is one
-sequence in the pool and implements the :class:`~specdec.cache.KVCache` protocol, so the
+sequence in the pool and implements the :class:`~specdec.protocols.KVCache` protocol, so the
 models and the tree verifier run on it unchanged:
 
 * ``begin(n)`` reserves ``n`` tentative tree slots (copying a shared partial tail block first),
@@ -22,9 +22,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ._core import BlockManager
-from .cache import KVCache, check_keep
-from .errors import KVCacheError, VerifyError
+from .._core import BlockManager
+from ..errors import KVCacheError, VerifyError
+from ..protocols import KVCache
+from .keep import check_keep
 
 __all__ = ["BlockManager", "PagedKVPool", "PagedKVCache"]
 
@@ -122,7 +123,7 @@ class PagedKVCache(KVCache):
         self._step_slots: torch.Tensor | None = None
         if _seq is not None:  # fork: the manager already holds the sequence
             self.seq = _seq
-            self._len = pool.manager.seq_len(_seq)[0]
+            self._len = pool.manager.seq_len(_seq).committed
             return
         self.seq = pool._new_id()
         if tokens is None:
@@ -169,8 +170,8 @@ class PagedKVCache(KVCache):
             raise VerifyError(f"a step needs at least one token, got {num_new}")
         if self._pending:
             self.rollback()  # as the dense cache: a new step replaces an unfinished one
-        slots, cow = self.pool.manager.reserve_tree(self.seq, num_new)
-        self.pool.copy_blocks(cow)
+        reservation = self.pool.manager.reserve_tree(self.seq, num_new)
+        self.pool.copy_blocks(reservation.cow)
         allslots = self.pool.manager.slot_mapping(self.seq, 0, self._len + num_new)
         self._step_slots = self.pool._index(allslots)
         self._pending = num_new
@@ -191,7 +192,9 @@ class PagedKVCache(KVCache):
         return ks[self._step_slots].transpose(0, 1), vs[self._step_slots].transpose(0, 1)
 
     def commit(
-        self, keep: Sequence[int] | torch.Tensor, tokens: Sequence[int] | None = None
+        self,
+        keep: Sequence[int] | np.ndarray | torch.Tensor,
+        tokens: Sequence[int] | np.ndarray | None = None,
     ) -> None:
         """As ``KVCache.commit``; ``tokens`` (the kept tokens' ids) let a prefix-caching pool
         register the blocks they fill. Without them, a commit of the next tokens of the
@@ -207,7 +210,7 @@ class PagedKVCache(KVCache):
         ):
             toks = np.asarray(self._declared[self._len : self._len + m], dtype=np.int64)
         moves = self.pool.manager.commit(self.seq, idx.numpy(), toks)
-        self.pool.move_slots(moves[:, 0], moves[:, 1])
+        self.pool.move_slots(moves.src, moves.dst)
         self._len += m
         self._pending = 0
         self._step_slots = None

@@ -12,136 +12,29 @@ Lossless by construction: every emitted token is the target's own choice (argmax
 of its own distribution) given exactly the tokens before it, because node i's logits see the
 committed prefix and i's ancestors only. Chain verification is the one-branch tree.
 
-Targets are duck-typed (:class:`Target`): :class:`~specdec.models.llama.LlamaModel` and
-:class:`~specdec.models.hf.HFTarget` both qualify. The target's ``forward`` calls
+Targets are duck-typed (:class:`~specdec.protocols.Target`):
+:class:`~specdec.models.llama.LlamaModel` and :class:`~specdec.models.hf.HFTarget` both qualify. The target's ``forward`` calls
 ``cache.begin``; the verifier commits or rolls back.
 """
 
 from __future__ import annotations
 
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
-from .cache import KVCache
-from .errors import VerifyError
-from .tree import DraftTree, walk
+from .._arrays import token_tensor
+from ..errors import SpecdecTypeError, VerifyError
+from ..protocols import KVCache, Target
+from ..tree import DraftTree, batch_tree_inputs, walk, walk_batch
+from .rules import DecodingRule, Greedy
 
-__all__ = [
-    "Target",
-    "DecodingRule",
-    "Greedy",
-    "Sampling",
-    "StepResult",
-    "Verifier",
-    "STAGES",
-]
+__all__ = ["StepResult", "Verifier", "STAGES"]
 
 STAGES = ("build", "mask", "forward", "rule", "walk", "commit")
-
-
-@runtime_checkable
-class Target(Protocol):
-    """What the verifier needs from a target model."""
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    @property
-    def max_positions(self) -> int: ...
-
-    @property
-    def device(self) -> torch.device: ...
-
-    def new_cache(self, max_len: int | None = None) -> KVCache: ...
-
-    def __call__(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        cache: KVCache,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor: ...
-
-
-# -- decoding rules ------------------------------------------------------------------------
-class DecodingRule(ABC):
-    """The target's own decoding rule, applied independently at every row of ``logits``."""
-
-    @abstractmethod
-    def choose(
-        self, logits: torch.Tensor, generator: torch.Generator | None = None
-    ) -> torch.Tensor:
-        """``[T, V]`` logits -> ``[T]`` int64 chosen tokens."""
-
-    @staticmethod
-    def _check(logits: torch.Tensor) -> None:
-        if not isinstance(logits, torch.Tensor):
-            raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-        if logits.dim() != 2 or logits.shape[0] == 0 or logits.shape[1] == 0:
-            raise VerifyError(f"logits must be [T, V] with T, V >= 1, got {tuple(logits.shape)}")
-        if not logits.is_floating_point():
-            raise TypeError(f"logits must be floating point, got {logits.dtype}")
-
-
-@dataclass(frozen=True)
-class Greedy(DecodingRule):
-    """argmax at every node (ties: the lowest token id, as ``torch.argmax``)."""
-
-    def choose(
-        self, logits: torch.Tensor, generator: torch.Generator | None = None
-    ) -> torch.Tensor:
-        self._check(logits)
-        return logits.argmax(dim=-1)
-
-
-@dataclass(frozen=True)
-class Sampling(DecodingRule):
-    """Temperature, then top-k (0 = off), then top-p (1.0 = off) on the target's logits; one
-    independent sample per row."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise VerifyError(f"temperature must be > 0, got {self.temperature}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise VerifyError(f"top_k must be an int >= 0, got {self.top_k!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise VerifyError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """The processed distribution ``[T, V]`` (float32 or wider) sampled from."""
-        self._check(logits)
-        x = logits.to(torch.promote_types(logits.dtype, torch.float32)) / self.temperature
-        if self.top_k and self.top_k < x.shape[-1]:
-            # Ties with the k-th value are kept (as transformers does).
-            kth = torch.topk(x, self.top_k, dim=-1).values[:, -1:]
-            x = x.masked_fill(x < kth, -torch.inf)
-        p = torch.softmax(x, dim=-1)
-        if self.top_p < 1.0:
-            sp, order = torch.sort(p, dim=-1, descending=True)
-            before = torch.cumsum(sp, dim=-1) - sp  # mass of strictly more likely tokens
-            drop_sorted = before >= self.top_p  # the first token is always kept
-            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-            p = p.masked_fill(drop, 0.0)
-            p = p / p.sum(dim=-1, keepdim=True)
-        return p
-
-    def choose(
-        self, logits: torch.Tensor, generator: torch.Generator | None = None
-    ) -> torch.Tensor:
-        p = self.probs(logits)
-        if torch.isnan(p).any():
-            raise VerifyError("logits contain NaN")
-        return torch.multinomial(p, 1, generator=generator)[:, 0]
 
 
 # -- the verify step -----------------------------------------------------------------------
@@ -187,11 +80,11 @@ class Verifier:
         sync: bool | None = None,
     ) -> None:
         if not callable(target) or not hasattr(target, "new_cache"):
-            raise TypeError(f"target must follow specdec.verify.Target, got {type(target)}")
+            raise SpecdecTypeError(f"target must follow specdec.protocols.Target, got {type(target)}")
         self.target = target
         self.rule = rule if rule is not None else Greedy()
         if not isinstance(self.rule, DecodingRule):
-            raise TypeError(f"rule must be a DecodingRule, got {type(self.rule).__name__}")
+            raise SpecdecTypeError(f"rule must be a DecodingRule, got {type(self.rule).__name__}")
         self.generator = generator
         self.device = torch.device(target.device)
         self.sync = self.device.type == "cuda" if sync is None else sync
@@ -204,7 +97,7 @@ class Verifier:
     def prefill(self, tokens: Sequence[int] | torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Feed ``tokens`` causally after the committed prefix and commit them all. Returns
         their logits."""
-        ids = torch.as_tensor(tokens, dtype=torch.long).reshape(-1).to(self.device)
+        ids = token_tensor(tokens, "prefill tokens", self.device)
         if ids.numel() == 0:
             raise VerifyError("prefill needs at least one token")
         start = cache.committed_len
@@ -217,9 +110,9 @@ class Verifier:
         """Verify ``tree`` (root = the last emitted token, not yet in ``cache``) in one target
         forward, walk it with the rule's chosen tokens and commit root + accepted path."""
         if not isinstance(tree, DraftTree):
-            raise TypeError(f"tree must be a DraftTree, got {type(tree).__name__}")
+            raise SpecdecTypeError(f"tree must be a DraftTree, got {type(tree).__name__}")
         if not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a specdec.cache.KVCache, got {type(cache).__name__}")
+            raise SpecdecTypeError(f"cache must be a specdec.cache.KVCache, got {type(cache).__name__}")
         if tree.num_nodes == 0:
             raise VerifyError("empty tree: it needs at least the root")
         if root_token is not None:
@@ -248,10 +141,7 @@ class Verifier:
             w = walk(tree, chosen)
             t4 = time.perf_counter()
             timings["walk"] = t4 - t3
-            keep = torch.empty(w.num_accepted + 1, dtype=torch.long)
-            keep[0] = 0
-            keep[1:] = torch.from_numpy(w.accepted.astype(np.int64))
-            cache.commit(keep)
+            cache.commit(w.kept_nodes())
         except BaseException:
             if cache.pending:
                 cache.rollback()
@@ -263,19 +153,16 @@ class Verifier:
         """Verify R trees of R sequences in ONE target forward (trees padded to the largest,
         prefixes padded to the longest; needs a target with ``forward_batch``), then walk all
         in one Rust call and commit each cache. Every result carries the batch's timings."""
-        from .attention import batch_tree_inputs
-        from .tree import walk_batch
-
         fb = getattr(self.target, "forward_batch", None)
         if fb is None:
-            raise TypeError(f"{type(self.target).__name__} has no forward_batch: use step()")
+            raise SpecdecTypeError(f"{type(self.target).__name__} has no forward_batch: use step()")
         if len(trees) == 0 or len(trees) != len(caches):
             raise VerifyError(f"need one cache per tree: {len(trees)} trees, {len(caches)} caches")
         for tree, cache in zip(trees, caches, strict=True):
             if not isinstance(tree, DraftTree):
-                raise TypeError(f"trees must be DraftTree, got {type(tree).__name__}")
+                raise SpecdecTypeError(f"trees must be DraftTree, got {type(tree).__name__}")
             if not isinstance(cache, KVCache):
-                raise TypeError(f"caches must be KVCache, got {type(cache).__name__}")
+                raise SpecdecTypeError(f"caches must be KVCache, got {type(cache).__name__}")
             if tree.num_nodes == 0 or int(tree.tokens[0]) < 0:
                 raise VerifyError("every tree needs a root token (set it with with_root)")
         if len({id(c) for c in caches}) != len(caches):
@@ -283,10 +170,10 @@ class Verifier:
         timings: dict[str, float] = {}
         t0 = self._now()
         prefix = [c.committed_len for c in caches]
-        tokens, positions, mask = batch_tree_inputs(trees, prefix, device=self.device)
+        batch = batch_tree_inputs(trees, prefix, device=self.device)
         t1 = self._now()
         timings["mask"] = t1 - t0
-        logits = fb(tokens, positions, caches, mask)
+        logits = fb(batch.tokens, batch.positions, caches, batch.mask)
         t2 = self._now()
         timings["forward"] = t2 - t1
         try:
@@ -299,8 +186,7 @@ class Verifier:
             t4 = time.perf_counter()
             timings["walk"] = t4 - t3
             for cache, w in zip(caches, walks, strict=True):
-                keep = np.concatenate(([0], w.accepted.astype(np.int64)))
-                cache.commit(torch.from_numpy(keep))
+                cache.commit(w.kept_nodes())
         except BaseException:
             for cache in caches:
                 if cache.pending:

@@ -15,7 +15,7 @@ Backends: ``"sdpa"`` (``scaled_dot_product_attention`` with the bool mask; any d
 ``"math"`` (plain matmul/softmax, the reference). ``"auto"`` picks flex on CUDA when it is
 available and falls back to SDPA otherwise (or when flex fails).
 
-A batch of R trees is padded to one budget (:func:`batch_tree_inputs`): padding nodes see only
+A batch of R trees is padded to one budget (:func:`specdec.tree.batch_tree_inputs`): padding nodes see only
 themselves and padding prefix slots are invisible, so no row is ever fully masked.
 """
 
@@ -29,13 +29,12 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from .errors import VerifyError
+from ..errors import SpecdecTypeError, VerifyError
 
 __all__ = [
     "Backend",
     "attend",
     "tree_attention",
-    "batch_tree_inputs",
     "flex_available",
 ]
 
@@ -57,13 +56,13 @@ def flex_available() -> bool:
 def _check_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            raise SpecdecTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise VerifyError(f"{name} must be 4-D [B, H, L, D], got shape {tuple(t.shape)}")
         if not t.is_floating_point():
-            raise TypeError(f"{name} must be floating point, got {t.dtype}")
+            raise SpecdecTypeError(f"{name} must be floating point, got {t.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+        raise SpecdecTypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     if k.device != q.device or v.device != q.device:
         raise VerifyError(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")
     b, hq, n, d = q.shape
@@ -78,9 +77,9 @@ def _check_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
         raise VerifyError("no query tokens (empty tree)")
     if mask is not None:
         if not isinstance(mask, torch.Tensor):
-            raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+            raise SpecdecTypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
         if mask.dtype != torch.bool:
-            raise TypeError(f"mask must be bool (True = visible), got {mask.dtype}")
+            raise SpecdecTypeError(f"mask must be bool (True = visible), got {mask.dtype}")
         if mask.device != q.device:
             raise VerifyError(f"mask is on {mask.device}, q on {q.device}")
         s = k.shape[2]
@@ -214,9 +213,9 @@ def tree_attention(
         ("v_tree", v_tree),
     ):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            raise SpecdecTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+        raise SpecdecTypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
     unbatched = q.dim() == 3
     if unbatched:
         q, k_prefix, v_prefix, k_tree, v_tree = (
@@ -235,59 +234,14 @@ def tree_attention(
         )
     for a, b in ((k_prefix, v_prefix), (k_tree, v_tree)):
         if a.dtype != b.dtype:
-            raise TypeError(f"K and V dtypes differ: {a.dtype}, {b.dtype}")
+            raise SpecdecTypeError(f"K and V dtypes differ: {a.dtype}, {b.dtype}")
         if a.device != b.device or a.shape != b.shape:
             raise VerifyError("K and V must have the same shape and device")
     if k_prefix.dtype != k_tree.dtype:
-        raise TypeError(f"prefix K/V {k_prefix.dtype} and tree K/V {k_tree.dtype} dtypes differ")
+        raise SpecdecTypeError(f"prefix K/V {k_prefix.dtype} and tree K/V {k_tree.dtype} dtypes differ")
     if k_prefix.device != k_tree.device:
         raise VerifyError(f"prefix K/V on {k_prefix.device}, tree K/V on {k_tree.device}")
     k = torch.cat((k_prefix, k_tree), dim=2)
     v = torch.cat((v_prefix, v_tree), dim=2)
     out = attend(q, k, v, mask, scale=scale, backend=backend)
     return out[0] if unbatched else out
-
-
-def batch_tree_inputs(
-    trees: Sequence[Any],
-    prefix_lens: Sequence[int],
-    *,
-    budget: int | None = None,
-    device: str | torch.device = "cpu",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pad R trees to one node count and R prefixes to one length.
-
-    Returns ``(tokens [R, n], positions [R, n], mask [R, n, P_max + n])`` where
-    ``n = budget + 1`` (default: the largest tree). Row r's prefix K/V occupy slots
-    ``[0, prefix_lens[r])`` of a ``P_max``-long padded prefix; the remaining prefix slots are
-    invisible. Padding nodes see only themselves."""
-    from .tree import DraftTree
-
-    if len(trees) == 0 or len(trees) != len(prefix_lens):
-        raise VerifyError(
-            f"need one prefix length per tree, got {len(trees)} trees and "
-            f"{len(prefix_lens)} lengths"
-        )
-    for t in trees:
-        if not isinstance(t, DraftTree):
-            raise TypeError(f"trees must be DraftTree, got {type(t).__name__}")
-    most = max(t.num_nodes for t in trees) - 1
-    bud = most if budget is None else int(budget)
-    if bud < most:
-        raise VerifyError(f"budget {bud} is smaller than a tree of {most} drafted nodes")
-    if min(prefix_lens) < 0:
-        raise VerifyError(f"prefix lengths must be >= 0, got {list(prefix_lens)}")
-    n = bud + 1
-    p_max = max(prefix_lens)
-    r = len(trees)
-    tokens = torch.zeros(r, n, dtype=torch.long)
-    positions = torch.zeros(r, n, dtype=torch.long)
-    mask = torch.zeros(r, n, p_max + n, dtype=torch.bool)
-    for i, (t, p) in enumerate(zip(trees, prefix_lens, strict=True)):
-        tp = t.padded(bud) if t.num_nodes < n else t
-        tokens[i] = torch.from_numpy(tp.tokens)
-        positions[i] = torch.from_numpy(tp.position_ids(int(p)))
-        m = torch.from_numpy(tp.attention_mask(int(p)))
-        mask[i, :, :p] = m[:, :p]
-        mask[i, :, p_max:] = m[:, p:]
-    return tokens.to(device), positions.to(device), mask.to(device)

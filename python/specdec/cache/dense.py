@@ -1,0 +1,94 @@
+"""The dense KV cache: contiguous per-layer buffers, one sequence each."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ..errors import VerifyError
+from ..protocols import KVCache
+from .keep import check_keep
+
+__all__ = ["DenseKVCache"]
+
+
+class DenseKVCache(KVCache):
+    """Contiguous per-layer buffers ``[kv_heads, max_len, head_dim]``; commit is one index
+    copy per layer."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if min(num_layers, num_kv_heads, head_dim, max_len) <= 0:
+            raise VerifyError("cache dimensions must be positive")
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.max_len = max_len
+        shape = (num_layers, num_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self._len = 0
+        self._pending = 0
+
+    @property
+    def committed_len(self) -> int:
+        return self._len
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def begin(self, num_new: int) -> None:
+        if num_new <= 0:
+            raise VerifyError(f"a step needs at least one token, got {num_new}")
+        if self._len + num_new > self.max_len:
+            raise VerifyError(
+                f"cache holds {self.max_len} tokens: {self._len} committed + {num_new} new "
+                "do not fit"
+            )
+        self._pending = num_new
+
+    def append(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self._pending
+        expect = (self.num_kv_heads, n, self.head_dim)
+        if tuple(k.shape) != expect or tuple(v.shape) != expect:
+            raise VerifyError(f"append expects K/V of shape {expect}, got {tuple(k.shape)}")
+        end = self._len + n
+        self.k[layer, :, self._len : end] = k
+        self.v[layer, :, self._len : end] = v
+        return self.k[layer, :, :end], self.v[layer, :, :end]
+
+    def commit(self, keep: Sequence[int] | np.ndarray | torch.Tensor) -> None:
+        idx = check_keep(keep, self._pending)
+        m = len(idx)
+        src = (idx + self._len).to(self.k.device)
+        # Advanced indexing gathers into a new tensor first, so overlapping moves are safe.
+        self.k[:, :, self._len : self._len + m] = self.k[:, :, src]
+        self.v[:, :, self._len : self._len + m] = self.v[:, :, src]
+        self._len += m
+        self._pending = 0
+
+    def rollback(self) -> None:
+        self._pending = 0
+
+    def committed_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[layer, :, : self._len], self.v[layer, :, : self._len]
+
+    def truncate(self, length: int) -> None:
+        """Keep only the first ``length`` committed tokens (no step may be pending), e.g. to
+        re-run a step from the same prefix."""
+        if self._pending:
+            raise VerifyError("truncate during a step: commit or roll it back first")
+        if not 0 <= length <= self._len:
+            raise VerifyError(f"truncate to {length}: only {self._len} tokens are committed")
+        self._len = length

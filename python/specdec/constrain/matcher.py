@@ -1,0 +1,105 @@
+"""Matchers: the grammar state of one sequence, following a constraint token by token, with
+O(1) fork and rollback, filling allowed-token bitmasks (the
+:class:`~specdec.protocols.Constraint` protocol)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import _core
+from .._arrays import I32, check_int
+from ..errors import GrammarError, SpecdecTypeError
+from .bitmask import bitmask_rows
+from .numpy import allocate_token_bitmask, unpack_bitmask
+from .regex import RegexGrammar
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Matcher", "fill_next_token_bitmask_batch"]
+
+
+class Matcher:
+    """Grammar state of one sequence. ``accept_token`` returns False (state unchanged) for a
+    rejected token; ``rollback(n)`` undoes tokens; ``fork()`` is O(1)."""
+
+    __slots__ = ("_m", "grammar")
+
+    def __init__(self, grammar: RegexGrammar, _core_matcher: Any = None) -> None:
+        if not isinstance(grammar, RegexGrammar):
+            raise SpecdecTypeError(f"grammar must be a RegexGrammar, got {type(grammar).__name__}")
+        self.grammar = grammar
+        self._m = _core.Matcher(grammar._g) if _core_matcher is None else _core_matcher
+
+    def accept_token(self, token: int) -> bool:
+        """Advance by ``token``; False (state unchanged) if the grammar rejects it."""
+        if type(token) is not int:
+            token = check_int(token, "token", None, GrammarError)
+        return self._m.accept_token(token)
+
+    def accept_tokens(self, tokens: Iterable[int]) -> int:
+        """Accept in order until one is rejected; returns how many were accepted."""
+        return self._m.accept_tokens([check_int(t, "token", None, GrammarError) for t in tokens])
+
+    def is_terminated(self) -> bool:
+        """EOS was accepted."""
+        return self._m.is_terminated()
+
+    def is_accepting(self) -> bool:
+        """The text so far matches: EOS is allowed now."""
+        return self._m.is_accepting()
+
+    @property
+    def num_accepted(self) -> int:
+        return self._m.num_accepted
+
+    def rollback(self, n: int = 1) -> None:
+        """Undo the last ``n`` accepted tokens."""
+        self._m.rollback(check_int(n, "n", 0, GrammarError))
+
+    def reset(self) -> None:
+        self._m.reset()
+
+    def fork(self) -> Matcher:
+        return Matcher(self.grammar, self._m.fork())
+
+    def fill_next_token_bitmask(self, bitmask: np.ndarray | torch.Tensor, row: int = 0) -> None:
+        """Write the allowed tokens into row ``row`` of an int32 ``[B, >= ceil(V/32)]``
+        buffer (numpy, or a CPU torch tensor). After EOS only EOS is allowed."""
+        if type(row) is not int:
+            row = check_int(row, "row", 0, GrammarError)
+        # A CPU tensor is filled through a numpy view of its memory: no raw pointer crosses
+        # into Rust, and numpy's borrow checks (writable, no aliasing) apply.
+        if type(bitmask) is np.ndarray and bitmask.dtype is I32 and bitmask.ndim == 2:
+            arr = bitmask
+        else:
+            arr = bitmask_rows(bitmask)
+        self._m.fill_next_token_bitmask(arr, row)
+
+    def allowed_tokens(self) -> np.ndarray:
+        """Sorted ids of the allowed tokens (convenience; the bitmask is the fast path)."""
+        v = self.grammar.vocab.vocab_size
+        bm = allocate_token_bitmask(1, v)
+        self.fill_next_token_bitmask(bm)
+        return np.flatnonzero(unpack_bitmask(bm, v)[0])
+
+
+def _check_matcher(m: Any) -> Matcher:
+    if not isinstance(m, Matcher):
+        raise SpecdecTypeError(f"matcher must be a specdec.Matcher, got {type(m).__name__}")
+    return m
+
+
+def fill_next_token_bitmask_batch(
+    matchers: Sequence[Matcher],
+    bitmask: np.ndarray | torch.Tensor,
+    rows: Sequence[int] | None = None,
+) -> None:
+    """Fill one row per matcher (row ``rows[i]``, default ``i``) in parallel, GIL released."""
+    buf = bitmask_rows(bitmask)
+    cores = [_check_matcher(m)._m for m in matchers]
+    idx = None if rows is None else [check_int(r, "row", 0, GrammarError) for r in rows]
+    _core.fill_next_token_bitmask_batch(cores, buf, idx)

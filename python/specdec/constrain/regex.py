@@ -1,0 +1,59 @@
+"""Regex constraints: a regex compiled to a byte DFA over one vocabulary, with allowed-token
+bitmasks cached per DFA state (the first :class:`~specdec.protocols.Constraint` engine)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import _core
+from ..errors import GrammarError
+
+if TYPE_CHECKING:
+    from .matcher import Matcher
+    from .vocab import Vocabulary
+
+__all__ = ["RegexGrammar"]
+
+
+class RegexGrammar:
+    """A regex compiled to a byte DFA over one vocabulary; the whole output must match.
+
+    ``size_limit`` (bytes) bounds the automaton (a larger one raises ``GrammarError``);
+    ``cache_bytes`` bounds the per-state mask cache; masks of the first states (start state
+    first) are computed at compile time until ``precompute_ms`` have passed since the compile
+    began (``math.inf``: all, ``0``: none); the rest are computed on first use.
+    """
+
+    __slots__ = ("_g", "vocab")
+
+    def __init__(
+        self,
+        vocab: Vocabulary,
+        pattern: str,
+        *,
+        size_limit: int | None = None,
+        cache_bytes: int | None = None,
+        precompute_ms: float = 5.0,
+    ) -> None:
+        if not isinstance(pattern, str):
+            raise GrammarError(f"pattern must be a str, got {type(pattern).__name__}")
+        self.vocab = vocab
+        self._g = _core.RegexGrammar(vocab._v, pattern, size_limit, cache_bytes, precompute_ms)
+
+    @property
+    def pattern(self) -> str:
+        return self._g.pattern
+
+    @property
+    def num_states(self) -> int:
+        """Live DFA states plus the dead one."""
+        return self._g.num_states
+
+    def matches(self, text: bytes | str) -> bool:
+        """Does ``text`` match the whole regex?"""
+        return self._g.matches(text.encode() if isinstance(text, str) else text)
+
+    def matcher(self) -> Matcher:
+        from .matcher import Matcher
+
+        return Matcher(self)

@@ -1,0 +1,82 @@
+"""Bitmask helpers for torch tensors (xgrammar / llguidance names). The logits may live on any
+device; the mask is expanded there."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._arrays import check_int
+from ..errors import GrammarError, SpecdecTypeError
+from .bitmask import check_rows_allow_some, get_bitmask_shape
+
+__all__ = [
+    "allocate_token_bitmask",
+    "apply_token_bitmask_inplace",
+    "get_bitmask_shape",
+    "reset_token_bitmask",
+]
+
+
+def allocate_token_bitmask(batch_size: int, vocab_size: int) -> torch.Tensor:
+    """A CPU int32 ``[batch_size, ceil(vocab_size / 32)]`` tensor with every token allowed
+    (all bits set, as xgrammar allocates); matchers fill it in place."""
+    return torch.full(get_bitmask_shape(batch_size, vocab_size), -1, dtype=torch.int32)
+
+
+def reset_token_bitmask(bitmask: torch.Tensor) -> None:
+    """Allow every token again in every row."""
+    if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32:
+        raise SpecdecTypeError("bitmask must be an int32 torch tensor")
+    bitmask.fill_(-1)
+
+
+def apply_token_bitmask_inplace(
+    logits: torch.Tensor,
+    bitmask: torch.Tensor | np.ndarray,
+    *,
+    vocab_size: int | None = None,
+    indices: Sequence[int] | None = None,
+) -> None:
+    """Set disallowed logits to ``-inf`` in place. ``logits`` ``[B, V]`` (or ``[V]``) on any
+    device; ``bitmask`` int32 ``[B, W]`` (numpy or torch, any device), or one row per entry of
+    ``indices`` (the logits rows to mask). Ids at or past ``32 * W`` are disallowed;
+    ``vocab_size`` limits the columns considered (default ``V``). Raises
+    :class:`~specdec.NoAllowedTokens` (logits untouched) if a row allows no token."""
+    if isinstance(bitmask, np.ndarray):
+        bitmask = torch.from_numpy(bitmask)
+    if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32:
+        raise SpecdecTypeError("bitmask must be an int32 numpy array or torch tensor")
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise SpecdecTypeError("logits must be a floating-point torch tensor")
+    lg = logits.unsqueeze(0) if logits.dim() == 1 else logits
+    bm = bitmask.unsqueeze(0) if bitmask.dim() == 1 else bitmask
+    rows: Any = slice(None) if indices is None else [check_int(i, "index", 0) for i in indices]
+    v = lg.shape[-1] if vocab_size is None else check_int(vocab_size, "vocab_size", 1)
+    if lg.dim() != 2 or bm.dim() != 2 or v > lg.shape[-1]:
+        raise GrammarError(
+            f"logits {tuple(logits.shape)} and bitmask {tuple(bitmask.shape)} must be [B, V] "
+            "and [B, ceil(V/32)]"
+        )
+    n_rows = lg.shape[0] if indices is None else len(rows)
+    if indices is not None and max(rows, default=-1) >= lg.shape[0]:
+        raise GrammarError(f"indices {rows} outside logits of {lg.shape[0]} rows")
+    if bm.shape[0] != n_rows:
+        raise GrammarError(f"bitmask has {bm.shape[0]} rows for {n_rows} logits rows")
+    bm = bm.to(lg.device, non_blocking=True)
+    shifts = torch.arange(32, device=lg.device, dtype=torch.int32)
+    allowed = ((bm.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)
+    if allowed.shape[1] < v:
+        pad = torch.zeros((allowed.shape[0], v - allowed.shape[1]), dtype=torch.bool,
+                          device=lg.device)
+        allowed = torch.cat([allowed, pad], dim=1)
+    allowed = allowed[:, :v]
+    check_rows_allow_some(allowed.any(dim=1).cpu().numpy())
+    if indices is None:
+        lg[:, :v].masked_fill_(~allowed, float("-inf"))
+    else:
+        idx = torch.tensor(rows, dtype=torch.long, device=lg.device)
+        lg[idx, :v] = lg[idx, :v].masked_fill(~allowed, float("-inf"))

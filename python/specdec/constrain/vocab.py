@@ -1,0 +1,184 @@
+"""Vocabularies: each token's exact bytes, read from real tokenizer files (Tekken JSON,
+SentencePiece models, Hugging Face ``tokenizer.json``) or given as a list."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .. import _core
+from ..errors import GrammarError, SpecdecTypeError
+
+if TYPE_CHECKING:
+    from .regex import RegexGrammar
+
+__all__ = ["Vocabulary"]
+
+
+def _bytes_to_unicode() -> dict[str, int]:
+    """GPT-2 byte-level BPE alphabet: printable stand-in character -> byte."""
+    bs = list(range(ord("!"), ord("~") + 1))
+    bs += list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+def _sp_piece_bytes(piece: str) -> bytes:
+    # SentencePiece: "<0xNN>" is a byte-fallback token, "▁" is the metaspace (a space).
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        try:
+            return bytes([int(piece[3:5], 16)])
+        except ValueError:
+            pass
+    return piece.replace("\u2581", " ").encode("utf-8")
+
+
+class Vocabulary:
+    """Each token's exact bytes (partial UTF-8 kept as bytes), EOS ids and special ids.
+
+    Special tokens (no text) and ids past the tokenizer's size never match a grammar; EOS is
+    allowed exactly where the grammar accepts. SentencePiece pieces keep their leading space
+    (``"▁Hi"`` is ``b" Hi"``), as the model sees it.
+    """
+
+    __slots__ = ("_v",)
+
+    def __init__(self, core: _core.Vocabulary) -> None:
+        self._v = core
+
+    @classmethod
+    def from_bytes(
+        cls,
+        tokens: Sequence[bytes | None],
+        eos_ids: Iterable[int],
+        vocab_size: int | None = None,
+    ) -> Vocabulary:
+        """From a list indexed by token id (``None`` = special token without text)."""
+        toks = [None if t is None else bytes(t) for t in tokens]
+        return cls(_core.Vocabulary(toks, [int(e) for e in eos_ids], vocab_size))
+
+    @classmethod
+    def from_tekken(
+        cls, path: str | os.PathLike[str] | None = None, eos_ids: Iterable[int] | None = None
+    ) -> Vocabulary:
+        """From a Tekken (tiktoken-style) JSON file; default: ``mistral_common``'s
+        ``tekken_240911.json`` (131,072 ids, the first 1,000 special, EOS = 2)."""
+        if path is None:
+            import mistral_common
+
+            path = os.path.join(
+                os.path.dirname(mistral_common.__file__), "data", "tekken_240911.json"
+            )
+        with open(path, "rb") as f:
+            data = f.read()
+        eos = None if eos_ids is None else [int(e) for e in eos_ids]
+        return cls(_core.Vocabulary.from_tekken_json(data, eos))
+
+    @classmethod
+    def from_sentencepiece(
+        cls, path: str | os.PathLike[str], eos_ids: Iterable[int] | None = None
+    ) -> Vocabulary:
+        """From a SentencePiece model via the ``sentencepiece`` package (byte fallback
+        pieces become single bytes; control and unknown pieces are special)."""
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=os.fspath(path))
+        toks: list[bytes | None] = []
+        for i in range(sp.get_piece_size()):
+            if sp.is_control(i) or sp.is_unknown(i):
+                toks.append(None)
+            elif sp.is_byte(i):
+                toks.append(_sp_piece_bytes(sp.id_to_piece(i)))
+            else:
+                toks.append(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+        eos = [sp.eos_id()] if eos_ids is None else list(eos_ids)
+        return cls.from_bytes(toks, [e for e in eos if e >= 0])
+
+    @classmethod
+    def from_tokenizer_json(
+        cls,
+        source: str | os.PathLike[str] | dict[str, Any],
+        eos_ids: Iterable[int] | None = None,
+        vocab_size: int | None = None,
+    ) -> Vocabulary:
+        """From a Hugging Face ``tokenizer.json`` (path, JSON text or parsed dict): byte-level
+        BPE (GPT-2 alphabet) or SentencePiece style (metaspace, ``<0xNN>`` byte fallback).
+        Special added tokens have no text; EOS defaults to the special tokens named like an
+        end of sequence (``</s>``, ``<|endoftext|>``, ``<|eot_id|>``, ``<|im_end|>``, ...)."""
+        if isinstance(source, dict):
+            tj = source
+        else:
+            text = os.fspath(source)
+            if text.lstrip().startswith("{"):
+                tj = json.loads(text)
+            else:
+                with open(text, encoding="utf-8") as f:
+                    tj = json.load(f)
+        model = tj.get("model") or {}
+        kind = model.get("type")
+        raw = model.get("vocab")
+        if kind == "Unigram" and isinstance(raw, list):
+            pieces = {p[0]: i for i, p in enumerate(raw)}
+        elif isinstance(raw, dict):
+            pieces = {str(k): int(v) for k, v in raw.items()}
+        else:
+            raise GrammarError(f"unsupported tokenizer.json model {kind!r}")
+        blob = json.dumps([tj.get("pre_tokenizer"), tj.get("decoder")])
+        byte_level = '"ByteLevel"' in blob
+        inv = _bytes_to_unicode() if byte_level else {}
+        added = {int(a["id"]): a for a in tj.get("added_tokens") or []}
+        size = max([*pieces.values(), *added.keys(), -1]) + 1
+        toks: list[bytes | None] = [None] * size
+        for piece, i in pieces.items():
+            if byte_level:
+                try:
+                    toks[i] = bytes(inv[c] for c in piece)
+                except KeyError:
+                    toks[i] = piece.encode("utf-8")
+            else:
+                toks[i] = _sp_piece_bytes(piece)
+        eos_names = {"</s>", "<|endoftext|>", "<|eot_id|>", "<|im_end|>", "<eos>", "<|end|>"}
+        guessed = []
+        for i, a in added.items():
+            if a.get("special", False):
+                toks[i] = None
+                if a.get("content") in eos_names:
+                    guessed.append(i)
+            else:
+                toks[i] = str(a.get("content", "")).encode("utf-8")
+        eos = guessed if eos_ids is None else [int(e) for e in eos_ids]
+        return cls.from_bytes(toks, eos, vocab_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._v.vocab_size
+
+    @property
+    def eos_ids(self) -> list[int]:
+        return list(self._v.eos_ids)
+
+    def token_bytes(self, token: int) -> bytes | None:
+        """The token's bytes (``None`` for special, EOS and padding ids)."""
+        return self._v.token_bytes(token)
+
+    def __len__(self) -> int:
+        return self._v.vocab_size
+
+    def __repr__(self) -> str:
+        return f"Vocabulary(vocab_size={self.vocab_size}, eos_ids={self.eos_ids})"
+
+    def regex(self, pattern: str, **kwargs: Any) -> RegexGrammar:
+        """Compile a regex against this vocabulary (see :class:`RegexGrammar`)."""
+        from .regex import RegexGrammar
+
+        return RegexGrammar(self, pattern, **kwargs)
+
+

@@ -1,0 +1,57 @@
+"""The baseline: one token per target forward, same model code, same rule."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ..protocols import KVCache, Target
+from ..verify import DecodingRule, Greedy
+from .common import GenerationResult, emit, prompt_ids
+
+__all__ = ["autoregressive_generate"]
+
+
+def autoregressive_generate(
+    target: Target,
+    prompt: Sequence[int] | torch.Tensor,
+    max_new_tokens: int,
+    *,
+    rule: DecodingRule | None = None,
+    generator: torch.Generator | None = None,
+    cache: KVCache | None = None,
+    eos_token_id: int | None = None,
+    on_step: Callable[[list[int], KVCache], None] | None = None,
+) -> GenerationResult:
+    """The baseline: one token per target forward, same model code, same rule."""
+    rule = rule if rule is not None else Greedy()
+    ids = prompt_ids(prompt)
+    if cache is None:  # room for the whole generation, not the model's maximum
+        cache = target.new_cache(min(len(ids) + max(max_new_tokens, 0), target.max_positions))
+    dev = torch.device(target.device)
+    out: list[int] = []
+    res = GenerationResult(out, timings=dict.fromkeys(("forward", "rule", "commit"), 0.0))
+    if max_new_tokens <= 0:
+        return res
+    feed = torch.tensor(ids, dtype=torch.long, device=dev)  # first step: the whole prompt
+    while True:
+        t0 = time.perf_counter()
+        start = cache.committed_len
+        pos = torch.arange(start, start + feed.numel(), device=dev)
+        logits = target(feed, pos, cache, None)
+        t1 = time.perf_counter()
+        tok = int(rule.choose(logits[-1:], generator)[0])
+        t2 = time.perf_counter()
+        cache.commit(torch.arange(feed.numel()))
+        res.timings["forward"] += t1 - t0
+        res.timings["rule"] += t2 - t1
+        res.timings["commit"] += time.perf_counter() - t2
+        res.steps += 1
+        done = emit(out, [tok], max_new_tokens, eos_token_id)
+        if on_step is not None:
+            on_step(ids + out, cache)
+        if done:
+            return res
+        feed = torch.tensor([tok], dtype=torch.long, device=dev)

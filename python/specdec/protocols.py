@@ -1,0 +1,170 @@
+"""The extension points of the decode step, in one place.
+
+::
+
+    draft (Drafter) -> build tree (TreeShape) -> mask (Constraint) -> verify (Target over a
+    KVCache) -> walk -> commit (KVCache)
+
+A new drafter, tree shape, constraint, cache or target implements one of these and lives in
+one new file beside its siblings (``specdec/draft/``, ``specdec/tree/``, ``specdec/constrain/``,
+``specdec/cache/``, ``specdec/models/``). Protocols are structural: implementations need not
+inherit from them, except :class:`KVCache`, an abstract base class the verifier checks with
+``isinstance``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from .tree import DraftTree
+
+__all__ = ["Target", "Drafter", "DraftRequest", "TreeShape", "KVCache", "Constraint"]
+
+
+# -- draft -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DraftRequest:
+    """One sequence to draft for.
+
+    ``context``: every token so far (prompt and output); its last token is the root of the
+    next tree. ``hidden_states``: the target's hidden states ``[m, H]`` at the ``m`` positions
+    the last verify step committed (block drafters and Medusa heads read them, so drafting
+    costs no extra target pass); ``None`` where the target exposes none.
+    """
+
+    context: Sequence[int]
+    hidden_states: torch.Tensor | None = None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes per-depth logits for a batch of sequences: ``[R, depth, V]`` for R requests
+    (``-inf`` bans a token). :class:`specdec.draft.SequenceDrafter` turns a one-sequence
+    ``draft_one(context, depth) -> [depth, V]`` into this."""
+
+    def draft(self, requests: Sequence[DraftRequest], depth: int) -> torch.Tensor: ...
+
+
+# -- build tree ------------------------------------------------------------------------------
+@runtime_checkable
+class TreeShape(Protocol):
+    """Turns one request's draft logits ``[L, V]`` into the tree to verify (DDTree, chain...).
+    ``max_drafted``: the most drafted nodes a tree of this shape has (for cache sizing and
+    fixed-shape padding)."""
+
+    @property
+    def max_drafted(self) -> int: ...
+
+    def build(self, logits: torch.Tensor, root_token: int) -> DraftTree: ...
+
+
+# -- mask ------------------------------------------------------------------------------------
+@runtime_checkable
+class Constraint(Protocol):
+    """The grammar state of one sequence (a matcher): what the pipeline needs to mask a
+    tree's nodes and to follow the committed tokens. :class:`specdec.Matcher` (regex) is the
+    first implementation."""
+
+    def accept_token(self, token: int) -> bool: ...
+
+    def rollback(self, n: int = 1) -> None: ...
+
+    def fork(self) -> Constraint: ...
+
+    def is_terminated(self) -> bool: ...
+
+    def fill_next_token_bitmask(self, bitmask: np.ndarray | torch.Tensor, row: int = 0) -> None: ...
+
+
+# -- verify ----------------------------------------------------------------------------------
+@runtime_checkable
+class Target(Protocol):
+    """What the verifier needs from a target model: one forward over ``input_ids`` at
+    ``position_ids`` after the cache's committed prefix, with an optional bool mask
+    ``[T, committed + T]`` (True = visible), returning logits ``[T, V]``. The forward calls
+    ``cache.begin`` and ``cache.append``; the caller commits or rolls back."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_positions(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def new_cache(self, max_len: int | None = None) -> KVCache: ...
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: KVCache,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+
+
+# -- commit ----------------------------------------------------------------------------------
+class KVCache(ABC):
+    """Per-sequence K/V storage for every layer, with tentative slots for one step.
+
+    A decode step feeds ``num_new`` tokens (a tree's root and drafted nodes, one token, or a
+    prompt) in one forward::
+
+        cache.begin(num_new)                      # reserve tentative room after the prefix
+        k_all, v_all = cache.append(layer, k, v)  # per layer: store, get [prefix + new] K/V
+        cache.commit(keep)                        # keep these new tokens, contiguous
+        # or cache.rollback()                     # drop all of this step's tokens
+
+    The target's forward calls ``begin`` and ``append`` and leaves the step pending; the
+    verifier or a generate loop then commits or rolls back. Implementations:
+    :class:`specdec.cache.DenseKVCache`, :class:`specdec.cache.PagedKVCache`,
+    :class:`specdec.cache.HFKVCache`.
+    """
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    @abstractmethod
+    def committed_len(self) -> int:
+        """Tokens committed so far (the next token's position)."""
+
+    @property
+    @abstractmethod
+    def pending(self) -> int:
+        """Tokens of the current step stored tentatively (0 outside a step)."""
+
+    @abstractmethod
+    def begin(self, num_new: int) -> None:
+        """Start a step of ``num_new`` tokens (any earlier tentative tokens must be gone)."""
+
+    @abstractmethod
+    def append(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this step's ``[kv_heads, num_new, head_dim]`` K/V for ``layer`` and return the
+        layer's keys and values ``[kv_heads, committed_len + num_new, head_dim]``: the
+        committed prefix first, then this step's tokens in order."""
+
+    @abstractmethod
+    def commit(self, keep: Sequence[int] | np.ndarray | torch.Tensor) -> None:
+        """Keep the step's tokens at indices ``keep`` (strictly increasing) as committed,
+        contiguous after the prefix, and release every other tentative token.
+        (``WalkResult.kept_nodes()`` is what a tree step keeps.)"""
+
+    @abstractmethod
+    def rollback(self) -> None:
+        """Release every tentative token of the current step."""
+
+    @abstractmethod
+    def committed_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The committed ``[kv_heads, committed_len, head_dim]`` K/V of ``layer``."""

@@ -1,0 +1,133 @@
+"""Reference implementations and test doubles the tests and benchmarks use: plain-Python
+versions of the product's algorithms (independent oracles), synthetic drafter marginals, and
+drafters with known behaviour. Nothing here is on a hot path."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .draft.base import SequenceDrafter
+from .draft.model import greedy_rollout
+from .protocols import Target
+
+__all__ = [
+    "SCALES",
+    "synthetic_marginals",
+    "python_ddtree",
+    "RandomDrafter",
+    "OracleDrafter",
+    "AdversarialDrafter",
+]
+
+
+# -- trees -----------------------------------------------------------------------------------
+#: Logit scales of the synthetic drafters: mean top-1 probability about 0.19 ("flat", wide
+#: shallow trees) and about 0.53 ("peaked", closer to a trained drafter, deeper trees).
+SCALES = {"flat": 3.0, "peaked": 6.0}
+
+
+def synthetic_marginals(
+    depth: int,
+    k: int,
+    vocab: int = 8192,
+    seed: int = 0,
+    batch: int | None = None,
+    scale: float = SCALES["flat"],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Drafter-like marginals: log-softmax of random logits, top ``k`` per depth, sorted."""
+    rng = np.random.default_rng(seed)
+    shape = (depth, vocab) if batch is None else (batch, depth, vocab)
+    logits = rng.normal(0.0, scale, size=shape).astype(np.float32)
+    logits -= logits.max(-1, keepdims=True)
+    lp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    ids = np.argsort(-lp, axis=-1, kind="stable")[..., :k]
+    vals = np.take_along_axis(lp, ids, -1).astype(np.float32)
+    return np.ascontiguousarray(vals), np.ascontiguousarray(ids.astype(np.int64))
+
+
+def python_ddtree(
+    logprobs: np.ndarray, token_ids: np.ndarray, budget: int, prefix_len: int = 0
+) -> tuple[list[int], list[int], np.ndarray, np.ndarray]:
+    """Plain-Python DDTree: heapq over rank tuples, then the visibility matrix and positions."""
+    depth = logprobs.shape[0]
+    k = min(budget, logprobs.shape[1])
+    lp = logprobs[:, :k].tolist()
+    ids = token_ids[:, :k].tolist()
+    tokens, parents, depths = [-1], [-1], [0]
+    counter = 0
+    heap = [(-lp[0][0], counter, 0.0, (0,), 0)]
+    while heap and len(tokens) <= budget:
+        neg, _, base, ranks, parent = heapq.heappop(heap)
+        score = -neg
+        d = len(ranks) - 1
+        node = len(tokens)
+        tokens.append(ids[d][ranks[-1]])
+        parents.append(parent)
+        depths.append(d + 1)
+        r = ranks[-1] + 1
+        if r < k and lp[d][r] != float("-inf"):
+            counter += 1
+            heapq.heappush(heap, (-(base + lp[d][r]), counter, base, ranks[:-1] + (r,), parent))
+        if d + 1 < depth and lp[d + 1][0] != float("-inf"):
+            counter += 1
+            heapq.heappush(heap, (-(score + lp[d + 1][0]), counter, score, ranks + (0,), node))
+    n = len(tokens)
+    visible = np.zeros((n, n), dtype=bool)
+    for i in range(n):
+        if parents[i] >= 0:
+            visible[i] = visible[parents[i]]
+        visible[i, i] = True
+    positions = np.asarray(depths, dtype=np.int64) + prefix_len
+    return tokens, parents, visible, positions
+
+
+# -- drafters with known behaviour -----------------------------------------------------------
+class RandomDrafter(SequenceDrafter):
+    """Random logits (low acceptance)."""
+
+    def __init__(self, vocab_size: int, *, seed: int = 0, scale: float = 3.0) -> None:
+        self.vocab_size = vocab_size
+        self.scale = scale
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def draft_one(self, context: Sequence[int], depth: int) -> torch.Tensor:
+        return self.scale * torch.randn(depth, self.vocab_size, generator=self.gen)
+
+
+class OracleDrafter(SequenceDrafter):
+    """Knows the target's greedy continuation; with ``miss > 0`` each depth's peak moves to a
+    random wrong token with that probability."""
+
+    def __init__(self, target: Target, *, miss: float = 0.0, seed: int = 0) -> None:
+        self.target = target
+        self.miss = miss
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def draft_one(self, context: Sequence[int], depth: int) -> torch.Tensor:
+        toks, _ = greedy_rollout(self.target, context, depth)
+        v = self.target.vocab_size
+        logits = torch.randn(depth, v, generator=self.gen)
+        for d, t in enumerate(toks):
+            if self.miss and float(torch.rand((), generator=self.gen)) < self.miss:
+                t = (t + 1 + int(torch.randint(v - 1, (), generator=self.gen))) % v
+            logits[d, t] = 10.0
+        return logits
+
+
+class AdversarialDrafter(SequenceDrafter):
+    """Ranks the target's greedy next token last (-inf at depth 1, so no tree contains it):
+    a greedy verifier accepts nothing and every step emits only its bonus token."""
+
+    def __init__(self, target: Target, *, seed: int = 0) -> None:
+        self.target = target
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def draft_one(self, context: Sequence[int], depth: int) -> torch.Tensor:
+        toks, _ = greedy_rollout(self.target, context, 1)
+        logits = torch.randn(depth, self.target.vocab_size, generator=self.gen)
+        logits[0, toks[0]] = -torch.inf
+        return logits

@@ -1,0 +1,158 @@
+"""Tree builders: the DDTree best-first builder over per-depth marginals (single, batched, and
+from logits on any device) and trees from explicit branches. The work is in Rust."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import _core
+from .._arrays import F32, I64, as_array, check_float, check_int
+from ..errors import SpecdecTypeError, TreeError
+from .draft_tree import DraftTree
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["build_ddtree", "build_ddtree_batch", "ddtree_from_logits", "tree_from_branches"]
+
+_NDARRAY = np.ndarray
+
+
+def _token(t: Any) -> int:
+    # int() would truncate floats silently; token ids must be integers.
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+        raise TypeError(f"token ids must be ints, got {type(t).__name__}")
+    return int(t)
+
+
+def build_ddtree(
+    logprobs: Any,
+    token_ids: Any,
+    budget: int,
+    *,
+    min_logprob: float | None = None,
+    root_token: int = -1,
+) -> DraftTree:
+    """Build the optimal draft tree of at most ``budget`` drafted nodes from per-depth
+    marginals (``[L, K]`` float32 log-probs, each row sorted descending, and their int64
+    token ids): best-first heap over rank tuples, K = min(budget, K). Entries at -inf never
+    enter the tree; equal scores pop in push order. ``min_logprob`` stops the build once the
+    best remaining prefix is below it. ``root_token`` is stored at index 0 (-1 = unknown).
+    Log-probs are checked in every column the build may read; token ids where the tree uses
+    them (an id outside [0, 2^31) that enters the tree raises :class:`TreeError`)."""
+    # Checks inline: this runs once per decode step, and at B = 1024 the whole build takes
+    # about 20 us, so every call saved shows.
+    if type(budget) is not int:
+        budget = check_int(budget, "budget")
+    if type(root_token) is not int:
+        root_token = check_int(root_token, "root_token")
+    if min_logprob is not None and type(min_logprob) is not float:
+        min_logprob = check_float(min_logprob, "min_logprob")
+    lp, ids = logprobs, token_ids
+    if not (type(lp) is _NDARRAY and lp.dtype is F32 and lp.ndim == 2):
+        lp = as_array(lp, np.float32, "logprobs", 2, exact=True)
+    if not (type(ids) is _NDARRAY and ids.dtype is I64 and ids.ndim == 2):
+        ids = as_array(ids, np.int64, "token_ids", 2, exact=False)
+    return DraftTree._from_core(_core.build_ddtree(lp, ids, budget, root_token, min_logprob))
+
+
+def build_ddtree_batch(
+    logprobs: Any,
+    token_ids: Any,
+    budgets: Sequence[int] | np.ndarray | int,
+    *,
+    min_logprob: float | None = None,
+    root_tokens: Sequence[int] | np.ndarray | None = None,
+) -> list[DraftTree]:
+    """Build R trees from ``[R, L, K]`` marginals, each with its own budget, in parallel in
+    Rust with the GIL released."""
+    lp = as_array(logprobs, np.float32, "logprobs", 3, exact=True)
+    ids = as_array(token_ids, np.int64, "token_ids", 3, exact=False)
+    if min_logprob is not None:
+        min_logprob = check_float(min_logprob, "min_logprob")
+    if np.isscalar(budgets):
+        budgets = check_int(budgets, "budget")
+    b = np.full(lp.shape[0], budgets, dtype=np.int64) if np.isscalar(budgets) else budgets
+    b = as_array(b, np.int64, "budgets", 1, exact=False)
+    roots = (
+        None if root_tokens is None else as_array(root_tokens, np.int64, "root_tokens", 1, False)
+    )
+    return [
+        DraftTree._from_core(t) for t in _core.build_ddtree_batch(lp, ids, b, roots, min_logprob)
+    ]
+
+
+def tree_from_branches(branches: Sequence[Sequence[int]], *, root_token: int = -1) -> DraftTree:
+    """Merge explicit token paths (Medusa choices, static EAGLE trees) into one tree, shared
+    prefixes once, packed breadth-first (by depth, then parent, then first appearance).
+    ``logprobs`` are 0 and ``expected_acceptance`` NaN: branches carry no probabilities."""
+    try:
+        paths = [[_token(t) for t in b] for b in branches]
+    except (TypeError, ValueError) as e:
+        raise SpecdecTypeError(f"branches must be a sequence of token-id sequences: {e}") from None
+    return DraftTree._from_core(
+        _core.tree_from_branches(paths, check_int(root_token, "root_token"))
+    )
+
+
+def ddtree_from_logits(
+    logits: torch.Tensor,
+    budget: int | Sequence[int],
+    *,
+    temperature: float = 1.0,
+    min_logprob: float | None = None,
+    root_tokens: int | Sequence[int] | None = None,
+) -> DraftTree | list[DraftTree]:
+    """Draft logits ``[L, V]`` (one tree) or ``[R, L, V]`` (a list) on any device ->
+    log-softmax and top-K on that device (K = min(max budget, V)), one host copy of the
+    ``[.., L, K]`` result, then the Rust builder."""
+    import torch
+
+    if not isinstance(logits, torch.Tensor):
+        raise SpecdecTypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() not in (2, 3) or logits.shape[-1] == 0 or logits.shape[-2] == 0:
+        raise TreeError(
+            f"logits must be [L, V] or [R, L, V] with L, V >= 1, got {tuple(logits.shape)}"
+        )
+    if not logits.is_floating_point():
+        raise SpecdecTypeError(f"logits must be floating point, got {logits.dtype}")
+    temperature = check_float(temperature, "temperature")
+    if not temperature > 0:
+        raise TreeError(f"temperature must be > 0, got {temperature}")
+    single = logits.dim() == 2
+    x = logits.unsqueeze(0) if single else logits
+    if isinstance(budget, (int, np.integer)) and not isinstance(budget, bool):
+        budgets = [int(budget)] * x.shape[0]
+    elif isinstance(budget, (Sequence, np.ndarray)):
+        budgets = [check_int(b, "budget") for b in budget]
+    else:
+        raise SpecdecTypeError(f"budget must be an int or one int per request, got {budget!r}")
+    if len(budgets) != x.shape[0] or min(budgets) <= 0:
+        raise TreeError(
+            f"need one budget >= 1 per request, got {budgets} for {x.shape[0]} requests"
+        )
+    k = min(max(budgets), x.shape[-1])
+    with torch.no_grad():
+        lp = torch.log_softmax(x.float() / temperature if temperature != 1.0 else x.float(), -1)
+        vals, idx = torch.topk(lp, k, dim=-1, sorted=True)
+        if x.device.type == "cpu":
+            lpv, ids = vals.numpy(), idx.numpy()  # views, no copy
+        else:
+            # One device->host transfer: the float32 values' bits ride along with the ids.
+            packed = torch.cat([idx, vals.view(torch.int32).to(torch.int64)], dim=-1).cpu()
+            ids = packed[..., :k].numpy()
+            lpv = packed[..., k:].to(torch.int32).view(torch.float32).numpy()
+    # A NaN logit turns its whole row NaN after log-softmax, so the top-K values show it.
+    if np.isnan(lpv).any():
+        raise TreeError("logits contain NaN (or +inf, which log-softmax turns into NaN)")
+    ids, lpv = np.ascontiguousarray(ids), np.ascontiguousarray(lpv)
+    roots: Any = root_tokens
+    if single:
+        root = -1 if roots is None else check_int(roots, "root_tokens")
+        return build_ddtree(lpv[0], ids[0], budgets[0], min_logprob=min_logprob, root_token=root)
+    if isinstance(roots, (int, np.integer)):
+        roots = [int(roots)] * x.shape[0]
+    return build_ddtree_batch(lpv, ids, budgets, min_logprob=min_logprob, root_tokens=roots)
