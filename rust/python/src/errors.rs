@@ -4,7 +4,7 @@
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
-use specdec_core::grammar::GrammarError;
+use specdec_core::constrain::GrammarError;
 use specdec_core::kv::KvError;
 use specdec_core::tree::TreeError;
 

@@ -133,7 +133,7 @@ impl BlockManager {
         self.seqs.keys().copied().collect()
     }
     pub fn refcounts(&self) -> &[u32] {
-        &self.pool.refcount
+        self.pool.refcounts()
     }
     /// Free blocks from least to most recently freed (the eviction order).
     pub fn free_queue(&self) -> Vec<u32> {
@@ -141,7 +141,7 @@ impl BlockManager {
     }
     /// Blocks currently registered in the prefix cache (held or evictable).
     pub fn num_cached_blocks(&self) -> usize {
-        self.pool.cached.len()
+        self.pool.num_cached()
     }
 
     pub(crate) fn get(&self, seq: SeqId) -> Result<&Seq, KvError> {
@@ -438,7 +438,7 @@ impl BlockManager {
 
     /// `true` when block `b` is registered in the prefix cache.
     pub fn is_cached(&self, b: u32) -> bool {
-        self.pool.hash.get(b as usize).is_some_and(|h| h.is_some())
+        self.pool.is_cached(b)
     }
 
     /// Drop blocks of `seq` beyond its `len + pending` slots (tail first).
@@ -469,13 +469,11 @@ impl BlockManager {
                 count[b as usize] += 1;
             }
         }
-        if count != self.pool.refcount {
-            let b = (0..count.len())
-                .find(|&b| count[b] != self.pool.refcount[b])
-                .unwrap();
+        let refcounts = self.pool.refcounts();
+        if let Some(b) = (0..count.len()).find(|&b| count[b] != refcounts[b]) {
             return Err(format!(
                 "block {b}: refcount {} but {} tables hold it",
-                self.pool.refcount[b], count[b]
+                refcounts[b], count[b]
             ));
         }
         self.pool.check_links()

@@ -1,4 +1,5 @@
-use super::{check_token, TreeError};
+use super::check_token;
+use crate::tree::TreeError;
 
 /// Validated per-depth drafter marginals: `L` rows of `K` log-probs sorted descending,
 /// with their token ids (range-checked too, except through `build_checked`, which checks
@@ -28,8 +29,8 @@ impl<'a> Marginals<'a> {
     }
 
     /// As [`Marginals::new`] without the token-id range scan, for `build_checked`, which
-    /// checks the ids the tree actually holds after the build: at L = 16, K = 1024 the id
-    /// scan reads 128 KB, two thirds of the validation, for ids that mostly never enter
+    /// checks the ids the tree actually holds after the build: the id scan would read every
+    /// `i64` id (most of the validation's memory traffic) for ids that mostly never enter
     /// the tree.
     pub(super) fn for_build(
         logprobs: &'a [f32],
@@ -173,7 +174,7 @@ impl<'a> Marginals<'a> {
 }
 
 /// `first_bad_row` without the id scan (the per-build check), with 8-lane compares when
-/// the CPU has AVX2: about 2x faster than the baseline x86-64 build's 4 lanes.
+/// the CPU has AVX2 (the baseline x86-64 build has 4).
 fn first_bad_row_no_ids(
     logprobs: &[f32],
     token_ids: &[i64],
