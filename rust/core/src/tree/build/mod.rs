@@ -72,7 +72,8 @@ pub fn build_checked(
     root_token: i64,
     min_logprob: Option<f64>,
 ) -> Result<BuiltTree, TreeError> {
-    let m = Marginals::for_build(logprobs, token_ids, depth, width, budget)?;
+    let used = marginals::budget_columns(width, budget)?;
+    let m = Marginals::with_columns(logprobs, token_ids, depth, width, used, false)?;
     check_tree_size(max_nodes(budget as usize, depth, m.used_width()))?;
     if let Some(v) = min_logprob {
         if v.is_nan() {
