@@ -12,9 +12,13 @@
 //!    dense masks, position ids); under a [`constrain::Constraint`] each node also gets the
 //!    tokens allowed after it. [`kv`] reserves tentative KV slots for the nodes.
 //! 4. *Verify* (outside this crate): the target model scores every node in one forward.
-//! 5. *Walk* ([`tree::walk`]): descend from the root while the verifier's choice is a child.
+//! 5. *Walk* ([`tree::walk`](mod@tree::walk)): descend from the root while the verifier's
+//!    choice is a child.
 //! 6. *Commit* ([`kv`]): the accepted nodes' slots become committed tokens; the rest are
 //!    released.
+//!
+//! The `testing` module (cargo feature `testing`, on for this crate's own tests, benches and
+//! examples) holds the seeded generator and brute-force oracles they share.
 //!
 //! ## Build a tree
 //!

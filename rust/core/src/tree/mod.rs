@@ -1,4 +1,7 @@
-//! Draft trees: building them, describing them to a verifier, and walking them.
+//! Draft trees, by stage: [`build`] them (DDTree from drafter marginals, or from explicit
+//! branches), describe them to a verifier ([`contract`]: ancestor bits, dense masks, position
+//! ids, child links, retrieve indices, padding), and [`walk`](mod@walk) them with the verifier's
+//! choices. The common items are re-exported here.
 //!
 //! Array conventions (shared with the Python layer): a tree of `n = N + 1` nodes has the
 //! root (the last committed or bonus token) at index 0 with depth 0 and parent -1; drafted

@@ -47,7 +47,7 @@ impl Ord for Entry {
     }
 }
 
-/// As [`build_ddtree`], with ranks restricted to the tokens `filter` allows at each node.
+/// As [`build_ddtree`](super::build_ddtree), with ranks restricted to the tokens `filter` allows at each node.
 /// Uses one heap over all candidates: with a filter, the rank-class queues of `ddtree.rs`
 /// are no longer sorted.
 pub fn build_ddtree_filtered<F: TokenFilter>(
