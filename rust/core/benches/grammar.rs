@@ -1,4 +1,4 @@
-//! Criterion benches of the grammar module on the Tekken 131k vocabulary (path from
+//! Criterion benches of the regex constraint on the Tekken 131k vocabulary (path from
 //! `SPECDEC_TEKKEN`, else found through the installed `mistral_common`; a synthetic
 //! vocabulary otherwise): regex compile, cached mask, uncached trie walk, tree masks.
 
@@ -6,7 +6,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use specdec_core::grammar::{fill_tree_bitmask, CompiledRegex, Matcher, RegexLimits, Vocabulary};
+use specdec_core::constrain::{fill_tree_bitmask, CompiledRegex, Matcher, RegexLimits, Vocabulary};
 
 fn tekken_path() -> Option<String> {
     if let Ok(p) = std::env::var("SPECDEC_TEKKEN") {

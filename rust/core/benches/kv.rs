@@ -4,20 +4,8 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use specdec_core::kv::BlockManager;
+use specdec_core::testing::Lcg as Rng;
 use std::hint::black_box;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 enum Op {
     Alloc(u64, usize),
@@ -31,7 +19,7 @@ enum Op {
 /// half the ids are live), 35% append 1..4 tokens, the rest a tree of 8..64 nodes with 1..6
 /// accepted.
 fn make_ops(n: usize, seqs: u64, seed: u64) -> Vec<Op> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut live: Vec<u64> = vec![];
     let mut dead: Vec<u64> = (0..seqs).collect();
     let mut ops = Vec::with_capacity(n);
@@ -98,7 +86,7 @@ fn bench_mixed(c: &mut Criterion) {
 fn bench_step(c: &mut Criterion) {
     let seqs: Vec<u64> = (0..256).collect();
     let counts = vec![32usize; 256];
-    let mut rng = Rng(3);
+    let mut rng = Rng::new(3);
     let mut accepted = vec![];
     let mut offsets = vec![0usize];
     for _ in 0..256 {

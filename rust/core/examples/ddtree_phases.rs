@@ -3,13 +3,10 @@
 //! of record: that is `cargo bench --bench tree`. Run: `cargo run --release -p specdec-core
 //! --example ddtree_phases`.
 
+use specdec_core::testing::drafter_marginals;
 use specdec_core::tree::{ancestor_bits, build_checked, build_ddtree, child_links, Marginals};
 use std::hint::black_box;
 use std::time::Instant;
-
-#[path = "../benches/tree.rs"]
-#[allow(dead_code)]
-mod bench_tree;
 
 /// Best per-call time in microseconds over 25 runs of 3000 calls.
 fn time<F: FnMut()>(mut f: F) -> f64 {
@@ -26,11 +23,11 @@ fn time<F: FnMut()>(mut f: F) -> f64 {
 fn main() {
     let b = 1024;
     for (name, scale) in [("flat", 3.0), ("peaked", 6.0)] {
-        let (lp, ids) = bench_tree::marginals(16, b, 8192, 42, scale);
+        let (lp, ids) = drafter_marginals(16, b, 8192, 42, scale);
         let m = Marginals::new(&lp, &ids, 16, b, b as i64).unwrap();
         // Time the builds before keeping a tree alive: a live 140 KB bitmap from an earlier
         // build changes glibc's heap layout so that every build can fault its bitmap's
-        // pages in again (about 2x slower; not seen through Python).
+        // pages in again (not seen through Python).
         let all = time(|| {
             drop(black_box(build_checked(
                 &lp, &ids, 16, b, b as i64, 0, None,

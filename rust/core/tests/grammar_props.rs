@@ -1,4 +1,4 @@
-//! Property tests of the grammar module: trie-walk masks equal brute force along random
+//! Property tests of the constrain module (regex constraint): trie-walk masks equal brute force along random
 //! walks, the DFA agrees with regex-automata's own matcher, rollback/fork restore state,
 //! tree masks equal matchers advanced node by node, and bad input changes nothing.
 
@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use regex_automata::meta::Regex;
-use specdec_core::grammar::{
-    fill_tree_bitmask, CompiledRegex, GrammarError, Matcher, RegexLimits, Vocabulary, DEAD,
+use specdec_core::constrain::{
+    fill_tree_bitmask, CompiledRegex, Constraint, GrammarError, Matcher, RegexLimits, Vocabulary,
+    DEAD,
 };
 
 const PATTERNS: &[&str] = &[

@@ -2,18 +2,7 @@
 //! LRU eviction order, prefix hits after free, beams sharing and copying their tail.
 
 use specdec_core::kv::{BlockManager, KvError};
-
-type Snap = (Vec<u32>, Vec<u32>, Vec<(u64, Vec<u32>, (usize, usize))>);
-
-fn snap(m: &BlockManager) -> Snap {
-    let mut seqs: Vec<_> = m
-        .sequences()
-        .into_iter()
-        .map(|s| (s, m.block_table(s).unwrap().to_vec(), m.seq_len(s).unwrap()))
-        .collect();
-    seqs.sort();
-    (m.refcounts().to_vec(), m.free_queue(), seqs)
-}
+use specdec_core::testing::kv_snapshot as snap;
 
 /// `f` must fail with `want` and leave the manager as it was.
 fn refused(

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use specdec_core::kv::{BlockManager, KvError, SeqId};
+use specdec_core::testing::{kv_snapshot as snapshot, Lcg};
 
 const NUM_SEQ_IDS: u64 = 8;
 
@@ -43,30 +44,6 @@ struct Harness {
     cows: usize,
     hits: usize,
     bad_commits: usize,
-}
-
-/// Refcounts, free queue, (sequence, table, lengths), cached block count.
-type Snapshot = (
-    Vec<u32>,
-    Vec<u32>,
-    Vec<(SeqId, Vec<u32>, (usize, usize))>,
-    usize,
-);
-
-/// Everything observable, to prove a refused operation changed nothing.
-fn snapshot(m: &BlockManager) -> Snapshot {
-    let mut seqs: Vec<_> = m
-        .sequences()
-        .into_iter()
-        .map(|s| (s, m.block_table(s).unwrap().to_vec(), m.seq_len(s).unwrap()))
-        .collect();
-    seqs.sort();
-    (
-        m.refcounts().to_vec(),
-        m.free_queue(),
-        seqs,
-        m.num_cached_blocks(),
-    )
 }
 
 impl Harness {
@@ -463,13 +440,8 @@ proptest! {
 /// operations succeed, copies-on-write and prefix hits both happen.
 #[test]
 fn long_run_exercises_everything() {
-    let mut rng = 0x1234_5678_9abc_def0u64;
-    let mut next = || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = Lcg::new(0x1234_5678_9abc_def0);
+    let mut next = || rng.bits();
     let mut total = 0;
     let (mut ok, mut cows, mut hits, mut bad, mut errs) =
         (0, 0, 0, 0, HashMap::<String, usize>::new());

@@ -1,34 +1,12 @@
 //! Property tests of the DDTree builder and the verifier contract against brute force.
 
 use proptest::prelude::*;
+use specdec_core::testing::{all_prefixes, ancestors, naive_walk, Lcg};
 use specdec_core::tree::{
     attention_mask, build_checked, build_ddtree, build_ddtree_filtered, check_tree_size, max_nodes,
     pad_tree, retrieve_indices, tree_from_branches, walk, AllowAll, ChildLinks, Marginals,
     TreeError,
 };
-
-/// Every prefix over the first `k` ranks of each row, with its log-prob (finite only).
-fn all_prefixes(lp: &[f32], l: usize, width: usize, k: usize) -> Vec<(Vec<usize>, f64)> {
-    let mut out = Vec::new();
-    let mut frontier: Vec<(Vec<usize>, f64)> = vec![(vec![], 0.0)];
-    for d in 0..l {
-        let mut next = Vec::new();
-        for (ranks, s) in &frontier {
-            for r in 0..k {
-                let v = lp[d * width + r];
-                if v == f32::NEG_INFINITY {
-                    continue;
-                }
-                let mut rr = ranks.clone();
-                rr.push(r);
-                next.push((rr, s + v as f64));
-            }
-        }
-        out.extend(next.iter().cloned());
-        frontier = next;
-    }
-    out
-}
 
 fn marginals() -> impl Strategy<Value = (usize, usize, Vec<f32>, Vec<i64>, usize)> {
     (1usize..=4, 1usize..=5, 1usize..=40).prop_flat_map(|(l, k, b)| {
@@ -124,9 +102,7 @@ proptest! {
         // Ancestor bits and the dense mask are the ancestor relation.
         let mask = attention_mask::<bool>(&built.bits, 2);
         for i in 0..n {
-            let mut anc = vec![false; n];
-            let mut c = i as i32;
-            while c >= 0 { anc[c as usize] = true; c = t.parents[c as usize]; }
+            let anc = ancestors(&t.parents, i);
             for j in 0..n {
                 prop_assert_eq!(built.bits.get(i, j), anc[j]);
                 prop_assert_eq!(mask[i * (n + 2) + 2 + j], anc[j]);
@@ -167,13 +143,7 @@ proptest! {
         prop_assert_eq!(&built.tree, &heap);
         let parents = &built.tree.parents;
         for i in 0..parents.len() {
-            let mut anc = vec![false; parents.len()];
-            let mut j = i as i32;
-            while j >= 0 {
-                anc[j as usize] = true;
-                j = parents[j as usize];
-            }
-            for (j, &a) in anc.iter().enumerate() {
+            for (j, &a) in ancestors(parents, i).iter().enumerate() {
                 prop_assert_eq!(built.bits.get(i, j), a, "bit ({}, {})", i, j);
             }
         }
@@ -195,22 +165,13 @@ proptest! {
         let t = &built.tree;
         let n = t.len();
         // Chosen tokens: mostly tokens of some child (so walks go deep), sometimes others.
-        let mut s = seed;
+        let mut rng = Lcg::new(seed);
         let chosen: Vec<i64> = (0..n).map(|i| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let kids: Vec<usize> = (0..n).filter(|&j| t.parents[j] == i as i32).collect();
-            if !kids.is_empty() && (s >> 33) % 4 != 0 { t.tokens[kids[(s >> 40) as usize % kids.len()]] } else { 999 }
+            if !kids.is_empty() && rng.below(4) != 0 { t.tokens[kids[rng.below(kids.len() as u64) as usize]] } else { 999 }
         }).collect();
         let out = walk(&t.tokens, &built.links(), &chosen).unwrap();
-        // Naive: scan all nodes for a child with the chosen token.
-        let mut node = 0usize;
-        let mut acc = vec![];
-        let bonus = loop {
-            match (1..n).find(|&j| t.parents[j] == node as i32 && t.tokens[j] == chosen[node]) {
-                Some(j) => { acc.push(j as i32); node = j; }
-                None => break chosen[node],
-            }
-        };
+        let (acc, bonus) = naive_walk(&t.tokens, &t.parents, &chosen);
         prop_assert_eq!(out.accepted, acc);
         prop_assert_eq!(out.bonus, bonus);
     }

@@ -6,7 +6,7 @@ use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueErro
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
-use specdec_core::grammar::GrammarError;
+use specdec_core::constrain::GrammarError;
 use specdec_core::kv::KvError;
 use specdec_core::tree::TreeError;
 

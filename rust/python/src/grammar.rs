@@ -8,8 +8,8 @@ use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use rayon::prelude::*;
-use specdec_core::grammar::{
-    self as core, CompiledRegex, GrammarError, GrammarFilter, RegexLimits,
+use specdec_core::constrain::{
+    self as core, CompiledRegex, Constraint, GrammarError, GrammarFilter, RegexLimits,
 };
 use specdec_core::tree::{build_ddtree_filtered, check_tree_size, max_nodes, Marginals, TreeError};
 
@@ -187,7 +187,8 @@ fn row_slice(
 }
 
 fn as_u32(s: &mut [i32]) -> &mut [u32] {
-    // i32 and u32 share size and alignment; the bit pattern is what the mask means.
+    // SAFETY: i32 and u32 share size and alignment, every bit pattern is valid for both, and
+    // the exclusive borrow of `s` moves into the result; the bit pattern is what the mask means.
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u32>(), s.len()) }
 }
 
@@ -270,7 +271,7 @@ impl Matcher {
 
     #[getter]
     fn state(&self) -> u32 {
-        self.0.state()
+        self.0.state().into()
     }
 
     #[getter]

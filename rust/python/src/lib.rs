@@ -1,6 +1,8 @@
 //! The `specdec._core` extension: thin `#[pyfunction]`/`#[pyclass]` wrappers over
 //! `specdec-core`, numpy in and out without copies, heavy work with the GIL released.
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 use pyo3::prelude::*;
 
 mod arrays;

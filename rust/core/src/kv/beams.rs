@@ -1,30 +1,20 @@
 //! Beam reordering: each beam continues from a chosen parent beam, sharing its blocks.
 
-use rustc_hash::FxHashSet as HashSet;
-
 use super::error::KvError;
-use super::manager::{BlockManager, SeqId};
+use super::manager::{same_len, BlockManager, Seen, SeqId};
 
 impl BlockManager {
     /// Beam `beams[i]` becomes a copy-free continuation of `beams[parents[i]]`. Children of
     /// one parent share its blocks (their partial tail is copied on the next append); a
     /// beam nobody continues releases its blocks. All or nothing.
     pub fn reorder(&mut self, beams: &[SeqId], parents: &[usize]) -> Result<(), KvError> {
-        if beams.len() != parents.len() {
-            return Err(KvError::Invalid(format!(
-                "{} beams but {} parents",
-                beams.len(),
-                parents.len()
-            )));
-        }
-        let mut seen = HashSet::with_capacity_and_hasher(beams.len(), Default::default());
+        same_len(beams.len(), "beams", parents.len(), "parents")?;
+        let mut seen = Seen::with_capacity(beams.len());
         for &b in beams {
             if self.get(b)?.pending > 0 {
                 return Err(KvError::PendingStep(b));
             }
-            if !seen.insert(b) {
-                return Err(KvError::Invalid(format!("beam {b} appears twice")));
-            }
+            seen.first(b, |b| KvError::Invalid(format!("beam {b} appears twice")))?;
         }
         if let Some(&p) = parents.iter().find(|&&p| p >= beams.len()) {
             return Err(KvError::Invalid(format!(

@@ -27,6 +27,45 @@ pub(crate) fn push_slots(blocks: &[u32], bs: usize, start: usize, end: usize, ou
     }
 }
 
+/// Refuse parallel arrays of different lengths ("3 sequences but 2 counts").
+pub(crate) fn same_len(a: usize, a_what: &str, b: usize, b_what: &str) -> Result<(), KvError> {
+    if a != b {
+        return Err(KvError::Invalid(format!("{a} {a_what} but {b} {b_what}")));
+    }
+    Ok(())
+}
+
+/// The ids met so far in one batch call, to refuse an id given twice.
+pub(crate) struct Seen(HashSet<SeqId>);
+
+impl Seen {
+    pub fn with_capacity(n: usize) -> Self {
+        Seen(HashSet::with_capacity_and_hasher(n, Default::default()))
+    }
+
+    /// Record `id`; a repeat is the error `twice` makes of it.
+    pub fn first(
+        &mut self,
+        id: SeqId,
+        twice: impl FnOnce(SeqId) -> KvError,
+    ) -> Result<(), KvError> {
+        if self.0.insert(id) {
+            Ok(())
+        } else {
+            Err(twice(id))
+        }
+    }
+
+    pub fn contains(&self, id: &SeqId) -> bool {
+        self.0.contains(id)
+    }
+}
+
+/// The error of a sequence given twice in one step.
+pub(crate) fn twice_in_step(seq: SeqId) -> KvError {
+    KvError::Invalid(format!("sequence {seq} appears twice in one step"))
+}
+
 #[inline]
 fn plan(bs: usize, s: &Seq, n: usize, tail_refcount: u32) -> (usize, bool) {
     if n == 0 {
@@ -78,17 +117,16 @@ impl BlockManager {
         block_size: usize,
         prefix_caching: bool,
     ) -> Result<Self, KvError> {
+        // Slot ids are i32 and free-queue links reserve u32::MAX.
+        let fits = num_blocks
+            .checked_mul(block_size)
+            .is_some_and(|slots| slots <= i32::MAX as usize);
         if num_blocks == 0 || block_size == 0 {
             return Err(KvError::Invalid(format!(
                 "num_blocks ({num_blocks}) and block_size ({block_size}) must be >= 1"
             )));
         }
-        // Slot ids are i32 and free-queue links reserve u32::MAX.
-        let too_many = match num_blocks.checked_mul(block_size) {
-            Some(slots) => slots > i32::MAX as usize,
-            None => true,
-        };
-        if too_many {
+        if !fits {
             return Err(KvError::Invalid(format!(
                 "num_blocks * block_size = {num_blocks} * {block_size} exceeds 2^31 - 1 slots"
             )));
@@ -133,7 +171,7 @@ impl BlockManager {
         self.seqs.keys().copied().collect()
     }
     pub fn refcounts(&self) -> &[u32] {
-        &self.pool.refcount
+        self.pool.refcounts()
     }
     /// Free blocks from least to most recently freed (the eviction order).
     pub fn free_queue(&self) -> Vec<u32> {
@@ -141,7 +179,7 @@ impl BlockManager {
     }
     /// Blocks currently registered in the prefix cache (held or evictable).
     pub fn num_cached_blocks(&self) -> usize {
-        self.pool.cached.len()
+        self.pool.num_cached()
     }
 
     pub(crate) fn get(&self, seq: SeqId) -> Result<&Seq, KvError> {
@@ -340,19 +378,13 @@ impl BlockManager {
 
     /// `allocate` for many new sequences; all or nothing.
     pub fn allocate_batch(&mut self, seqs: &[SeqId], counts: &[usize]) -> Result<(), KvError> {
-        if seqs.len() != counts.len() {
-            return Err(KvError::Invalid(format!(
-                "{} sequences but {} counts",
-                seqs.len(),
-                counts.len()
-            )));
-        }
-        let mut seen = HashSet::with_capacity_and_hasher(seqs.len(), Default::default());
+        same_len(seqs.len(), "sequences", counts.len(), "counts")?;
+        let mut seen = Seen::with_capacity(seqs.len());
         for &seq in seqs {
             self.check_new(seq)?;
-            if !seen.insert(seq) {
-                return Err(KvError::Invalid(format!("sequence {seq} appears twice")));
-            }
+            seen.first(seq, |s| {
+                KvError::Invalid(format!("sequence {s} appears twice"))
+            })?;
         }
         self.check_fits(
             counts
@@ -368,22 +400,14 @@ impl BlockManager {
     /// `fork(parents[i], children[i])` for all `i`: parents must exist before the call,
     /// children must not; all or nothing.
     pub fn fork_batch(&mut self, parents: &[SeqId], children: &[SeqId]) -> Result<(), KvError> {
-        if parents.len() != children.len() {
-            return Err(KvError::Invalid(format!(
-                "{} parents but {} children",
-                parents.len(),
-                children.len()
-            )));
-        }
-        let mut seen = HashSet::with_capacity_and_hasher(children.len(), Default::default());
+        same_len(parents.len(), "parents", children.len(), "children")?;
+        let mut seen = Seen::with_capacity(children.len());
         for (&p, &c) in parents.iter().zip(children) {
             if self.get(p)?.pending > 0 {
                 return Err(KvError::PendingStep(p));
             }
             self.check_new(c)?;
-            if !seen.insert(c) {
-                return Err(KvError::Invalid(format!("child {c} appears twice")));
-            }
+            seen.first(c, |c| KvError::Invalid(format!("child {c} appears twice")))?;
         }
         if let Some(&p) = parents.iter().find(|p| seen.contains(p)) {
             return Err(KvError::Invalid(format!(
@@ -398,12 +422,10 @@ impl BlockManager {
 
     /// `free` for many sequences; all or nothing.
     pub fn free_batch(&mut self, seqs: &[SeqId]) -> Result<(), KvError> {
-        let mut seen = HashSet::with_capacity_and_hasher(seqs.len(), Default::default());
+        let mut seen = Seen::with_capacity(seqs.len());
         for &seq in seqs {
             self.get(seq)?;
-            if !seen.insert(seq) {
-                return Err(KvError::AlreadyFreed(seq));
-            }
+            seen.first(seq, KvError::AlreadyFreed)?;
         }
         for &seq in seqs {
             self.free(seq).expect("checked above");
@@ -438,7 +460,7 @@ impl BlockManager {
 
     /// `true` when block `b` is registered in the prefix cache.
     pub fn is_cached(&self, b: u32) -> bool {
-        self.pool.hash.get(b as usize).is_some_and(|h| h.is_some())
+        self.pool.is_cached(b)
     }
 
     /// Drop blocks of `seq` beyond its `len + pending` slots (tail first).
@@ -469,13 +491,11 @@ impl BlockManager {
                 count[b as usize] += 1;
             }
         }
-        if count != self.pool.refcount {
-            let b = (0..count.len())
-                .find(|&b| count[b] != self.pool.refcount[b])
-                .unwrap();
+        let refcounts = self.pool.refcounts();
+        if let Some(b) = (0..count.len()).find(|&b| count[b] != refcounts[b]) {
             return Err(format!(
                 "block {b}: refcount {} but {} tables hold it",
-                self.pool.refcount[b], count[b]
+                refcounts[b], count[b]
             ));
         }
         self.pool.check_links()

@@ -6,6 +6,10 @@
 //! `[num_blocks * block_size, ...]` tensor directly). The manager owns no tensors: it returns
 //! the copies (`(src_block, dst_block)` for copy-on-write, `(src_slot, dst_slot)` for commit
 //! moves) that the tensor layer must execute.
+//!
+//! Pure bookkeeping over integer ids: nothing here needs `unsafe`.
+
+#![forbid(unsafe_code)]
 
 mod beams;
 mod error;

@@ -7,15 +7,16 @@ const NIL: u32 = u32::MAX;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Pool {
-    pub refcount: Vec<u32>,
+    refcount: Vec<u32>,
     /// Chained hash of a full cached block (prefix caching), if registered.
-    pub hash: Vec<Option<u64>>,
+    hash: Vec<Option<u64>>,
     prev: Vec<u32>,
     next: Vec<u32>,
     head: u32,
     tail: u32,
     num_free: usize,
-    pub cached: HashMap<u64, u32>,
+    /// Hash -> the block registered under it.
+    cached: HashMap<u64, u32>,
 }
 
 impl Pool {
@@ -46,6 +47,41 @@ impl Pool {
     #[inline]
     pub fn num_blocks(&self) -> usize {
         self.refcount.len()
+    }
+
+    #[inline]
+    pub fn refcounts(&self) -> &[u32] {
+        &self.refcount
+    }
+
+    #[inline]
+    pub fn refcount(&self, b: u32) -> u32 {
+        self.refcount[b as usize]
+    }
+
+    /// The block registered under hash `h`, if any (held, or free but not yet reused).
+    #[inline]
+    pub fn cached_block(&self, h: u64) -> Option<u32> {
+        self.cached.get(&h).copied()
+    }
+
+    /// Blocks registered in the prefix cache.
+    pub fn num_cached(&self) -> usize {
+        self.cached.len()
+    }
+
+    /// Is block `b` registered in the prefix cache? (False for ids out of range.)
+    pub fn is_cached(&self, b: u32) -> bool {
+        self.hash.get(b as usize).is_some_and(|h| h.is_some())
+    }
+
+    /// Register full block `b` under hash `h`, unless `b` already carries a hash or another
+    /// block holds `h` (the same content in another block stays private).
+    pub fn register(&mut self, b: u32, h: u64) {
+        if self.hash[b as usize].is_none() && !self.cached.contains_key(&h) {
+            self.hash[b as usize] = Some(h);
+            self.cached.insert(h, b);
+        }
     }
 
     /// Unlink `b` from the free queue (it must be in it).

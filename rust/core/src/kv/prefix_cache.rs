@@ -67,8 +67,8 @@ impl BlockManager {
             }
             let max_hits = tokens.len().saturating_sub(1) / bs;
             for h in &hashes[..max_hits] {
-                match self.pool.cached.get(h) {
-                    Some(&b) => hits.push(b),
+                match self.pool.cached_block(*h) {
+                    Some(b) => hits.push(b),
                     None => break,
                 }
             }
@@ -79,10 +79,7 @@ impl BlockManager {
             tokens = &tokens[..hits.len() * bs];
         }
         // Hit blocks sitting in the free queue leave it, so they are not free for the rest.
-        let free_hits = hits
-            .iter()
-            .filter(|&&b| self.pool.refcount[b as usize] == 0)
-            .count();
+        let free_hits = hits.iter().filter(|&&b| self.pool.refcount(b) == 0).count();
         let need = total - hits.len();
         let free = self.pool.num_free() - free_hits;
         if need > free {
@@ -139,12 +136,7 @@ impl BlockManager {
                 s.extra_key,
             );
             s.hashes.push(h);
-            let b = s.blocks[i];
-            // A block is registered once; the same content in another block stays private.
-            if self.pool.hash[b as usize].is_none() && !self.pool.cached.contains_key(&h) {
-                self.pool.hash[b as usize] = Some(h);
-                self.pool.cached.insert(h, b);
-            }
+            self.pool.register(s.blocks[i], h);
         }
     }
 

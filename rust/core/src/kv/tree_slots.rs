@@ -1,10 +1,10 @@
 //! Tentative draft-tree slots: reserve after the committed prefix, then commit the accepted
 //! nodes (moves that make them contiguous) or roll back. Batched forms cover a decode step.
 
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use rustc_hash::FxHashMap as HashMap;
 
 use super::error::KvError;
-use super::manager::{Appended, BlockManager, SeqId};
+use super::manager::{same_len, twice_in_step, Appended, BlockManager, Seen, SeqId};
 
 /// A decode step's reservations: `slots[offsets[i]..offsets[i+1]]` belong to `seqs[i]`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -57,25 +57,15 @@ impl BlockManager {
         counts: &[usize],
         tentative: bool,
     ) -> Result<ReserveBatch, KvError> {
-        if seqs.len() != counts.len() {
-            return Err(KvError::Invalid(format!(
-                "{} sequences but {} counts",
-                seqs.len(),
-                counts.len()
-            )));
-        }
+        same_len(seqs.len(), "sequences", counts.len(), "counts")?;
         // Validate everything and count blocks exactly (a shared tail copied by one sequence
         // is no longer shared for the next), before touching anything.
-        let mut seen = HashSet::with_capacity_and_hasher(seqs.len(), Default::default());
+        let mut seen = Seen::with_capacity(seqs.len());
         let mut tail_rc: HashMap<u32, u32> = HashMap::default();
         let mut need = 0usize;
         for (&seq, &n) in seqs.iter().zip(counts) {
             let s = self.get(seq)?;
-            if !seen.insert(seq) {
-                return Err(KvError::Invalid(format!(
-                    "sequence {seq} appears twice in one step"
-                )));
-            }
+            seen.first(seq, twice_in_step)?;
             if s.pending > 0 {
                 return Err(KvError::PendingStep(seq));
             }
@@ -194,13 +184,9 @@ impl BlockManager {
         if tokens.is_some_and(|t| t.len() != accepted.len()) {
             return Err(KvError::Invalid("tokens must align with accepted".into()));
         }
-        let mut seen = HashSet::with_capacity_and_hasher(seqs.len(), Default::default());
+        let mut seen = Seen::with_capacity(seqs.len());
         for (i, &seq) in seqs.iter().enumerate() {
-            if !seen.insert(seq) {
-                return Err(KvError::Invalid(format!(
-                    "sequence {seq} appears twice in one step"
-                )));
-            }
+            seen.first(seq, twice_in_step)?;
             let r = offsets[i]..offsets[i + 1];
             self.check_accepted(seq, &accepted[r.clone()], tokens.map(|t| &t[r]))?;
         }

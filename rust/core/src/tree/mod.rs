@@ -1,28 +1,26 @@
-//! Draft trees: building them, describing them to a verifier, and walking them.
+//! Draft trees, by stage: [`build`] them (DDTree from drafter marginals, or from explicit
+//! branches), describe them to a verifier ([`contract`]: ancestor bits, dense masks, position
+//! ids, child links, retrieve indices, padding), and [`walk`](mod@walk) them with the verifier's
+//! choices. The common items are re-exported here.
 //!
 //! Array conventions (shared with the Python layer): a tree of `n = N + 1` nodes has the
 //! root (the last committed or bonus token) at index 0 with depth 0 and parent -1; drafted
 //! nodes follow, and a parent's index is always smaller than its child's.
 
-mod branches;
-mod builder;
-mod contract;
+pub mod build;
+pub mod contract;
 mod error;
-mod heap;
-mod marginals;
-mod queues;
-mod walk;
+pub mod walk;
 
-pub use branches::tree_from_branches;
-pub use builder::{
-    build_checked, build_ddtree, build_ddtree_filtered, max_nodes, AllowAll, TokenFilter,
+pub use build::{
+    build_checked, build_ddtree, build_ddtree_filtered, max_nodes, tree_from_branches, AllowAll,
+    Marginals, TokenFilter,
 };
 pub use contract::{
     ancestor_bits, attention_mask, check_alloc, check_tree_size, child_links, pad_tree,
     position_ids, retrieve_indices, AncestorBits, ChildLinks, MaskValue, Padded,
 };
 pub use error::TreeError;
-pub use marginals::Marginals;
 pub use walk::{walk, WalkOutcome};
 
 /// The node arrays of a draft tree (length `n`, root first).
@@ -38,6 +36,27 @@ pub struct DraftTree {
 }
 
 impl DraftTree {
+    /// A tree holding only its root, with room for `capacity` nodes (what builders fill).
+    pub(crate) fn with_root(capacity: usize, root_token: i64, scored: bool) -> Self {
+        let mut t = DraftTree {
+            tokens: Vec::with_capacity(capacity),
+            parents: Vec::with_capacity(capacity),
+            depths: Vec::with_capacity(capacity),
+            logprobs: Vec::with_capacity(capacity),
+            scored,
+        };
+        t.push(root_token, -1, 0, 0.0);
+        t
+    }
+
+    #[inline(always)]
+    pub(crate) fn push(&mut self, token: i64, parent: i32, depth: i32, logprob: f64) {
+        self.tokens.push(token);
+        self.parents.push(parent);
+        self.depths.push(depth);
+        self.logprobs.push(logprob);
+    }
+
     /// Number of nodes including the root.
     pub fn len(&self) -> usize {
         self.tokens.len()
@@ -123,8 +142,8 @@ impl DraftTree {
 }
 
 /// A built tree with the ancestor bits every verifier needs, computed in the same pass.
-/// The child links only a walk needs are derived on request ([`BuiltTree::links`]): at
-/// B = 1024 they cost about 1 us, a twentieth of the build.
+/// The child links only a walk needs are derived on request ([`BuiltTree::links`]): most
+/// callers hand the bits to a verifier and never walk in Rust.
 #[derive(Debug, Clone)]
 pub struct BuiltTree {
     pub tree: DraftTree,
@@ -140,17 +159,5 @@ impl BuiltTree {
     /// First-child / next-sibling links for the walk.
     pub fn links(&self) -> ChildLinks {
         child_links(&self.tree.parents)
-    }
-}
-
-#[inline]
-pub(crate) fn check_token(token: i64, location: impl FnOnce() -> String) -> Result<(), TreeError> {
-    if (0..=i32::MAX as i64).contains(&token) {
-        Ok(())
-    } else {
-        Err(TreeError::TokenOutOfRange {
-            token,
-            location: location(),
-        })
     }
 }

@@ -1,3 +1,6 @@
+//! The verifier walk: follow the verifier's chosen tokens down the tree; the first miss is
+//! the bonus token.
+
 use super::{ChildLinks, TreeError};
 
 /// Result of walking a tree with the verifier's choices.

@@ -6,9 +6,8 @@
 
 use std::collections::HashMap;
 
-use super::equiv::heights_below;
-use super::regex::TableDfa;
-use super::trie::{TokenTrie, TrieNode};
+use super::dfa::{StateId, TableDfa};
+use crate::constrain::vocab::{heights_below, TokenTrie, TrieNode};
 
 /// Nodes with at least this many tokens get a precomputed bitmap.
 const HEAVY: usize = 1024;
@@ -28,11 +27,10 @@ pub struct ClassTrie {
 /// Byte -> representative byte of its class (the smallest byte with the same DFA column),
 /// and the number of classes.
 pub fn byte_classes(dfa: &TableDfa) -> ([u8; 256], usize) {
-    let states = dfa.num_states();
-    let mut seen: HashMap<Vec<u32>, u8> = HashMap::new();
+    let mut seen: HashMap<Vec<StateId>, u8> = HashMap::new();
     let mut rep = [0u8; 256];
     for b in 0..=255u8 {
-        let col: Vec<u32> = (0..states).map(|s| dfa.next((s * 256) as u32, b)).collect();
+        let col: Vec<StateId> = dfa.states().map(|s| dfa.next(s, b)).collect();
         rep[b as usize] = *seen.entry(col).or_insert(b);
     }
     (rep, seen.len())

@@ -4,7 +4,11 @@
 use base64::Engine;
 use serde::Deserialize;
 
-use super::trie::TokenTrie;
+mod trie;
+
+pub(crate) use trie::heights_below;
+pub use trie::{TokenTrie, TrieNode};
+
 use super::GrammarError;
 
 /// Token bytes in one flat buffer (`offsets[i]..offsets[i+1]`), built once and shared.

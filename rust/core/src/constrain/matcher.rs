@@ -1,19 +1,17 @@
-//! A matcher: one grammar state per accepted token, kept as a persistent list so `fork` is
-//! an `Arc` clone (O(1)) and `rollback(n)` walks back `n` links.
+//! A matcher: one constraint state per accepted token, kept as a persistent list so `fork`
+//! is an `Arc` clone (O(1)) and `rollback(n)` walks back `n` links.
 
 use std::sync::Arc;
 
-use super::compiled::{CompiledRegex, TERMINATED};
-use super::regex::DEAD;
-use super::GrammarError;
+use super::{CompiledRegex, Constraint, GrammarError};
 
 #[derive(Debug)]
-struct Hist {
-    state: u32,
-    prev: Option<Arc<Hist>>,
+struct Hist<S> {
+    state: S,
+    prev: Option<Arc<Hist<S>>>,
 }
 
-impl Drop for Hist {
+impl<S> Drop for Hist<S> {
     // Unlink iteratively: a long history must not recurse once per token.
     fn drop(&mut self) {
         let mut next = self.prev.take();
@@ -26,16 +24,27 @@ impl Drop for Hist {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct Matcher {
-    grammar: Arc<CompiledRegex>,
-    head: Arc<Hist>,
+#[derive(Debug)]
+pub struct Matcher<C: Constraint = CompiledRegex> {
+    grammar: Arc<C>,
+    head: Arc<Hist<C::State>>,
     /// Accepted tokens still in the history (what `rollback` may undo).
     len: usize,
 }
 
-impl Matcher {
-    pub fn new(grammar: Arc<CompiledRegex>) -> Self {
+// Not derived: a derive would require `C: Clone`, and the constraint is shared, not copied.
+impl<C: Constraint> Clone for Matcher<C> {
+    fn clone(&self) -> Self {
+        Matcher {
+            grammar: self.grammar.clone(),
+            head: self.head.clone(),
+            len: self.len,
+        }
+    }
+}
+
+impl<C: Constraint> Matcher<C> {
+    pub fn new(grammar: Arc<C>) -> Self {
         let start = grammar.start();
         Matcher {
             grammar,
@@ -47,13 +56,13 @@ impl Matcher {
         }
     }
 
-    pub fn grammar(&self) -> &Arc<CompiledRegex> {
+    pub fn grammar(&self) -> &Arc<C> {
         &self.grammar
     }
 
-    /// Current (premultiplied) DFA state, or `TERMINATED`.
+    /// Current state (`C::TERMINATED` after EOS).
     #[inline]
-    pub fn state(&self) -> u32 {
+    pub fn state(&self) -> C::State {
         self.head.state
     }
 
@@ -61,7 +70,7 @@ impl Matcher {
     pub fn accept_token(&mut self, token: i64) -> Result<bool, GrammarError> {
         let t = self.grammar.vocab().check(token)?;
         let next = self.grammar.step(self.state(), t);
-        if next == DEAD {
+        if next == C::DEAD {
             return Ok(false);
         }
         self.push(next);
@@ -82,14 +91,14 @@ impl Matcher {
         Ok(tokens.len())
     }
 
-    fn push(&mut self, state: u32) {
+    fn push(&mut self, state: C::State) {
         let prev = Some(self.head.clone());
         self.head = Arc::new(Hist { state, prev });
         self.len += 1;
     }
 
     pub fn is_terminated(&self) -> bool {
-        self.state() == TERMINATED
+        self.state() == C::TERMINATED
     }
 
     /// EOS is allowed now.
@@ -123,7 +132,7 @@ impl Matcher {
     }
 
     /// An independent copy sharing history (O(1)).
-    pub fn fork(&self) -> Matcher {
+    pub fn fork(&self) -> Matcher<C> {
         self.clone()
     }
 

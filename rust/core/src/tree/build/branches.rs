@@ -1,6 +1,7 @@
 //! Trees from explicit token paths (Medusa choices, static EAGLE trees).
 
-use super::{check_token, check_tree_size, BuiltTree, DraftTree, TreeError};
+use super::check_token;
+use crate::tree::{check_tree_size, BuiltTree, DraftTree, TreeError};
 
 /// Merge token paths into one tree under `root_token`, shared prefixes once. Nodes are
 /// packed breadth-first: by depth, then by parent index, then by first appearance among the
@@ -35,29 +36,16 @@ pub fn tree_from_branches(branches: &[Vec<i64>], root_token: i64) -> Result<Buil
     // Breadth-first order over the trie gives exactly the packing described above.
     let n = children.len();
     check_tree_size(n)?;
-    let mut tokens = Vec::with_capacity(n);
-    let mut parents = Vec::with_capacity(n);
-    let mut depths = Vec::with_capacity(n);
-    tokens.push(root_token);
-    parents.push(-1i32);
-    depths.push(0i32);
+    let mut tree = DraftTree::with_root(n, root_token, false);
     let mut queue = vec![0usize];
     let mut head = 0;
     while head < queue.len() {
         let trie_node = queue[head];
         for &(tok, c) in &children[trie_node] {
-            tokens.push(tok);
-            parents.push(head as i32);
-            depths.push(depths[head] + 1);
+            tree.push(tok, head as i32, tree.depths[head] + 1, 0.0);
             queue.push(c);
         }
         head += 1;
     }
-    Ok(BuiltTree::from_tree(DraftTree {
-        tokens,
-        parents,
-        depths,
-        logprobs: vec![0.0; n],
-        scored: false,
-    }))
+    Ok(BuiltTree::from_tree(tree))
 }

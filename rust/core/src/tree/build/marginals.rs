@@ -1,4 +1,5 @@
-use super::{check_token, TreeError};
+use super::check_token;
+use crate::tree::TreeError;
 
 /// Validated per-depth drafter marginals: `L` rows of `K` log-probs sorted descending,
 /// with their token ids (range-checked too, except through `build_checked`, which checks
@@ -24,36 +25,8 @@ impl<'a> Marginals<'a> {
         width: usize,
         budget: i64,
     ) -> Result<Self, TreeError> {
-        Self::budgeted(logprobs, token_ids, depth, width, budget, true)
-    }
-
-    /// As [`Marginals::new`] without the token-id range scan, for `build_checked`, which
-    /// checks the ids the tree actually holds after the build: at L = 16, K = 1024 the id
-    /// scan reads 128 KB, two thirds of the validation, for ids that mostly never enter
-    /// the tree.
-    pub(super) fn for_build(
-        logprobs: &'a [f32],
-        token_ids: &'a [i64],
-        depth: usize,
-        width: usize,
-        budget: i64,
-    ) -> Result<Self, TreeError> {
-        Self::budgeted(logprobs, token_ids, depth, width, budget, false)
-    }
-
-    fn budgeted(
-        logprobs: &'a [f32],
-        token_ids: &'a [i64],
-        depth: usize,
-        width: usize,
-        budget: i64,
-        check_ids: bool,
-    ) -> Result<Self, TreeError> {
-        if budget <= 0 {
-            return Err(TreeError::Budget(budget));
-        }
-        let used = width.min(budget as usize);
-        Self::with_columns(logprobs, token_ids, depth, width, used, check_ids)
+        let used = budget_columns(width, budget)?;
+        Self::with_columns(logprobs, token_ids, depth, width, used, true)
     }
 
     /// Validate every column: a constrained build may skip any number of disallowed
@@ -67,7 +40,11 @@ impl<'a> Marginals<'a> {
         Self::with_columns(logprobs, token_ids, depth, width, width, true)
     }
 
-    fn with_columns(
+    /// Validate the first `used` columns; `check_ids: false` skips the token-id range scan,
+    /// for `build_checked`, which checks the ids the tree actually holds after the build
+    /// (the scan would read every `i64` id, most of the validation's memory traffic, for
+    /// ids that mostly never enter the tree).
+    pub(super) fn with_columns(
         logprobs: &'a [f32],
         token_ids: &'a [i64],
         depth: usize,
@@ -172,8 +149,16 @@ impl<'a> Marginals<'a> {
     }
 }
 
+/// Columns an unconstrained build of `budget` drafted nodes can use: min(budget, K).
+pub(super) fn budget_columns(width: usize, budget: i64) -> Result<usize, TreeError> {
+    if budget <= 0 {
+        return Err(TreeError::Budget(budget));
+    }
+    Ok(width.min(budget as usize))
+}
+
 /// `first_bad_row` without the id scan (the per-build check), with 8-lane compares when
-/// the CPU has AVX2: about 2x faster than the baseline x86-64 build's 4 lanes.
+/// the CPU has AVX2 (the baseline x86-64 build has 4).
 fn first_bad_row_no_ids(
     logprobs: &[f32],
     token_ids: &[i64],

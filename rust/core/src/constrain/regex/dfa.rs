@@ -1,6 +1,6 @@
 //! Regex -> byte-level DFA. `regex-automata` determinizes (anchored, all-matches semantics so
-//! the whole language is kept); we then copy the reachable part into a flat table with
-//! premultiplied state ids and fold every state that cannot reach a match into the dead
+//! the whole language is kept); we then copy the reachable part into a flat table indexed by
+//! [`StateId`] and fold every state that cannot reach a match into the dead
 //! state 0, so "not dead" means "some continuation completes a match".
 
 use std::collections::HashMap;
@@ -10,7 +10,7 @@ use regex_automata::nfa::thompson;
 use regex_automata::util::{start, syntax};
 use regex_automata::{Anchored, MatchKind};
 
-use super::GrammarError;
+use crate::constrain::GrammarError;
 
 /// Limits applied while compiling (bytes of automaton memory).
 #[derive(Debug, Clone, Copy)]
@@ -30,15 +30,54 @@ impl Default for RegexLimits {
     }
 }
 
-/// Dead state (premultiplied id 0); it loops to itself.
-pub const DEAD: u32 = 0;
+/// A state of a [`TableDfa`], or a matcher's [`StateId::TERMINATED`]. Stored premultiplied
+/// (`index * 256`, the offset of its row of transitions) so a transition is one add and one
+/// load in the trie walk's inner loop; only this type does that arithmetic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(transparent)]
+pub struct StateId(u32);
 
-/// Flat DFA: `trans[s + byte]` is the next state, with `s` a premultiplied id (`index * 256`).
+impl StateId {
+    /// The dead state (index 0): no continuation completes a match; it loops to itself.
+    pub const DEAD: StateId = StateId(0);
+    /// A matcher's state after EOS was accepted (no DFA row: never index with it).
+    pub const TERMINATED: StateId = StateId(u32::MAX);
+
+    /// The state with dense index `index` (`0..num_states`).
+    #[inline(always)]
+    pub const fn from_index(index: usize) -> StateId {
+        StateId((index * 256) as u32)
+    }
+
+    /// Dense index (`0..num_states`) of a DFA state.
+    #[inline(always)]
+    pub const fn index(self) -> usize {
+        self.0 as usize / 256
+    }
+
+    /// Offset of the state's transition row in the table.
+    #[inline(always)]
+    const fn row(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// The raw (premultiplied) id, as the Python layer shows it.
+impl From<StateId> for u32 {
+    fn from(s: StateId) -> u32 {
+        s.0
+    }
+}
+
+/// Dead state; it loops to itself.
+pub const DEAD: StateId = StateId::DEAD;
+
+/// Flat DFA: `trans[s.row() + byte]` is the next state of `s`.
 #[derive(Debug, Clone)]
 pub struct TableDfa {
-    trans: Vec<u32>,
+    trans: Vec<StateId>,
     accepting: Vec<bool>,
-    start: u32,
+    start: StateId,
 }
 
 impl TableDfa {
@@ -141,36 +180,37 @@ impl TableDfa {
             if !live[s] {
                 continue;
             }
-            let base = remap[s] as usize * 256;
+            let base = StateId::from_index(remap[s] as usize).row();
             for b in 0..256 {
-                trans[base + b] = remap[edges[s][b] as usize] * 256;
+                trans[base + b] = StateId::from_index(remap[edges[s][b] as usize] as usize);
             }
             acc[remap[s] as usize] = accepting[s];
         }
         Ok(TableDfa {
             trans,
             accepting: acc,
-            start: remap[1] * 256,
+            start: StateId::from_index(remap[1] as usize),
         })
     }
 
     #[inline(always)]
-    pub fn next(&self, state: u32, byte: u8) -> u32 {
-        self.trans[state as usize + byte as usize]
+    pub fn next(&self, state: StateId, byte: u8) -> StateId {
+        self.trans[state.row() + byte as usize]
     }
 
     /// As [`next`](Self::next) without the bounds check (the trie walk's inner loop).
     ///
     /// # Safety
-    /// `state` must be a state id of this DFA (premultiplied, as returned by it).
+    /// `state` must be a state of this DFA (not [`StateId::TERMINATED`]).
     #[inline(always)]
-    pub unsafe fn next_unchecked(&self, state: u32, byte: u8) -> u32 {
-        *self.trans.get_unchecked(state as usize + byte as usize)
+    pub unsafe fn next_unchecked(&self, state: StateId, byte: u8) -> StateId {
+        // SAFETY: a state of this DFA has a full row of 256 transitions in `trans`.
+        unsafe { *self.trans.get_unchecked(state.row() + byte as usize) }
     }
 
     /// Run `bytes` from `state`; DEAD as soon as no match is reachable.
     #[inline]
-    pub fn run(&self, mut state: u32, bytes: &[u8]) -> u32 {
+    pub fn run(&self, mut state: StateId, bytes: &[u8]) -> StateId {
         for &b in bytes {
             state = self.next(state, b);
             if state == DEAD {
@@ -181,11 +221,11 @@ impl TableDfa {
     }
 
     #[inline]
-    pub fn is_accepting(&self, state: u32) -> bool {
-        self.accepting[(state / 256) as usize]
+    pub fn is_accepting(&self, state: StateId) -> bool {
+        self.accepting[state.index()]
     }
 
-    pub fn start(&self) -> u32 {
+    pub fn start(&self) -> StateId {
         self.start
     }
 
@@ -194,10 +234,9 @@ impl TableDfa {
         self.accepting.len()
     }
 
-    /// Dense index (0..num_states) of a premultiplied state id.
-    #[inline]
-    pub fn index(state: u32) -> usize {
-        (state / 256) as usize
+    /// Every state, dead (index 0) first.
+    pub fn states(&self) -> impl Iterator<Item = StateId> {
+        (0..self.num_states()).map(StateId::from_index)
     }
 }
 

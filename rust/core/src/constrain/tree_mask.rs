@@ -1,20 +1,17 @@
 //! Grammar masks over draft trees: one row per node (root first), states advanced along
 //! parents; and the token filter that makes the DDTree builder grammar-aware.
 
-use super::compiled::{CompiledRegex, TERMINATED};
-use super::matcher::Matcher;
-use super::regex::DEAD;
-use super::GrammarError;
+use super::{CompiledRegex, Constraint, GrammarError, Matcher};
 use crate::tree::TokenFilter;
 
 /// States of every node of a tree whose root is in `root_state`; DEAD for nodes whose token
-/// (or an ancestor's) the grammar rejects.
-pub fn tree_states(
-    g: &CompiledRegex,
-    root_state: u32,
+/// (or an ancestor's) the constraint rejects.
+pub fn tree_states<C: Constraint>(
+    g: &C,
+    root_state: C::State,
     tokens: &[i64],
     parents: &[i32],
-) -> Result<Vec<u32>, GrammarError> {
+) -> Result<Vec<C::State>, GrammarError> {
     let n = tokens.len();
     if parents.len() != n || n == 0 {
         return Err(GrammarError::Shape(format!(
@@ -45,8 +42,8 @@ pub fn tree_states(
 
 /// Fill rows `0..n` of `out` (`cols` words each) with the masks of the tree's nodes; returns
 /// per node whether its path is valid. Invalid nodes get an all-zero row.
-pub fn fill_tree_bitmask(
-    m: &Matcher,
+pub fn fill_tree_bitmask<C: Constraint>(
+    m: &Matcher<C>,
     tokens: &[i64],
     parents: &[i32],
     out: &mut [u32],
@@ -61,24 +58,25 @@ pub fn fill_tree_bitmask(
             out.len() / cols.max(1)
         )));
     }
-    let states = tree_states(g, m.state(), tokens, parents)?;
+    let states = tree_states(g.as_ref(), m.state(), tokens, parents)?;
     let mut valid = Vec::with_capacity(states.len());
     for (i, &s) in states.iter().enumerate() {
         let row = &mut out[i * cols..(i + 1) * cols];
-        valid.push(s != DEAD);
+        valid.push(s != C::DEAD);
         g.fill_mask(s, row);
     }
     Ok(valid)
 }
 
-/// The DDTree builder's filter: one grammar state per emitted node (node 0 = the matcher's).
-pub struct GrammarFilter<'a> {
-    g: &'a CompiledRegex,
-    states: Vec<u32>,
+/// The DDTree builder's filter: one constraint state per emitted node (node 0 = the
+/// matcher's).
+pub struct GrammarFilter<'a, C: Constraint = CompiledRegex> {
+    g: &'a C,
+    states: Vec<C::State>,
 }
 
-impl<'a> GrammarFilter<'a> {
-    pub fn new(m: &'a Matcher, capacity: usize) -> Self {
+impl<'a, C: Constraint> GrammarFilter<'a, C> {
+    pub fn new(m: &'a Matcher<C>, capacity: usize) -> Self {
         let mut states = Vec::with_capacity(capacity);
         states.push(m.state());
         GrammarFilter {
@@ -88,27 +86,27 @@ impl<'a> GrammarFilter<'a> {
     }
 
     /// States of the emitted nodes, in node order.
-    pub fn states(&self) -> &[u32] {
+    pub fn states(&self) -> &[C::State] {
         &self.states
     }
 
     #[inline]
-    fn next(&self, parent: usize, token: i64) -> u32 {
+    fn next(&self, parent: usize, token: i64) -> C::State {
         let s = self.states[parent];
         // Drafting past EOS would only spend budget on padding.
-        if s == TERMINATED {
-            return DEAD;
+        if s == C::TERMINATED {
+            return C::DEAD;
         }
         match self.g.vocab().check(token) {
             Ok(t) => self.g.step(s, t),
-            Err(_) => DEAD,
+            Err(_) => C::DEAD,
         }
     }
 }
 
-impl TokenFilter for GrammarFilter<'_> {
+impl<C: Constraint> TokenFilter for GrammarFilter<'_, C> {
     fn allows(&mut self, parent: usize, token: i64) -> bool {
-        self.next(parent, token) != DEAD
+        self.next(parent, token) != C::DEAD
     }
 
     fn emitted(&mut self, node: usize, parent: usize, token: i64) {

@@ -1,8 +1,7 @@
 //! Token trie in preorder arrays: walking it with an automaton visits each shared prefix once
 //! and skips a whole subtree (`end`) as soon as the automaton dies.
 
-use super::equiv::heights_below;
-use super::vocab::Vocabulary;
+use super::Vocabulary;
 
 /// One trie node; nodes are stored in preorder so a subtree is the index range `[i, end)`.
 #[derive(Debug, Clone, Copy)]
@@ -95,4 +94,20 @@ impl TokenTrie {
     pub fn num_nodes(&self) -> usize {
         self.nodes.len()
     }
+}
+
+/// Per preorder node: its subtree's depth below it (0 for a leaf).
+pub fn heights_below(nodes: &[TrieNode]) -> Vec<u16> {
+    let n = nodes.len();
+    let mut below = vec![0u16; n];
+    for i in (0..n).rev() {
+        let mut h = 0u16;
+        let mut j = i + 1;
+        while j < nodes[i].end as usize {
+            h = h.max(below[j] + 1);
+            j = nodes[j].end as usize;
+        }
+        below[i] = h;
+    }
+    below
 }

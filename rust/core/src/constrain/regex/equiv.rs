@@ -9,8 +9,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::regex::TableDfa;
-use super::trie::TrieNode;
+use super::dfa::{StateId, TableDfa, DEAD};
 
 /// Multiply-rotate hasher for short `u32` signatures (SipHash dominates otherwise).
 #[derive(Default)]
@@ -73,9 +72,9 @@ impl StateLevels {
         let nc = reps.len();
         // Successor indices over one byte per class, compact (fits in L1 for typical DFAs).
         let mut succ = vec![0u32; states * nc];
-        for i in 0..states {
+        for (i, s) in dfa.states().enumerate() {
             for (c, &b) in reps.iter().enumerate() {
-                succ[i * nc + c] = TableDfa::index(dfa.next((i * 256) as u32, b)) as u32;
+                succ[i * nc + c] = dfa.next(s, b).index() as u32;
             }
         }
         let w = nc + 1;
@@ -131,18 +130,17 @@ impl StateLevels {
         self.converged || self.top >= len
     }
 
-    /// Do premultiplied states `a` and `b` die on the same strings of length <= `level`?
+    /// Do states `a` and `b` die on the same strings of length <= `level`?
     /// (Beyond the stored levels only identical states are known to.)
     #[inline(always)]
-    pub fn same(&self, level: usize, a: u32, b: u32) -> bool {
+    pub fn same(&self, level: usize, a: StateId, b: StateId) -> bool {
         if level > self.top && !self.converged {
             return a == b;
         }
         let base = level.min(self.top) * self.states;
         // SAFETY: `base` indexes a stored level and `a`, `b` are states of this DFA.
         unsafe {
-            *self.cls.get_unchecked(base + TableDfa::index(a))
-                == *self.cls.get_unchecked(base + TableDfa::index(b))
+            *self.cls.get_unchecked(base + a.index()) == *self.cls.get_unchecked(base + b.index())
         }
     }
 
@@ -171,13 +169,14 @@ impl StateLevels {
     /// Trie nodes under the first bytes that `s` does not kill, and under those whose
     /// transitions from `s` and `t` differ (what a diff walk of `s` against `t` may enter).
     pub fn first_byte_costs(&self, dfa: &TableDfa, s: usize, t: usize) -> (usize, usize) {
+        let (s, t) = (StateId::from_index(s), StateId::from_index(t));
         let (mut own, mut diff) = (0, 0);
         for (&b, &w) in self.bytes.iter().zip(&self.weight) {
-            let a = dfa.next((s * 256) as u32, b);
-            if a != 0 {
+            let a = dfa.next(s, b);
+            if a != DEAD {
                 own += w;
             }
-            if a != dfa.next((t * 256) as u32, b) {
+            if a != dfa.next(t, b) {
                 diff += w;
             }
         }
@@ -194,15 +193,12 @@ impl StateLevels {
         min_walk: usize,
         cached: impl Fn(usize) -> bool,
     ) -> Option<usize> {
-        let row: Vec<u32> = self
-            .bytes
-            .iter()
-            .map(|&b| dfa.next((idx * 256) as u32, b))
-            .collect();
+        let state = StateId::from_index(idx);
+        let row: Vec<StateId> = self.bytes.iter().map(|&b| dfa.next(state, b)).collect();
         let own: usize = row
             .iter()
             .zip(&self.weight)
-            .filter(|(&s, _)| s != 0)
+            .filter(|(&s, _)| s != DEAD)
             .map(|(_, &w)| w)
             .sum();
         if own <= min_walk {
@@ -213,9 +209,10 @@ impl StateLevels {
             if t == idx || !cached(t) {
                 continue;
             }
+            let ts = StateId::from_index(t);
             let mut cost = 0;
             for ((&b, &s), &w) in self.bytes.iter().zip(&row).zip(&self.weight) {
-                if dfa.next((t * 256) as u32, b) != s {
+                if dfa.next(ts, b) != s {
                     cost += w;
                 }
             }
@@ -225,20 +222,4 @@ impl StateLevels {
         }
         best.1
     }
-}
-
-/// Per preorder node: its subtree's depth below it (0 for a leaf).
-pub fn heights_below(nodes: &[TrieNode]) -> Vec<u16> {
-    let n = nodes.len();
-    let mut below = vec![0u16; n];
-    for i in (0..n).rev() {
-        let mut h = 0u16;
-        let mut j = i + 1;
-        while j < nodes[i].end as usize {
-            h = h.max(below[j] + 1);
-            j = nodes[j].end as usize;
-        }
-        below[i] = h;
-    }
-    below
 }

@@ -15,11 +15,12 @@
 //! only the relative order of sequence numbers matters, and that is unchanged.
 //!
 //! The loop reads and writes without bounds checks (each `SAFETY` note names the bound):
-//! the checks kept values in memory instead of registers and cost about 20% of the loop.
+//! with the checks the compiler keeps the loop's values in memory instead of registers.
 //! The proptests compare this builder with the checked one-heap builder, ties included.
 
-use super::heap::MinHeap as HeadHeap;
-use super::{BuiltTree, Marginals};
+use super::min_heap::MinHeap as HeadHeap;
+use super::{max_nodes, Marginals};
+use crate::tree::{BuiltTree, DraftTree};
 
 const NONE: u32 = u32::MAX;
 
@@ -94,8 +95,7 @@ impl Classes {
     fn push(&mut self, q: u32, score: f64, parent: u32) {
         let seq = self.arena.len();
         debug_assert!(seq < self.arena.capacity());
-        // SAFETY: the arena's capacity covers every push (two per pop) and `q` is a queue
-        // index handed out by `new_queue`; see `build`.
+        // SAFETY: the arena's capacity covers every push (two per pop; see `build`).
         unsafe {
             self.arena.as_mut_ptr().add(seq).write(Cand {
                 score,
@@ -105,6 +105,7 @@ impl Classes {
             self.arena.set_len(seq + 1);
         }
         let seq = seq as u32;
+        // SAFETY: `q` was handed out by `new_queue`, so it is below `queues.len()`.
         let queue = unsafe { self.queues.get_unchecked_mut(q as usize) };
         if queue.head == NONE {
             queue.head = seq;
@@ -113,6 +114,7 @@ impl Classes {
         } else {
             let tail = queue.tail;
             queue.tail = seq;
+            // SAFETY: a queue's tail is a candidate pushed earlier, below `arena.len()`.
             unsafe { self.arena.get_unchecked_mut(tail as usize).next = seq };
         }
     }
@@ -126,27 +128,21 @@ pub(super) fn build(
 ) -> BuiltTree {
     let k = m.used_width().min(budget);
     let rows = m.depth();
-    let cap = super::max_nodes(budget, rows, k);
-    let mut tokens: Vec<i64> = Vec::with_capacity(cap);
-    let mut parents: Vec<i32> = Vec::with_capacity(cap);
-    let mut depths: Vec<i32> = Vec::with_capacity(cap);
-    let mut logprobs: Vec<f64> = Vec::with_capacity(cap);
-    tokens.push(root_token);
-    parents.push(-1);
-    depths.push(0);
-    logprobs.push(0.0);
+    let cap = max_nodes(budget, rows, k);
+    let mut tree = DraftTree::with_root(cap, root_token, true);
 
     let lp0 = m.logprob(0, 0);
     let min = min_logprob.unwrap_or(f64::NEG_INFINITY);
     if cap < 2 || k == 0 || lp0 == f32::NEG_INFINITY || (lp0 as f64) < min {
-        return super::builder::finish(tokens, parents, depths, logprobs);
+        return BuiltTree::from_tree(tree);
     }
     let (lp, ids, width) = m.raw();
-    // SAFETY (all unchecked accesses below): `row < rows` and `rank < k <= width`, so
+    // Bounds used by the unchecked accesses below: `row < rows` and `rank < k <= width`, so
     // `row * width + rank` is inside the validated `[rows, width]` arrays; node, queue and
     // candidate indices are below the lengths written so far, which never exceed the
     // capacities reserved here (one node per pop up to `cap`, two candidates per pop, one
     // new queue per pop plus one per row).
+    // SAFETY: callers pass `row * width + rank` with the bounds above.
     let lpv = |i: usize| unsafe { *lp.get_unchecked(i) };
 
     let mut c = Classes {
@@ -158,16 +154,17 @@ pub(super) fn build(
     for row in 0..rows {
         c.new_queue(row, 0, width);
     }
-    let out_tok = tokens.as_mut_ptr();
-    let out_par = parents.as_mut_ptr();
-    let out_dep = depths.as_mut_ptr();
-    let out_lp = logprobs.as_mut_ptr();
+    let out_tok = tree.tokens.as_mut_ptr();
+    let out_par = tree.parents.as_mut_ptr();
+    let out_dep = tree.depths.as_mut_ptr();
+    let out_lp = tree.logprobs.as_mut_ptr();
 
     let mut n = 1usize;
     let mut score = lp0 as f64;
     let mut parent = 0u32;
     let mut q = 0u32;
     loop {
+        // SAFETY: `q` is a queue index handed out by `new_queue`.
         let Queue {
             row,
             rank,
@@ -177,6 +174,8 @@ pub(super) fn build(
         } = unsafe { *c.queues.get_unchecked(q as usize) };
         let (row, rank, cell) = (row as usize, rank as usize, cell as usize);
         let node = n as u32;
+        // SAFETY: `n < cap`, the capacity of the four node vectors; `cell` is an entry of
+        // the validated marginals.
         unsafe {
             out_tok.add(n).write(*ids.get_unchecked(cell));
             out_par.add(n).write(parent as i32);
@@ -193,9 +192,11 @@ pub(super) fn build(
                 let mut sq = sib;
                 if sq == NONE {
                     sq = c.new_queue(row, rank + 1, width);
+                    // SAFETY: `q` is a queue index handed out by `new_queue`.
                     unsafe { c.queues.get_unchecked_mut(q as usize).sib = sq };
                 }
                 // The parent is already emitted: its score is in the output.
+                // SAFETY: `parent < n`, a node written above.
                 let base = unsafe { *out_lp.add(parent as usize) };
                 c.push(sq, base + v as f64, parent);
             }
@@ -225,12 +226,15 @@ pub(super) fn build(
         let Some(top) = c.heap.first() else { break };
         let seq = (top >> 32) as u32;
         let tq = top as u32;
+        // SAFETY: heap items name pushed candidates.
         let cand = unsafe { *c.arena.get_unchecked(seq as usize) };
         if cand.score < min {
             break;
         }
+        // SAFETY: heap items name queues handed out by `new_queue`.
         unsafe { c.queues.get_unchecked_mut(tq as usize).head = cand.next };
         let next_head = (cand.next != NONE).then(|| {
+            // SAFETY: a candidate's `next` link names a later pushed candidate.
             let s = unsafe { c.arena.get_unchecked(cand.next as usize).score };
             head_item(s, cand.next, tq)
         });
@@ -241,13 +245,13 @@ pub(super) fn build(
     }
     // SAFETY: nodes 0..n were written above, n <= cap.
     unsafe {
-        tokens.set_len(n);
-        parents.set_len(n);
-        depths.set_len(n);
-        logprobs.set_len(n);
+        tree.tokens.set_len(n);
+        tree.parents.set_len(n);
+        tree.depths.set_len(n);
+        tree.logprobs.set_len(n);
     }
     // Free the scratch (allocated last, so it goes back to the top of the allocator's heap)
-    // before `finish` allocates the large ancestor bitmap.
+    // before the large ancestor bitmap is allocated.
     drop(c);
-    super::builder::finish(tokens, parents, depths, logprobs)
+    BuiltTree::from_tree(tree)
 }
