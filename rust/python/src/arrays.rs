@@ -58,5 +58,6 @@ pub fn vec2<'py, T: Element>(
 pub fn read<'py, T: Element, D: numpy::ndarray::Dimension>(
     a: &Bound<'py, PyArray<T, D>>,
 ) -> PyResult<PyReadonlyArray<'py, T, D>> {
-    a.try_readonly().map_err(|e| PyValueError::new_err(format!("array in use: {e}")))
+    a.try_readonly()
+        .map_err(|e| PyValueError::new_err(format!("array in use: {e}")))
 }

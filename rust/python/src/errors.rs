@@ -118,8 +118,7 @@ pub fn conversion_error(py: Python<'_>, err: PyErr, value: Class) -> PyErr {
     let message = err.value(py).to_string();
     if err.is_instance_of::<PyTypeError>(py) {
         raise(Class::Type, message)
-    } else if err.is_instance_of::<PyOverflowError>(py) || err.is_instance_of::<PyValueError>(py)
-    {
+    } else if err.is_instance_of::<PyOverflowError>(py) || err.is_instance_of::<PyValueError>(py) {
         raise(value, message)
     } else {
         err

@@ -239,8 +239,6 @@ fn with_buffer<R>(
     })
 }
 
-
-
 #[pymethods]
 impl Matcher {
     #[new]

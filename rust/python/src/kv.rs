@@ -111,7 +111,11 @@ pub struct BlockManager(core::BlockManager);
 impl BlockManager {
     #[new]
     #[pyo3(signature = (num_blocks, block_size, prefix_caching=false))]
-    fn new(#[pyo3(from_py_with = kv_arg)] num_blocks: usize, #[pyo3(from_py_with = kv_arg)] block_size: usize, #[pyo3(from_py_with = kv_arg)] prefix_caching: bool) -> PyResult<Self> {
+    fn new(
+        #[pyo3(from_py_with = kv_arg)] num_blocks: usize,
+        #[pyo3(from_py_with = kv_arg)] block_size: usize,
+        #[pyo3(from_py_with = kv_arg)] prefix_caching: bool,
+    ) -> PyResult<Self> {
         Ok(BlockManager(
             core::BlockManager::new(num_blocks, block_size, prefix_caching).or_raise()?,
         ))
@@ -157,7 +161,11 @@ impl BlockManager {
             tentative,
         })
     }
-    fn block_table<'py>(&self, py: Python<'py>, #[pyo3(from_py_with = kv_arg)] seq: u64) -> PyResult<Arr<'py>> {
+    fn block_table<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = kv_arg)] seq: u64,
+    ) -> PyResult<Arr<'py>> {
         Ok(vec1(py, i32s(self.0.block_table(seq).or_raise()?)).into_any())
     }
     fn slot_mapping<'py>(
@@ -185,7 +193,11 @@ impl BlockManager {
             .or_raise()
     }
 
-    fn allocate(&mut self, #[pyo3(from_py_with = kv_arg)] seq: u64, #[pyo3(from_py_with = kv_arg)] num_tokens: usize) -> PyResult<()> {
+    fn allocate(
+        &mut self,
+        #[pyo3(from_py_with = kv_arg)] seq: u64,
+        #[pyo3(from_py_with = kv_arg)] num_tokens: usize,
+    ) -> PyResult<()> {
         self.0.allocate(seq, num_tokens).or_raise()
     }
     /// Start `seq` with these token ids, reusing cached full blocks; returns the number of
@@ -229,14 +241,22 @@ impl BlockManager {
         Reservation::single(py, a)
     }
     /// Keep only the first `length` committed tokens (outside a step).
-    fn truncate(&mut self, #[pyo3(from_py_with = kv_arg)] seq: u64, #[pyo3(from_py_with = kv_arg)] length: usize) -> PyResult<()> {
+    fn truncate(
+        &mut self,
+        #[pyo3(from_py_with = kv_arg)] seq: u64,
+        #[pyo3(from_py_with = kv_arg)] length: usize,
+    ) -> PyResult<()> {
         self.0.truncate_seq(seq, length).or_raise()
     }
     /// Whether block `block` is registered in the prefix cache.
     fn is_cached(&self, #[pyo3(from_py_with = kv_arg)] block: u32) -> bool {
         self.0.is_cached(block)
     }
-    fn fork(&mut self, #[pyo3(from_py_with = kv_arg)] parent: u64, #[pyo3(from_py_with = kv_arg)] child: u64) -> PyResult<()> {
+    fn fork(
+        &mut self,
+        #[pyo3(from_py_with = kv_arg)] parent: u64,
+        #[pyo3(from_py_with = kv_arg)] child: u64,
+    ) -> PyResult<()> {
         self.0.fork(parent, child).or_raise()
     }
     fn free(&mut self, #[pyo3(from_py_with = kv_arg)] seq: u64) -> PyResult<()> {
@@ -339,11 +359,18 @@ impl BlockManager {
             .or_raise()
     }
     /// `free` for many sequences; all or nothing.
-    fn free_batch(&mut self, #[pyo3(from_py_with = kv_arg)] seqs: PyReadonlyArray1<'_, u64>) -> PyResult<()> {
+    fn free_batch(
+        &mut self,
+        #[pyo3(from_py_with = kv_arg)] seqs: PyReadonlyArray1<'_, u64>,
+    ) -> PyResult<()> {
         self.0.free_batch(&as_slice(&seqs)).or_raise()
     }
     /// Beam `beams[i]` continues `beams[parents[i]]` (shared blocks, no copy).
-    fn reorder(&mut self, #[pyo3(from_py_with = kv_arg)] beams: Vec<u64>, #[pyo3(from_py_with = kv_arg)] parents: Vec<i64>) -> PyResult<()> {
+    fn reorder(
+        &mut self,
+        #[pyo3(from_py_with = kv_arg)] beams: Vec<u64>,
+        #[pyo3(from_py_with = kv_arg)] parents: Vec<i64>,
+    ) -> PyResult<()> {
         let p = to_counts(&parents, "parent indices").or_raise()?;
         self.0.reorder(&beams, &p).or_raise()
     }

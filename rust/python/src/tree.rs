@@ -74,7 +74,8 @@ impl TreeArrays {
             let parents = as_slice(&parents);
             // The arrays are numpy's: a caller may have edited them since the build, and a
             // parent that does not precede its child would make the walk loop.
-            if let Some((i, &p)) = (parents.iter().enumerate()).find(|&(i, &p)| p < -1 || p >= i as i32)
+            if let Some((i, &p)) =
+                (parents.iter().enumerate()).find(|&(i, &p)| p < -1 || p >= i as i32)
             {
                 return Err(TreeError::InvalidTree(format!(
                     "parents[{i}] = {p} must be -1 or in [0, {i})"
@@ -261,17 +262,31 @@ impl TreeArrays {
         core::check_alloc("the dense attention mask", b.rows, bytes).or_raise()?;
         let cols = prefix_len + b.rows;
         Ok(if additive {
-            vec2_typed(py, core::attention_mask::<f32>(&b, prefix_len), b.rows, cols)?.into_any()
+            vec2_typed(
+                py,
+                core::attention_mask::<f32>(&b, prefix_len),
+                b.rows,
+                cols,
+            )?
+            .into_any()
         } else {
-            vec2_typed(py, core::attention_mask::<bool>(&b, prefix_len), b.rows, cols)?.into_any()
+            vec2_typed(
+                py,
+                core::attention_mask::<bool>(&b, prefix_len),
+                b.rows,
+                cols,
+            )?
+            .into_any()
         })
     }
 
     /// int64 `prefix_len + depth` per node (RoPE positions follow depth).
     fn position_ids<'py>(&self, py: Python<'py>, prefix_len: i64) -> PyResult<Bound<'py, PyAny>> {
         if prefix_len < 0 {
-            return Err(TreeError::Shape(format!("prefix_len must be >= 0, got {prefix_len}")))
-                .or_raise();
+            return Err(TreeError::Shape(format!(
+                "prefix_len must be >= 0, got {prefix_len}"
+            )))
+            .or_raise();
         }
         let depths = read(self.depths.bind(py))?;
         Ok(vec1(py, core::position_ids(&as_slice(&depths), prefix_len)).into_any())
@@ -460,7 +475,10 @@ fn build_ddtree_batch(
                 .collect::<Result<Vec<_>, _>>()
         })
         .or_raise()?;
-    built.into_iter().map(|b| TreeArrays::built(py, b)).collect()
+    built
+        .into_iter()
+        .map(|b| TreeArrays::built(py, b))
+        .collect()
 }
 
 /// Merge explicit token paths into a tree.
