@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from specdec.tree import DDTreeShape
 from specdec.models import LlamaConfig, LlamaModel
+from specdec.tree import DDTreeShape
 from specdec.verify import STAGES, Greedy, Verifier
 
 

@@ -19,10 +19,10 @@ import warnings
 
 import torch
 
-from specdec.verify.attention import flex_available
-from specdec.tree import DDTreeShape
 from specdec.models import LlamaConfig, LlamaModel
+from specdec.tree import DDTreeShape
 from specdec.verify import Verifier
+from specdec.verify.attention import flex_available
 
 
 def main() -> None:

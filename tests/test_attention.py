@@ -12,10 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.tree import batch_tree_inputs
-from specdec.verify.attention import attend, tree_attention
 from specdec.errors import VerifyError
-from specdec.tree import build_ddtree, tree_from_branches
+from specdec.tree import batch_tree_inputs, build_ddtree, tree_from_branches
+from specdec.verify.attention import attend, tree_attention
 
 # Tiny tensors: extra intra-op threads only contend (60x slower on a loaded 2-core box).
 

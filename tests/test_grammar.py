@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 import specdec
 from specdec import (
     GrammarError,
-    SpecdecTypeError,
     Matcher,
     NoAllowedTokens,
     RegexGrammar,
+    SpecdecTypeError,
     Vocabulary,
     allocate_token_bitmask,
     apply_token_bitmask,

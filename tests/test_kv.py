@@ -24,8 +24,8 @@ from hypothesis.stateful import (
 )
 
 from specdec import KVCacheError, OutOfBlocks, UnknownSequence
-from specdec.errors import DoubleFree, SlotNotReserved
 from specdec.cache import BlockManager
+from specdec.errors import DoubleFree, SlotNotReserved
 
 SEQ = st.integers(0, 7)
 MASK = (1 << 62) - 1

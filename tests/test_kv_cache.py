@@ -15,9 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from specdec import KVCacheError, OutOfBlocks, VerifyError
-from specdec.cache import DenseKVCache, KVCache
+from specdec.cache import DenseKVCache, KVCache, PagedKVCache, PagedKVPool
 from specdec.errors import DoubleFree
-from specdec.cache import PagedKVCache, PagedKVPool
 
 L, H, D, MAX = 2, 2, 3, 64
 

@@ -9,9 +9,8 @@ import copy
 import pytest
 import torch
 
-from specdec.cache import DenseKVCache, KVCache
+from specdec.cache import DenseKVCache, KVCache, PagedKVCache, PagedKVPool
 from specdec.decode import SpeculativeGenerator, autoregressive_generate
-from specdec.cache import PagedKVCache, PagedKVPool
 from specdec.models import LlamaConfig, LlamaModel
 from specdec.testing import OracleDrafter, RandomDrafter
 from specdec.tree import tree_from_branches

@@ -13,10 +13,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.cache import DenseKVCache
+from specdec.cache import DenseKVCache, HFKVCache
 from specdec.errors import CheckpointError, ConfigError, VerifyError
 from specdec.models import LlamaConfig, LlamaModel, load_checkpoint
-from specdec.cache import HFKVCache
 from specdec.models.hf import HFTarget
 from specdec.tree import DraftTree, build_ddtree, tree_from_branches
 

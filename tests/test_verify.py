@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from specdec.cache import DenseKVCache, KVCache
-from specdec.errors import VerifyError
 from specdec.decode import SpeculativeGenerator, autoregressive_generate
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, VerifyError
 from specdec.models import LlamaConfig, LlamaModel
 from specdec.testing import AdversarialDrafter, OracleDrafter, RandomDrafter
 from specdec.tree import ChainShape, DDTreeShape, DraftTree, tree_from_branches, tree_shape

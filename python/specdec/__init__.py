@@ -3,7 +3,8 @@
 One decode step, one subpackage per stage::
 
     draft (specdec.draft) -> build tree (specdec.tree) -> mask (specdec.constrain)
-      -> verify (specdec.verify, over specdec.cache) -> walk (specdec.tree) -> commit (specdec.cache)
+      -> verify (specdec.verify, over specdec.cache) -> walk (specdec.tree)
+      -> commit (specdec.cache)
 
 The extension points are in :mod:`specdec.protocols`; :mod:`specdec.decode` runs the loops.
 """

@@ -13,7 +13,7 @@ from .errors import SpecdecError, SpecdecTypeError, TreeError
 __all__ = ["as_array", "check_int", "check_float", "token_tensor", "F32", "I64", "I32"]
 
 F32, I64, I32 = np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.int32)
-_DTYPES = {np.float32: F32, np.int64: I64, np.int32: I32}
+_DTYPES: dict[type, np.dtype[Any]] = {np.float32: F32, np.int64: I64, np.int32: I32}
 
 
 def as_array(
@@ -49,7 +49,8 @@ def as_array(
         if x.size and (x.min() < info.min or x.max() > info.max):
             raise error(f"{name} has values outside {np.dtype(dtype).name}")
         x = x.astype(dtype)
-    return x
+    out: np.ndarray = x
+    return out
 
 
 def check_int(
@@ -63,7 +64,8 @@ def check_int(
         value = int(value)
     if minimum is not None and value < minimum:
         raise error(f"{name} must be >= {minimum}, got {value}")
-    return value
+    out: int = value
+    return out
 
 
 def check_float(x: Any, name: str, error: type[SpecdecError] = TreeError) -> float:

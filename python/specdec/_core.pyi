@@ -1,4 +1,9 @@
-"""Type stub of the Rust extension ``specdec._core`` (keep in step with rust/python/src)."""
+"""Type stub of the Rust extension ``specdec._core`` (kept true by ``mypy.stubtest`` in
+``make lint``). The public API is the Python package; these are its building blocks.
+
+Every refusal raises a :class:`specdec.SpecdecError` subclass (``TreeError``,
+``KVCacheError`` and its subclasses, ``GrammarError``, ``SpecdecTypeError``) and changes
+nothing."""
 
 from typing import final
 
@@ -9,17 +14,89 @@ from typing_extensions import Self
 __version__: str
 
 # ---- tree ---------------------------------------------------------------------------------
-# A tree crosses the boundary as (tokens i64, parents i32, depths i32, logprobs f64,
-# ancestor_bits u64 [n, W], expected_acceptance: None = sum exp(logprobs) on demand, NaN =
-# unscored tree from explicit branches); `child_links` derives the walk's links on request.
-_TreeTuple = tuple[
-    npt.NDArray[np.int64],
-    npt.NDArray[np.int32],
-    npt.NDArray[np.int32],
-    npt.NDArray[np.float64],
-    npt.NDArray[np.uint64],
-    float | None,
-]
+@final
+class TreeArrays:
+    """A draft tree's arrays, built and checked in Rust: node arrays of length ``n`` (root at
+    0, padding nodes after the ``num_real`` real ones), ancestor bits ``[n, ceil(n/64)]``,
+    and the walk's child links derived on first use."""
+
+    def __new__(
+        cls,
+        tokens: npt.NDArray[np.int64],
+        parents: npt.NDArray[np.int32],
+        depths: npt.NDArray[np.int32] | None = None,
+        logprobs: npt.NDArray[np.float64] | None = None,
+        expected: float | None = None,
+    ) -> Self:
+        """Check node arrays given from outside (root first, parents before children, depth =
+        parent's + 1, padding last) and derive the ancestor bits."""
+
+    @property
+    def tokens(self) -> npt.NDArray[np.int64]:
+        """Token of each node (the root's is the last committed or bonus token)."""
+
+    @property
+    def parents(self) -> npt.NDArray[np.int32]:
+        """Parent of each node (-1: the root, or a padding node)."""
+
+    @property
+    def depths(self) -> npt.NDArray[np.int32]:
+        """Depth of each node (root and padding 0)."""
+
+    @property
+    def logprobs(self) -> npt.NDArray[np.float64]:
+        """Cumulative drafter log-prob of each node's prefix (root 0, padding -inf)."""
+
+    @property
+    def bits(self) -> npt.NDArray[np.uint64]:
+        """Ancestor bits: bit j of row i set iff node j is i or an ancestor of i."""
+
+    @property
+    def expected(self) -> float | None:
+        """Expected acceptance if known (NaN: unscored tree); None: sum it from logprobs."""
+
+    @property
+    def num_real(self) -> int:
+        """Nodes before the padding (root included)."""
+
+    @property
+    def first_child(self) -> npt.NDArray[np.int32]:
+        """First child of each node (-1: leaf), derived and checked on first use."""
+
+    @property
+    def next_sibling(self) -> npt.NDArray[np.int32]:
+        """Next child of the same parent in index order (-1: last)."""
+
+    def attention_mask(
+        self, prefix_len: int, additive: bool = False
+    ) -> npt.NDArray[np.bool_] | npt.NDArray[np.float32]:
+        """Dense ``[n, prefix_len + n]`` mask: bool (True = visible) or float32 0 / -inf."""
+
+    def position_ids(self, prefix_len: int) -> npt.NDArray[np.int64]:
+        """``prefix_len + depth`` per node."""
+
+    def retrieve_indices(self) -> npt.NDArray[np.int32]:
+        """One row per leaf: node indices from the root, padded with -1."""
+
+    def padded(self, budget: int, pad_token: int) -> TreeArrays:
+        """The real nodes padded to ``budget`` drafted nodes."""
+
+    def with_root(self, token: int) -> TreeArrays:
+        """The same tree with the root's token set."""
+
+    def __len__(self) -> int: ...
+
+@final
+class WalkOutcome:
+    """The verifier walk's result."""
+
+    @property
+    def accepted(self) -> npt.NDArray[np.int32]:
+        """Accepted node indices, root to leaf (root excluded)."""
+
+    @property
+    def bonus_token(self) -> int:
+        """The verifier's token after the last accepted node."""
 
 def build_ddtree(
     logprobs: npt.NDArray[np.float32],
@@ -27,53 +104,70 @@ def build_ddtree(
     budget: int,
     root_token: int = -1,
     min_logprob: float | None = None,
-) -> _TreeTuple: ...
+) -> TreeArrays:
+    """The best-first DDTree of at most ``budget`` drafted nodes from ``[L, K]`` marginals."""
+
 def build_ddtree_batch(
     logprobs: npt.NDArray[np.float32],
     token_ids: npt.NDArray[np.int64],
     budgets: npt.NDArray[np.int64],
     root_tokens: npt.NDArray[np.int64] | None = None,
     min_logprob: float | None = None,
-) -> list[_TreeTuple]: ...
-def tree_from_branches(branches: list[list[int]], root_token: int = -1) -> _TreeTuple: ...
-def tree_arrays(
-    parents: npt.NDArray[np.int32], depths: npt.NDArray[np.int32]
-) -> npt.NDArray[np.uint64]: ...
-def child_links(
-    parents: npt.NDArray[np.int32],
-) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
-def attention_mask(
-    bits: npt.NDArray[np.uint64], prefix_len: int, additive: bool = False
-) -> npt.NDArray[np.bool_] | npt.NDArray[np.float32]: ...
-def position_ids(depths: npt.NDArray[np.int32], prefix_len: int) -> npt.NDArray[np.int64]: ...
-def retrieve_indices(
-    parents: npt.NDArray[np.int32], depths: npt.NDArray[np.int32]
-) -> npt.NDArray[np.int32]: ...
-def pad_tree(
-    tokens: npt.NDArray[np.int64],
-    parents: npt.NDArray[np.int32],
-    depths: npt.NDArray[np.int32],
-    logprobs: npt.NDArray[np.float64],
-    budget: int,
-    pad_token: int,
-) -> _TreeTuple: ...
-def walk(
-    tokens: npt.NDArray[np.int64],
-    first_child: npt.NDArray[np.int32],
-    next_sibling: npt.NDArray[np.int32],
-    chosen: npt.NDArray[np.int64],
-) -> tuple[npt.NDArray[np.int32], int]: ...
-def walk_batch(
-    trees: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]],
-    chosen: npt.NDArray[np.int64],
-) -> list[tuple[npt.NDArray[np.int32], int]]: ...
+) -> list[TreeArrays]:
+    """R DDTrees from ``[R, L, K]`` marginals, in parallel with the GIL released."""
+
+def tree_from_branches(branches: list[list[int]], root_token: int = -1) -> TreeArrays:
+    """Explicit token paths merged into one tree, shared prefixes once."""
+
+def walk(tree: TreeArrays, chosen: npt.NDArray[np.int64]) -> WalkOutcome:
+    """Descend while the verifier's chosen token at the current node is a child's token."""
+
+def walk_batch(trees: list[TreeArrays], chosen: npt.NDArray[np.int64]) -> list[WalkOutcome]:
+    """:func:`walk` for R trees; row i of ``[R, n_max]`` ``chosen`` belongs to tree i."""
 
 # ---- kv -----------------------------------------------------------------------------------
-# Slot ids (block * block_size + offset), block ids and tables are int32; copy pairs are
-# int32 [k, 2] arrays (src, dst). A refused call raises a KVCacheError subclass and changes
-# nothing.
+@final
+class Reservation:
+    """Slots reserved or appended by one call (single or batched)."""
+
+    @property
+    def slots(self) -> npt.NDArray[np.int32]:
+        """Slot ids (``block * block_size + offset``); sequence i's are
+        ``slots[offsets[i]:offsets[i + 1]]``."""
+
+    @property
+    def offsets(self) -> npt.NDArray[np.int64]:
+        """One more entry than sequences."""
+
+    @property
+    def cow(self) -> npt.NDArray[np.int32]:
+        """``[k, 2]`` ``(src_block, dst_block)`` copies to run before writing any slot."""
+
+@final
+class CommitMoves:
+    """Slot moves of one commit call (single or batched): gather ``src``, scatter to ``dst``."""
+
+    @property
+    def src(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def dst(self) -> npt.NDArray[np.int32]: ...
+
+@final
+class SeqLength:
+    """A sequence's token counts."""
+
+    @property
+    def committed(self) -> int: ...
+    @property
+    def tentative(self) -> int:
+        """Tokens reserved in the open step."""
+
 @final
 class BlockManager:
+    """Paged KV bookkeeping: refcounted blocks, an LRU free queue, block tables, tentative
+    tree slots, beams and an optional prefix cache. A refused call raises a
+    ``KVCacheError`` subclass and changes nothing."""
+
     def __new__(cls, num_blocks: int, block_size: int, prefix_caching: bool = False) -> Self: ...
     @property
     def block_size(self) -> int: ...
@@ -87,49 +181,71 @@ class BlockManager:
     def __len__(self) -> int: ...
     def __contains__(self, seq: int, /) -> bool: ...
     def sequences(self) -> list[int]: ...
-    def seq_len(self, seq: int) -> tuple[int, int]: ...
+    def seq_len(self, seq: int) -> SeqLength:
+        """Committed and tentative token counts."""
+
     def block_table(self, seq: int) -> npt.NDArray[np.int32]: ...
     def slot_mapping(self, seq: int, start: int, n: int) -> npt.NDArray[np.int32]: ...
-    def refcounts(self) -> npt.NDArray[np.int32]: ...
-    def free_queue(self) -> npt.NDArray[np.int32]: ...
-    def check_invariants(self) -> None: ...
+    def refcounts(self) -> npt.NDArray[np.int32]:
+        """Refcount of every block."""
+
+    def free_queue(self) -> npt.NDArray[np.int32]:
+        """Free blocks, least recently freed (next evicted) first."""
+
+    def check_invariants(self) -> None:
+        """Recompute every structural invariant; raises naming the first broken one."""
+
     def allocate(self, seq: int, num_tokens: int) -> None: ...
-    def allocate_tokens(
-        self, seq: int, tokens: npt.NDArray[np.int64], extra_key: int = 0
-    ) -> int: ...
+    def allocate_tokens(self, seq: int, tokens: npt.NDArray[np.int64], extra_key: int = 0) -> int:
+        """Start ``seq`` with these token ids, reusing cached full blocks; returns how many
+        leading tokens already hold K/V."""
+
     def allocate_cached_prefix(
         self, seq: int, tokens: npt.NDArray[np.int64], extra_key: int = 0
-    ) -> int: ...
+    ) -> int:
+        """Start ``seq`` with only the cached prefix of ``tokens``; returns its length."""
+
     def append_slots(
         self, seq: int, n: int, tokens: npt.NDArray[np.int64] | None = None
-    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
+    ) -> Reservation:
+        """Append ``n`` committed slots."""
+
     def truncate(self, seq: int, length: int) -> None: ...
     def is_cached(self, block: int) -> bool: ...
     def fork(self, parent: int, child: int) -> None: ...
     def free(self, seq: int) -> None: ...
-    def reserve_tree(
-        self, seq: int, n: int
-    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
+    def reserve_tree(self, seq: int, n: int) -> Reservation:
+        """Reserve ``n`` tentative slots for a tree's nodes."""
+
     def commit(
         self,
         seq: int,
         accepted: npt.NDArray[np.int64],
         tokens: npt.NDArray[np.int64] | None = None,
-    ) -> npt.NDArray[np.int32]: ...
+    ) -> CommitMoves:
+        """Keep the accepted nodes (indices into the step's nodes)."""
+
     def rollback(self, seq: int) -> None: ...
     def reserve_tree_batch(
         self, seqs: npt.NDArray[np.uint64], counts: npt.NDArray[np.int64]
-    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64], npt.NDArray[np.int32]]: ...
+    ) -> Reservation:
+        """One decode step's reservations; all or nothing."""
+
     def commit_batch(
         self,
         seqs: npt.NDArray[np.uint64],
         accepted: npt.NDArray[np.int64],
         offsets: npt.NDArray[np.int64],
         tokens: npt.NDArray[np.int64] | None = None,
-    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
+    ) -> CommitMoves:
+        """One decode step's commits (``accepted[offsets[i]:offsets[i+1]]`` for
+        ``seqs[i]``); all or nothing."""
+
     def append_slots_batch(
         self, seqs: npt.NDArray[np.uint64], counts: npt.NDArray[np.int64]
-    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64], npt.NDArray[np.int32]]: ...
+    ) -> Reservation:
+        """``append_slots`` for many sequences; all or nothing."""
+
     def allocate_batch(
         self, seqs: npt.NDArray[np.uint64], counts: npt.NDArray[np.int64]
     ) -> None: ...
@@ -137,11 +253,14 @@ class BlockManager:
         self, parents: npt.NDArray[np.uint64], children: npt.NDArray[np.uint64]
     ) -> None: ...
     def free_batch(self, seqs: npt.NDArray[np.uint64]) -> None: ...
-    def reorder(self, beams: list[int], parents: list[int]) -> None: ...
+    def reorder(self, beams: list[int], parents: list[int]) -> None:
+        """Beam ``beams[i]`` continues ``beams[parents[i]]`` (shared blocks, no copy)."""
 
-# ---- grammar ------------------------------------------------------------------------------
+# ---- constrain ----------------------------------------------------------------------------
 @final
 class Vocabulary:
+    """Each token's exact bytes, EOS ids, and the token trie shared by every grammar."""
+
     def __new__(
         cls, tokens: list[bytes | None], eos_ids: list[int], vocab_size: int | None = None
     ) -> Self: ...
@@ -157,6 +276,8 @@ class Vocabulary:
 
 @final
 class RegexGrammar:
+    """A regex compiled to a byte DFA over one vocabulary, masks cached per state."""
+
     def __new__(
         cls,
         vocab: Vocabulary,
@@ -175,11 +296,15 @@ class RegexGrammar:
     def cache_bytes(self) -> int: ...
     @property
     def uses_class_trie(self) -> bool: ...
-    def brute_force_mask(self, text: bytes) -> npt.NDArray[np.uint32]: ...
+    def brute_force_mask(self, text: bytes) -> npt.NDArray[np.uint32]:
+        """The allowed-token mask after ``text``, by trying every token (a test oracle)."""
+
     def matches(self, text: bytes) -> bool: ...
 
 @final
 class Matcher:
+    """One sequence's grammar state: O(1) fork, rollback, bitmask fills."""
+
     def __new__(cls, grammar: RegexGrammar) -> Self: ...
     def accept_token(self, token: int) -> bool: ...
     def accept_tokens(self, tokens: list[int]) -> int: ...
@@ -194,19 +319,22 @@ class Matcher:
     def rollback(self, n: int) -> None: ...
     def reset(self) -> None: ...
     def fork(self) -> Matcher: ...
-    def fill_next_token_bitmask(self, bitmask: npt.NDArray[np.int32], row: int = 0) -> None: ...
-    def _fill_next_token_bitmask_ptr(self, ptr: int, rows: int, cols: int, row: int) -> None: ...
+    def fill_next_token_bitmask(self, bitmask: npt.NDArray[np.int32], row: int = 0) -> None:
+        """Fill row ``row`` of an int32 ``[B, >= ceil(V/32)]`` numpy buffer."""
 
 def fill_next_token_bitmask_batch(
     matchers: list[Matcher], bitmask: npt.NDArray[np.int32], rows: list[int] | None = None
-) -> None: ...
+) -> None:
+    """One row per matcher (``rows[i]``, default ``i``), in parallel."""
+
 def fill_tree_bitmask(
     matcher: Matcher,
-    tokens: npt.NDArray[np.int64],
-    parents: npt.NDArray[np.int32],
+    tree: TreeArrays,
     bitmask: npt.NDArray[np.int32],
     row_offset: int = 0,
-) -> npt.NDArray[np.bool_]: ...
+) -> npt.NDArray[np.bool_]:
+    """One row per tree node (padding rows zero); returns whether each node's path is valid."""
+
 def build_ddtree_constrained(
     logprobs: npt.NDArray[np.float32],
     token_ids: npt.NDArray[np.int64],
@@ -214,4 +342,5 @@ def build_ddtree_constrained(
     matcher: Matcher,
     root_token: int = -1,
     min_logprob: float | None = None,
-) -> _TreeTuple: ...
+) -> TreeArrays:
+    """The DDTree over grammar-valid prefixes only (all K columns read)."""

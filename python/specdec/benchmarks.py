@@ -7,11 +7,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
 from .testing import SCALES, python_ddtree, synthetic_marginals
 from .tree import DraftTree, build_ddtree, build_ddtree_batch
+
 
 def _time_us(fn: Callable[[], object], min_time: float = 0.3, repeats: int = 5) -> float:
     """Median per-call time in microseconds over ``repeats`` batches of calls."""
@@ -44,6 +46,10 @@ def _reads(t: DraftTree, prefix: int, extra: str) -> None:
         t.attention_mask(prefix)
 
 
+def _build_and_read(lp: np.ndarray, ids: np.ndarray, b: int, prefix: int, extra: str) -> None:
+    _reads(build_ddtree(lp, ids, b), prefix, extra)
+
+
 def _row(dist: str, case: str, tr: float, tl: float, td: float, tp: float) -> str:
     return (
         f"| {dist} | {case} | {tr:.1f} | {tl:.1f} | {td:.1f} | {tp:.1f} | {tp / tr:.0f}x "
@@ -67,15 +73,12 @@ def bench_tree(quick: bool = False) -> str:
         ref_tokens, ref_parents, _, _ = python_ddtree(lp, ids, b)
         assert ours.tokens[1:].tolist() == ref_tokens[1:] and ours.parents.tolist() == ref_parents
 
-        t_ours = [
-            _time_us(
-                lambda lp=lp, ids=ids, b=b, x=x: _reads(build_ddtree(lp, ids, b), prefix, x),
-                min_time,
-            )
+        tr, tl, td = (
+            _time_us(partial(_build_and_read, lp, ids, b, prefix, x), min_time)
             for x in ("", "links", "dense")
-        ]
-        tp = _time_us(lambda lp=lp, ids=ids, b=b: python_ddtree(lp, ids, b, prefix), min_time)
-        rows.append(_row(dist, f"L=16, B={b}", *t_ours, tp))
+        )
+        tp = _time_us(partial(python_ddtree, lp, ids, b, prefix), min_time)
+        rows.append(_row(dist, f"L=16, B={b}", tr, tl, td, tp))
     r, b = 32, 256
     lp, ids = synthetic_marginals(16, b, seed=7, batch=r, scale=SCALES["peaked"])
     budgets = np.full(r, b, dtype=np.int64)
@@ -84,7 +87,12 @@ def bench_tree(quick: bool = False) -> str:
         for t in build_ddtree_batch(lp, ids, budgets):
             _reads(t, prefix, extra)
 
-    t_ours = [_time_us(lambda x=x: rust_batch(x), min_time) for x in ("", "links", "dense")]
-    tp = _time_us(lambda: [python_ddtree(lp[i], ids[i], b, prefix) for i in range(r)], min_time)
-    rows.append(_row("peaked", "R=32 x B=256 batch", *t_ours, tp))
+    tr, tl, td = (_time_us(partial(rust_batch, x), min_time) for x in ("", "links", "dense"))
+
+    def python_batch() -> None:
+        for i in range(r):
+            python_ddtree(lp[i], ids[i], b, prefix)
+
+    tp = _time_us(python_batch, min_time)
+    rows.append(_row("peaked", "R=32 x B=256 batch", tr, tl, td, tp))
     return "\n".join(rows)

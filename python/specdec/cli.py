@@ -40,8 +40,9 @@ def _demo(budget: int, tokens: int, miss: float) -> int:
 
     import torch
 
-    from .generate import SpeculativeGenerator, autoregressive_generate
-    from .models import LlamaConfig, LlamaModel, OracleDrafter
+    from .decode import SpeculativeGenerator, autoregressive_generate
+    from .models import LlamaConfig, LlamaModel
+    from .testing import OracleDrafter
     from .verify import Greedy
 
     torch.manual_seed(0)

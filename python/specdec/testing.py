@@ -59,7 +59,9 @@ def python_ddtree(
     ids = token_ids[:, :k].tolist()
     tokens, parents, depths = [-1], [-1], [0]
     counter = 0
-    heap = [(-lp[0][0], counter, 0.0, (0,), 0)]
+    heap: list[tuple[float, int, float, tuple[int, ...], int]] = [
+        (-lp[0][0], counter, 0.0, (0,), 0)
+    ]
     while heap and len(tokens) <= budget:
         neg, _, base, ranks, parent = heapq.heappop(heap)
         score = -neg

@@ -71,7 +71,7 @@ def apply_token_bitmask_inplace(
             "[B, ceil(V/32)] (or one bitmask row per index)"
         )
     allowed = unpack_bitmask(bm, v)
-    check_rows_allow_some(allowed.any(axis=1))
+    check_rows_allow_some(np.asarray(allowed.any(axis=1)))
     masked = target[:, :v]
     masked[~allowed] = -np.inf
     lg[rows, :v] = masked

@@ -70,8 +70,9 @@ def apply_token_bitmask_inplace(
     shifts = torch.arange(32, device=lg.device, dtype=torch.int32)
     allowed = ((bm.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)
     if allowed.shape[1] < v:
-        pad = torch.zeros((allowed.shape[0], v - allowed.shape[1]), dtype=torch.bool,
-                          device=lg.device)
+        pad = torch.zeros(
+            (allowed.shape[0], v - allowed.shape[1]), dtype=torch.bool, device=lg.device
+        )
         allowed = torch.cat([allowed, pad], dim=1)
     allowed = allowed[:, :v]
     check_rows_allow_some(allowed.any(dim=1).cpu().numpy())

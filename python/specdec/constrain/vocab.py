@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
-from ..errors import GrammarError, SpecdecTypeError
+from ..errors import GrammarError
 
 if TYPE_CHECKING:
     from .regex import RegexGrammar
@@ -180,5 +180,3 @@ class Vocabulary:
         from .regex import RegexGrammar
 
         return RegexGrammar(self, pattern, **kwargs)
-
-

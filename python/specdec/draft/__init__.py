@@ -3,7 +3,7 @@ each. :class:`SequenceDrafter` adapts a one-sequence drafter to the batched prot
 
 from __future__ import annotations
 
-from ..protocols import DraftRequest, Drafter
+from ..protocols import Drafter, DraftRequest
 from .base import SequenceDrafter
 from .model import ModelDrafter, greedy_rollout
 

@@ -10,14 +10,12 @@ prepared 4-D mask through untouched. :class:`~specdec.cache.HFKVCache` implement
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..cache.hf import HFKVCache
 from ..protocols import KVCache
-from ..errors import VerifyError
 from .llama import causal_mask, check_step_inputs
 
 __all__ = ["HFTarget"]
@@ -51,11 +49,12 @@ class HFTarget:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return torch.device(next(self.model.parameters()).device)
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
+        dtype: torch.dtype = next(self.model.parameters()).dtype
+        return dtype
 
     def new_cache(self, max_len: int | None = None) -> HFKVCache:
         from transformers import DynamicCache
@@ -111,4 +110,5 @@ class HFTarget:
         except BaseException:
             cache.rollback()
             raise
-        return out.logits[0]
+        logits: torch.Tensor = out.logits[0]
+        return logits

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -126,6 +126,14 @@ def rope_cos_sin(
 
 
 class Attention(nn.Module):
+    q_proj: nn.Linear
+    k_proj: nn.Linear
+    v_proj: nn.Linear
+    o_proj: nn.Linear
+    h: int
+    hkv: int
+    hd: int
+
     def __init__(self, c: LlamaConfig) -> None:
         super().__init__()
         hd = c.head_dim or 0
@@ -145,10 +153,16 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        out: torch.Tensor = self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
 
 
 class DecoderLayer(nn.Module):
+    self_attn: Attention
+    mlp: MLP
+    input_layernorm: RMSNorm
+    post_attention_layernorm: RMSNorm
+
     def __init__(self, c: LlamaConfig) -> None:
         super().__init__()
         self.self_attn = Attention(c)
@@ -158,11 +172,18 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
+    embed_tokens: nn.Embedding
+    norm: RMSNorm
+
     def __init__(self, c: LlamaConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """The layers, typed (``nn.ModuleList`` items are untyped)."""
+        return [cast(DecoderLayer, layer) for layer in self.layers]
 
 
 def causal_mask(committed_len: int, num_new: int, device: torch.device | str) -> torch.Tensor:
@@ -323,7 +344,7 @@ class LlamaModel(nn.Module):
         x = self.model.embed_tokens(ids.long())
         cos, sin = rope_cos_sin(pos, hd, c.rope_theta, x.dtype)
         cos, sin = cos[None], sin[None]  # broadcast over heads: [1, T, D]
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in enumerate(self.model.decoder_layers()):
             a = layer.self_attn
             h = layer.input_layernorm(x)
             q = a.q_proj(h).view(t_new, a.h, hd).transpose(0, 1)
@@ -337,7 +358,8 @@ class LlamaModel(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.model.norm(x)
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return x @ w.T
+        out: torch.Tensor = x @ w.T
+        return out
 
     @torch.no_grad()
     def forward_batch(
@@ -407,7 +429,7 @@ class LlamaModel(nn.Module):
         cos, sin = rope_cos_sin(pos.reshape(-1), hd, c.rope_theta, x.dtype)
         cos, sin = cos.view(r, 1, t_new, hd), sin.view(r, 1, t_new, hd)
         lens = [cache.committed_len for cache in caches]
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in enumerate(self.model.decoder_layers()):
             a = layer.self_attn
             h = layer.input_layernorm(x)
             q = a.q_proj(h).view(r, t_new, a.h, hd).transpose(1, 2)
@@ -429,7 +451,8 @@ class LlamaModel(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.model.norm(x)
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return x @ w.T
+        out: torch.Tensor = x @ w.T
+        return out
 
     def init_random(self, seed: int = 0, std: float = 0.3) -> LlamaModel:
         """Random weights (deterministic per seed), large enough that logits are far from

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from .._arrays import check_int
 from ..errors import ConfigError
-from .build import build_ddtree, ddtree_from_logits, tree_from_branches
+from .build import ddtree_from_logits, tree_from_branches
 from .draft_tree import DraftTree
 
 if TYPE_CHECKING:

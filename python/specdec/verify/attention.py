@@ -15,15 +15,15 @@ Backends: ``"sdpa"`` (``scaled_dot_product_attention`` with the bool mask; any d
 ``"math"`` (plain matmul/softmax, the reference). ``"auto"`` picks flex on CUDA when it is
 available and falls back to SDPA otherwise (or when flex fails).
 
-A batch of R trees is padded to one budget (:func:`specdec.tree.batch_tree_inputs`): padding nodes see only
-themselves and padding prefix slots are invisible, so no row is ever fully masked.
+A batch of R trees is padded to one budget (:func:`specdec.tree.batch_tree_inputs`): padding
+nodes see only themselves and padding prefix slots are invisible, so no row is ever fully
+masked.
 """
 
 from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -53,7 +53,9 @@ def flex_available() -> bool:
     return True
 
 
-def _check_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
+def _check_attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise SpecdecTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -95,7 +97,9 @@ def _check_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
             )
 
 
-def _math(q, k, v, mask, scale):  # type: ignore[no-untyped-def]
+def _math(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=1)
@@ -107,7 +111,9 @@ def _math(q, k, v, mask, scale):  # type: ignore[no-untyped-def]
     return torch.softmax(scores, dim=-1) @ v
 
 
-def _sdpa(q, k, v, mask, scale):  # type: ignore[no-untyped-def]
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
     m = None if mask is None else (mask if mask.dim() == 2 else mask[:, None])
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
@@ -138,7 +144,7 @@ def _block_mask(mask: torch.Tensor, n: int, s: int) -> Any:
     mb = m3.shape[0]
 
     # Whole blocks that are fully masked (far-apart subtrees, padding) are skipped.
-    def mask_mod(bi, h, qi, ki):  # type: ignore[no-untyped-def]
+    def mask_mod(bi: Any, h: Any, qi: Any, ki: Any) -> Any:
         return m3[bi if mb > 1 else 0, qi, ki]
 
     block = create_block_mask(mask_mod, mb if mb > 1 else None, None, n, s, device=m3.device)
@@ -146,7 +152,9 @@ def _block_mask(mask: torch.Tensor, n: int, s: int) -> Any:
     return block
 
 
-def _flex(q, k, v, mask, scale):  # type: ignore[no-untyped-def]
+def _flex(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
     global _flex_fn
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -157,7 +165,8 @@ def _flex(q, k, v, mask, scale):  # type: ignore[no-untyped-def]
     if _flex_fn is None:
         _flex_fn = torch.compile(flex_attention, dynamic=True) if q.is_cuda else flex_attention
     rep = q.shape[1] // k.shape[1]
-    return _flex_fn(q, k, v, block_mask=block, scale=scale, enable_gqa=rep > 1)
+    out: torch.Tensor = _flex_fn(q, k, v, block_mask=block, scale=scale, enable_gqa=rep > 1)
+    return out
 
 
 def attend(
@@ -238,7 +247,9 @@ def tree_attention(
         if a.device != b.device or a.shape != b.shape:
             raise VerifyError("K and V must have the same shape and device")
     if k_prefix.dtype != k_tree.dtype:
-        raise SpecdecTypeError(f"prefix K/V {k_prefix.dtype} and tree K/V {k_tree.dtype} dtypes differ")
+        raise SpecdecTypeError(
+            f"prefix K/V {k_prefix.dtype} and tree K/V {k_tree.dtype} dtypes differ"
+        )
     if k_prefix.device != k_tree.device:
         raise VerifyError(f"prefix K/V on {k_prefix.device}, tree K/V on {k_tree.device}")
     k = torch.cat((k_prefix, k_tree), dim=2)

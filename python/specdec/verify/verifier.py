@@ -13,8 +13,8 @@ of its own distribution) given exactly the tokens before it, because node i's lo
 committed prefix and i's ancestors only. Chain verification is the one-branch tree.
 
 Targets are duck-typed (:class:`~specdec.protocols.Target`):
-:class:`~specdec.models.llama.LlamaModel` and :class:`~specdec.models.hf.HFTarget` both qualify. The target's ``forward`` calls
-``cache.begin``; the verifier commits or rolls back.
+:class:`~specdec.models.llama.LlamaModel` and :class:`~specdec.models.hf.HFTarget` both
+qualify. The target's ``forward`` calls ``cache.begin``; the verifier commits or rolls back.
 """
 
 from __future__ import annotations
@@ -80,7 +80,9 @@ class Verifier:
         sync: bool | None = None,
     ) -> None:
         if not callable(target) or not hasattr(target, "new_cache"):
-            raise SpecdecTypeError(f"target must follow specdec.protocols.Target, got {type(target)}")
+            raise SpecdecTypeError(
+                f"target must follow specdec.protocols.Target, got {type(target)}"
+            )
         self.target = target
         self.rule = rule if rule is not None else Greedy()
         if not isinstance(self.rule, DecodingRule):
@@ -112,7 +114,9 @@ class Verifier:
         if not isinstance(tree, DraftTree):
             raise SpecdecTypeError(f"tree must be a DraftTree, got {type(tree).__name__}")
         if not isinstance(cache, KVCache):
-            raise SpecdecTypeError(f"cache must be a specdec.cache.KVCache, got {type(cache).__name__}")
+            raise SpecdecTypeError(
+                f"cache must be a specdec.cache.KVCache, got {type(cache).__name__}"
+            )
         if tree.num_nodes == 0:
             raise VerifyError("empty tree: it needs at least the root")
         if root_token is not None:

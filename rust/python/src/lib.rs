@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 mod arrays;
 mod errors;
-mod grammar;
+mod constrain;
 mod kv;
 mod tree;
 
@@ -17,6 +17,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::init(m.py())?;
     tree::register(m)?;
     kv::register(m)?;
-    grammar::register(m)?;
+    constrain::register(m)?;
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! Bindings of `specdec_core::grammar`: `Vocabulary`, `RegexGrammar`, `Matcher` newtypes,
+//! Bindings of `specdec_core::constrain`: `Vocabulary`, `RegexGrammar`, `Matcher` newtypes,
 //! bitmask fills into int32 numpy buffers (one row, a batch, a tree) with the GIL released,
 //! and the grammar-aware DDTree builder.
 
