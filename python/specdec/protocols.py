@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import numpy as np
     import torch
+    from torch import Tensor
 
     from .tree import DraftTree
 
@@ -103,12 +104,8 @@ class Target(Protocol):
     def new_cache(self, max_len: int | None = None) -> KVCache: ...
 
     def __call__(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        cache: KVCache,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor: ...
+        self, input_ids: Tensor, position_ids: Tensor, cache: KVCache, mask: Tensor | None = None
+    ) -> Tensor: ...
 
 
 # -- commit ----------------------------------------------------------------------------------

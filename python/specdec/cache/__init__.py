@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from .._core import BlockManager
 from ..protocols import KVCache
+from .base import StepCache, check_keep
 from .dense import DenseKVCache
 from .hf import HFKVCache
-from .keep import check_keep
 from .paged import PagedKVCache, PagedKVPool
 
 __all__ = [
@@ -18,5 +18,6 @@ __all__ = [
     "PagedKVCache",
     "HFKVCache",
     "BlockManager",
+    "StepCache",
     "check_keep",
 ]

@@ -8,13 +8,12 @@ import numpy as np
 import torch
 
 from ..errors import VerifyError
-from ..protocols import KVCache
-from .keep import check_keep
+from .base import StepCache, check_keep
 
 __all__ = ["DenseKVCache"]
 
 
-class DenseKVCache(KVCache):
+class DenseKVCache(StepCache):
     """Contiguous per-layer buffers ``[kv_heads, max_len, head_dim]``; commit is one index
     copy per layer."""
 
@@ -38,31 +37,14 @@ class DenseKVCache(KVCache):
         self._len = 0
         self._pending = 0
 
-    @property
-    def committed_len(self) -> int:
-        return self._len
-
-    @property
-    def pending(self) -> int:
-        return self._pending
-
     def begin(self, num_new: int) -> None:
-        if num_new <= 0:
-            raise VerifyError(f"a step needs at least one token, got {num_new}")
-        if self._len + num_new > self.max_len:
-            raise VerifyError(
-                f"cache holds {self.max_len} tokens: {self._len} committed + {num_new} new "
-                "do not fit"
-            )
-        self._pending = num_new
+        self._pending = self._check_begin(num_new, self.max_len)
 
     def append(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        self._check_append(k, v)
         n = self._pending
-        expect = (self.num_kv_heads, n, self.head_dim)
-        if tuple(k.shape) != expect or tuple(v.shape) != expect:
-            raise VerifyError(f"append expects K/V of shape {expect}, got {tuple(k.shape)}")
         end = self._len + n
         self.k[layer, :, self._len : end] = k
         self.v[layer, :, self._len : end] = v
@@ -87,8 +69,4 @@ class DenseKVCache(KVCache):
     def truncate(self, length: int) -> None:
         """Keep only the first ``length`` committed tokens (no step may be pending), e.g. to
         re-run a step from the same prefix."""
-        if self._pending:
-            raise VerifyError("truncate during a step: commit or roll it back first")
-        if not 0 <= length <= self._len:
-            raise VerifyError(f"truncate to {length}: only {self._len} tokens are committed")
-        self._len = length
+        self._len = self._check_truncate(length)

@@ -11,13 +11,12 @@ import numpy as np
 import torch
 
 from ..errors import VerifyError
-from ..protocols import KVCache
-from .keep import check_keep
+from .base import StepCache, check_keep
 
 __all__ = ["HFKVCache"]
 
 
-class HFKVCache(KVCache):
+class HFKVCache(StepCache):
     """One sequence's K/V held in a transformers ``DynamicCache`` (batch 1)."""
 
     def __init__(
@@ -29,37 +28,20 @@ class HFKVCache(KVCache):
         self._len = 0
         self._pending = 0
 
-    @property
-    def committed_len(self) -> int:
-        return self._len
-
-    @property
-    def pending(self) -> int:
-        return self._pending
-
     def _layer(self, i: int) -> Any:
         return self.cache.layers[i]
 
     def begin(self, num_new: int) -> None:
-        if num_new <= 0:
-            raise VerifyError(f"a step needs at least one token, got {num_new}")
         if self._pending:
             raise VerifyError("the previous step was neither committed nor rolled back")
-        if self._len + num_new > self.max_len:
-            raise VerifyError(
-                f"cache holds {self.max_len} tokens: {self._len} committed + {num_new} new "
-                "do not fit"
-            )
-        self._pending = num_new
+        self._pending = self._check_begin(num_new, self.max_len)
 
     def append(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # transformers appends through DynamicCache.update during its own forward; this is
         # the same operation for callers that drive the protocol directly.
-        expect = (self.num_kv_heads, self._pending, self.head_dim)
-        if tuple(k.shape) != expect or tuple(v.shape) != expect:
-            raise VerifyError(f"append expects K/V of shape {expect}, got {tuple(k.shape)}")
+        self._check_append(k, v)
         ks, vs = self.cache.update(k[None], v[None], layer)
         return ks[0], vs[0]
 

@@ -24,8 +24,7 @@ import torch
 
 from .._core import BlockManager
 from ..errors import KVCacheError, VerifyError
-from ..protocols import KVCache
-from .keep import check_keep
+from .base import StepCache, check_keep
 
 __all__ = ["BlockManager", "PagedKVPool", "PagedKVCache"]
 
@@ -103,7 +102,7 @@ class PagedKVPool:
             b._committed_slots = None
 
 
-class PagedKVCache(KVCache):
+class PagedKVCache(StepCache):
     """One sequence of a :class:`PagedKVPool`, following the ``KVCache`` protocol."""
 
     def __init__(
@@ -157,17 +156,8 @@ class PagedKVCache(KVCache):
         return cls(pool)
 
     # ---- KVCache protocol ------------------------------------------------------------------
-    @property
-    def committed_len(self) -> int:
-        return self._len
-
-    @property
-    def pending(self) -> int:
-        return self._pending
-
     def begin(self, num_new: int) -> None:
-        if num_new <= 0:
-            raise VerifyError(f"a step needs at least one token, got {num_new}")
+        num_new = self._check_begin(num_new, None)
         if self._pending:
             self.rollback()  # as the dense cache: a new step replaces an unfinished one
         reservation = self.pool.manager.reserve_tree(self.seq, num_new)
@@ -179,10 +169,7 @@ class PagedKVCache(KVCache):
     def append(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        n = self._pending
-        expect = (self.num_kv_heads, n, self.head_dim)
-        if n == 0 or tuple(k.shape) != expect or tuple(v.shape) != expect:
-            raise VerifyError(f"append expects K/V of shape {expect}, got {tuple(k.shape)}")
+        self._check_append(k, v)
         assert self._step_slots is not None
         new = self._step_slots[self._len :]
         ks, vs = self.pool.k_slots[layer], self.pool.v_slots[layer]
@@ -234,10 +221,7 @@ class PagedKVCache(KVCache):
     def truncate(self, length: int) -> None:
         """Keep only the first ``length`` committed tokens (no step may be pending), e.g. to
         re-run a step from the same prefix (as ``DenseKVCache.truncate``)."""
-        if self._pending:
-            raise VerifyError("truncate during a step: commit or roll it back first")
-        if not 0 <= length <= self._len:
-            raise VerifyError(f"truncate to {length}: only {self._len} tokens are committed")
+        length = self._check_truncate(length)
         self.pool.manager.truncate(self.seq, length)
         self._len = length
         # What follows may differ from the declared prompt: stop vouching for it.

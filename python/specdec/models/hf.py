@@ -13,8 +13,10 @@ import inspect
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ..cache.hf import HFKVCache
+from ..errors import SpecdecTypeError
 from ..protocols import KVCache
 from .llama import causal_mask, check_step_inputs
 
@@ -27,7 +29,9 @@ class HFTarget:
 
     def __init__(self, model: Any) -> None:
         if not hasattr(model, "config") or not callable(model):
-            raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model)}")
+            raise SpecdecTypeError(
+                f"model must be a transformers PreTrainedModel, got {type(model).__name__}"
+            )
         self.model = model.eval()
         # transformers renamed ``past_key_values`` to ``cache`` and dropped ``cache_position``
         # (positions come from ``position_ids``); pass whichever this version takes.
@@ -69,23 +73,11 @@ class HFTarget:
 
     @torch.no_grad()
     def __call__(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        cache: KVCache,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        check_step_inputs(
-            input_ids,
-            position_ids,
-            mask,
-            cache,
-            vocab_size=self.vocab_size,
-            max_positions=self.max_positions,
-            device=self.device,
-        )
+        self, input_ids: Tensor, position_ids: Tensor, cache: KVCache, mask: Tensor | None = None
+    ) -> Tensor:
+        check_step_inputs(self, input_ids, position_ids, mask, cache)
         if not isinstance(cache, HFKVCache):
-            raise TypeError(
+            raise SpecdecTypeError(
                 f"HFTarget needs an HFKVCache (new_cache()), got {type(cache).__name__}"
             )
         t_new = input_ids.shape[0]

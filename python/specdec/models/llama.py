@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ..cache.dense import DenseKVCache
 from ..errors import CheckpointError, ConfigError, SpecdecTypeError, VerifyError
-from ..protocols import KVCache
-from ..verify.attention import Backend, attend
+from ..protocols import KVCache, Target
+from ..verify.attention import Backend, attend, check_bool_mask
 
 __all__ = ["LlamaConfig", "LlamaModel", "load_checkpoint", "causal_mask", "check_step_inputs"]
 
@@ -194,16 +194,10 @@ def causal_mask(committed_len: int, num_new: int, device: torch.device | str) ->
 
 
 def check_step_inputs(
-    input_ids: Any,
-    position_ids: Any,
-    mask: Any,
-    cache: Any,
-    *,
-    vocab_size: int,
-    max_positions: int,
-    device: torch.device,
+    target: Target, input_ids: Any, position_ids: Any, mask: Any, cache: Any
 ) -> None:
     """The checks every target runs before a step (clear errors instead of index faults)."""
+    vocab_size, max_positions, device = target.vocab_size, target.max_positions, target.device
     if not isinstance(cache, KVCache):
         raise SpecdecTypeError(f"cache must be a specdec.cache.KVCache, got {type(cache).__name__}")
     for name, t in (("input_ids", input_ids), ("position_ids", position_ids)):
@@ -234,10 +228,7 @@ def check_step_inputs(
     if cache.pending:
         raise VerifyError("the cache has an uncommitted step: commit or roll it back first")
     if mask is not None:
-        if not isinstance(mask, torch.Tensor):
-            raise SpecdecTypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
-        if mask.dtype != torch.bool:
-            raise SpecdecTypeError(f"mask must be bool (True = visible), got {mask.dtype}")
+        check_bool_mask(mask)
         want = (t_new, cache.committed_len + t_new)
         if tuple(mask.shape) != want:
             raise VerifyError(
@@ -294,26 +285,14 @@ class LlamaModel(nn.Module):
 
     @torch.no_grad()
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        cache: KVCache,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        self, input_ids: Tensor, position_ids: Tensor, cache: KVCache, mask: Tensor | None = None
+    ) -> Tensor:
         """Tokens ``[T]`` at positions ``[T]`` attending to the cache's committed prefix plus
         this step's tokens under ``mask`` ``[T, committed + T]`` (bool, True = visible;
         ``None`` = causal). Returns logits ``[T, vocab]``; the step stays pending in
         ``cache``."""
         c = self.config
-        check_step_inputs(
-            input_ids,
-            position_ids,
-            mask,
-            cache,
-            vocab_size=c.vocab_size,
-            max_positions=c.max_position_embeddings,
-            device=self.device,
-        )
+        check_step_inputs(self, input_ids, position_ids, mask, cache)
         if (cache.num_layers, cache.num_kv_heads, cache.head_dim) != (
             c.num_hidden_layers,
             c.num_key_value_heads,
@@ -374,7 +353,6 @@ class LlamaModel(nn.Module):
         :func:`specdec.tree.batch_tree_inputs` does (row r's prefix in columns
         ``[0, committed_r)``, then the step's T tokens). Returns logits ``[R, T, vocab]``;
         each cache's step stays pending."""
-        c = self.config
         if not isinstance(input_ids, torch.Tensor) or not isinstance(position_ids, torch.Tensor):
             raise SpecdecTypeError("input_ids and position_ids must be torch.Tensors")
         if input_ids.dim() != 2 or position_ids.shape != input_ids.shape:
@@ -387,15 +365,7 @@ class LlamaModel(nn.Module):
             raise VerifyError(f"need one cache per row: {r} rows, {len(caches)} caches")
         p_max = max(cache.committed_len for cache in caches)
         for i, cache in enumerate(caches):
-            check_step_inputs(
-                input_ids[i],
-                position_ids[i],
-                None,
-                cache,
-                vocab_size=c.vocab_size,
-                max_positions=c.max_position_embeddings,
-                device=self.device,
-            )
+            check_step_inputs(self, input_ids[i], position_ids[i], None, cache)
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
             raise SpecdecTypeError("mask must be a bool torch.Tensor (True = visible)")
         if tuple(mask.shape) != (r, t_new, p_max + t_new) or mask.device != self.device:

@@ -53,6 +53,14 @@ def flex_available() -> bool:
     return True
 
 
+def check_bool_mask(mask: object) -> None:
+    """A mask must be a bool tensor (True = visible)."""
+    if not isinstance(mask, torch.Tensor):
+        raise SpecdecTypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise SpecdecTypeError(f"mask must be bool (True = visible), got {mask.dtype}")
+
+
 def _check_attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
 ) -> None:
@@ -78,10 +86,7 @@ def _check_attend(
     if n == 0:
         raise VerifyError("no query tokens (empty tree)")
     if mask is not None:
-        if not isinstance(mask, torch.Tensor):
-            raise SpecdecTypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
-        if mask.dtype != torch.bool:
-            raise SpecdecTypeError(f"mask must be bool (True = visible), got {mask.dtype}")
+        check_bool_mask(mask)
         if mask.device != q.device:
             raise VerifyError(f"mask is on {mask.device}, q on {q.device}")
         s = k.shape[2]

@@ -29,7 +29,7 @@ import torch
 from .._arrays import token_tensor
 from ..errors import SpecdecTypeError, VerifyError
 from ..protocols import KVCache, Target
-from ..tree import DraftTree, batch_tree_inputs, walk, walk_batch
+from ..tree import DraftTree, WalkResult, batch_tree_inputs, walk, walk_batch
 from .rules import DecodingRule, Greedy
 
 __all__ = ["StepResult", "Verifier", "STAGES"]
@@ -38,27 +38,14 @@ STAGES = ("build", "mask", "forward", "rule", "walk", "commit")
 
 
 # -- the verify step -----------------------------------------------------------------------
-@dataclass
-class StepResult:
-    """``accepted``: accepted node indices (root excluded), root-to-leaf; ``accepted_tokens``
-    their tokens; ``bonus_token`` the target's token after the last accepted node. The cache
-    now holds the root and the accepted nodes; the bonus token is the next step's root.
-    ``timings``: seconds per stage; ``logits``: the target's logits at every node."""
+@dataclass(frozen=True)
+class StepResult(WalkResult):
+    """The walk's result (accepted nodes, their tokens, the bonus token; the cache now holds
+    the root and the accepted nodes, and the bonus token is the next step's root), plus
+    ``timings`` (seconds per stage) and ``logits`` (the target's logits at every node)."""
 
-    accepted: np.ndarray
-    accepted_tokens: list[int]
-    bonus_token: int
     timings: dict[str, float] = field(default_factory=dict)
     logits: torch.Tensor | None = None
-
-    @property
-    def num_accepted(self) -> int:
-        return len(self.accepted)
-
-    @property
-    def tokens(self) -> list[int]:
-        """Every token this step emits: the accepted ones, then the bonus."""
-        return [*self.accepted_tokens, self.bonus_token]
 
 
 class Verifier:
@@ -151,7 +138,7 @@ class Verifier:
                 cache.rollback()
             raise
         timings["commit"] = self._now() - t4
-        return StepResult(w.accepted, w.accepted_tokens, w.bonus_token, timings, logits)
+        return StepResult(w.accepted, w.bonus_token, w.accepted_tokens, timings, logits)
 
     def step_batch(self, trees: Sequence[DraftTree], caches: Sequence[KVCache]) -> list[StepResult]:
         """Verify R trees of R sequences in ONE target forward (trees padded to the largest,
@@ -198,6 +185,6 @@ class Verifier:
             raise
         timings["commit"] = self._now() - t4
         return [
-            StepResult(w.accepted, w.accepted_tokens, w.bonus_token, dict(timings), logits[i])
+            StepResult(w.accepted, w.bonus_token, w.accepted_tokens, dict(timings), logits[i])
             for i, w in enumerate(walks)
         ]
