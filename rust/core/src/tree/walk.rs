@@ -33,11 +33,17 @@ pub fn walk(tokens: &[i64], links: &ChildLinks, chosen: &[i64]) -> Result<WalkOu
             "a tree needs at least its root".into(),
         ));
     }
+    // Slices of length exactly `n`, so an index checked `< n` needs no second bounds check.
+    let (chosen, first_child, next_sibling) = (
+        &chosen[..n],
+        &links.first_child[..n],
+        &links.next_sibling[..n],
+    );
     let mut accepted = Vec::new();
     let mut node = 0usize;
     loop {
         let want = chosen[node];
-        let mut link = links.first_child[node];
+        let mut link = first_child[node];
         // The last index read: the parent, then each sibling in turn.
         let mut after = node;
         let child = loop {
@@ -54,7 +60,7 @@ pub fn walk(tokens: &[i64], links: &ChildLinks, chosen: &[i64]) -> Result<WalkOu
                 break c;
             }
             after = c;
-            link = links.next_sibling[c];
+            link = next_sibling[c];
         };
         accepted.push(link);
         node = child;
