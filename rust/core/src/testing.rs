@@ -169,7 +169,7 @@ pub fn kv_snapshot(m: &BlockManager) -> KvSnapshot {
     let mut seqs: Vec<_> = m
         .sequences()
         .into_iter()
-        .map(|s| (s, m.block_table(s).unwrap().to_vec(), m.seq_len(s).unwrap()))
+        .map(|s| (s, m.block_table(s).unwrap(), m.seq_len(s).unwrap()))
         .collect();
     seqs.sort();
     (

@@ -88,7 +88,7 @@ impl Harness {
         // Refcounts recomputed here too, from the public views only.
         let mut count = vec![0u32; self.m.num_blocks()];
         for s in self.m.sequences() {
-            for &b in self.m.block_table(s).unwrap() {
+            for b in self.m.block_table(s).unwrap() {
                 count[b as usize] += 1;
             }
         }

@@ -166,7 +166,7 @@ impl BlockManager {
         py: Python<'py>,
         #[pyo3(from_py_with = kv_arg)] seq: u64,
     ) -> PyResult<Arr<'py>> {
-        Ok(vec1(py, i32s(self.0.block_table(seq).or_raise()?)).into_any())
+        Ok(vec1(py, i32s(&self.0.block_table(seq).or_raise()?)).into_any())
     }
     fn slot_mapping<'py>(
         &self,

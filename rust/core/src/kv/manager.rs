@@ -6,9 +6,12 @@ use std::collections::VecDeque;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::error::KvError;
+use super::ids::{BlockId, MAX_SLOTS};
 use super::pool::Pool;
 
-/// Caller-chosen sequence id.
+/// Caller-chosen sequence id. A plain alias, not a newtype: it is an opaque hash-map key that
+/// is never converted or used as an index, so a newtype would remove no cast, only add
+/// wrapping at every call site and in the binding.
 pub type SeqId = u64;
 
 /// How many recently freed ids are remembered to tell a double free from an unknown id.
@@ -16,13 +19,18 @@ const FREED_MEMORY: usize = 1 << 16;
 
 /// Slots of positions `start..end` through `blocks`, one division per block (not per slot).
 #[inline]
-pub(crate) fn push_slots(blocks: &[u32], bs: usize, start: usize, end: usize, out: &mut Vec<i32>) {
+pub(crate) fn push_slots(
+    blocks: &[BlockId],
+    bs: usize,
+    start: usize,
+    end: usize,
+    out: &mut Vec<i32>,
+) {
     let mut p = start;
     while p < end {
-        let (bi, off) = (p / bs, p % bs);
-        let base = (blocks[bi] as usize * bs) as i32;
+        let (b, off) = (blocks[p / bs], p % bs);
         let run = (bs - off).min(end - p);
-        out.extend((off..off + run).map(|o| base + o as i32));
+        out.extend((off..off + run).map(|o| b.slot(bs, o).get()));
         p += run;
     }
 }
@@ -75,13 +83,13 @@ fn plan(bs: usize, s: &Seq, n: usize, tail_refcount: u32) -> (usize, bool) {
     let cow = total % bs != 0 && tail_refcount > 1;
     // Saturate: an absurd `n` must read as "out of blocks", not overflow.
     let need = total.saturating_add(n).div_ceil(bs) - s.blocks.len();
-    (need.saturating_add(cow as usize), cow)
+    (need.saturating_add(usize::from(cow)), cow)
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct Seq {
     /// Block table: covers `len + pending` slots, so `blocks.len() == ceil((len+pending)/bs)`.
-    pub blocks: Vec<u32>,
+    pub blocks: Vec<BlockId>,
     /// Committed tokens.
     pub len: usize,
     /// Tentative (draft-tree) slots after the committed ones.
@@ -120,7 +128,7 @@ impl BlockManager {
         // Slot ids are i32 and free-queue links reserve u32::MAX.
         let fits = num_blocks
             .checked_mul(block_size)
-            .is_some_and(|slots| slots <= i32::MAX as usize);
+            .is_some_and(|slots| slots <= MAX_SLOTS);
         if num_blocks == 0 || block_size == 0 {
             return Err(KvError::Invalid(format!(
                 "num_blocks ({num_blocks}) and block_size ({block_size}) must be >= 1"
@@ -175,7 +183,11 @@ impl BlockManager {
     }
     /// Free blocks from least to most recently freed (the eviction order).
     pub fn free_queue(&self) -> Vec<u32> {
-        self.pool.free_queue()
+        self.pool
+            .free_queue()
+            .into_iter()
+            .map(BlockId::get)
+            .collect()
     }
     /// Blocks currently registered in the prefix cache (held or evictable).
     pub fn num_cached_blocks(&self) -> usize {
@@ -218,8 +230,9 @@ impl BlockManager {
         Ok((s.len, s.pending))
     }
 
-    pub fn block_table(&self, seq: SeqId) -> Result<&[u32], KvError> {
-        Ok(&self.get(seq)?.blocks)
+    /// The blocks holding `seq`'s slots, in position order.
+    pub fn block_table(&self, seq: SeqId) -> Result<Vec<u32>, KvError> {
+        Ok(self.get(seq)?.blocks.iter().map(|b| b.get()).collect())
     }
 
     /// Slot ids of positions `start .. start + n` of `seq` (committed or tentative).
@@ -298,7 +311,7 @@ impl BlockManager {
             let new = pool.take();
             pool.decref(old);
             *s.blocks.last_mut().unwrap() = new;
-            pair = Some((old, new));
+            pair = Some((old.get(), new.get()));
         }
         let total = s.len + s.pending;
         let want = (total + n).div_ceil(bs);
@@ -460,7 +473,7 @@ impl BlockManager {
 
     /// `true` when block `b` is registered in the prefix cache.
     pub fn is_cached(&self, b: u32) -> bool {
-        self.pool.is_cached(b)
+        self.pool.is_cached(BlockId::new(b))
     }
 
     /// Drop blocks of `seq` beyond its `len + pending` slots (tail first).
@@ -488,7 +501,7 @@ impl BlockManager {
                 ));
             }
             for &b in &s.blocks {
-                count[b as usize] += 1;
+                count[b.index()] += 1;
             }
         }
         let refcounts = self.pool.refcounts();

@@ -13,6 +13,7 @@
 
 mod beams;
 mod error;
+mod ids;
 mod manager;
 mod pool;
 mod prefix_cache;

@@ -3,37 +3,38 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
-const NIL: u32 = u32::MAX;
+use super::ids::BlockId;
+
+const NIL: BlockId = BlockId::NIL;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Pool {
     refcount: Vec<u32>,
     /// Chained hash of a full cached block (prefix caching), if registered.
     hash: Vec<Option<u64>>,
-    prev: Vec<u32>,
-    next: Vec<u32>,
-    head: u32,
-    tail: u32,
+    prev: Vec<BlockId>,
+    next: Vec<BlockId>,
+    head: BlockId,
+    tail: BlockId,
     num_free: usize,
     /// Hash -> the block registered under it.
-    cached: HashMap<u64, u32>,
+    cached: HashMap<u64, BlockId>,
 }
 
 impl Pool {
     pub fn new(num_blocks: usize) -> Self {
-        let n = num_blocks as u32;
         // Initially every block is free, in index order.
-        let prev = (0..n).map(|i| if i == 0 { NIL } else { i - 1 }).collect();
-        let next = (0..n)
-            .map(|i| if i + 1 == n { NIL } else { i + 1 })
-            .collect();
+        let link = |i: Option<usize>| {
+            i.filter(|&i| i < num_blocks)
+                .map_or(NIL, BlockId::from_index)
+        };
         Pool {
             refcount: vec![0; num_blocks],
             hash: vec![None; num_blocks],
-            prev,
-            next,
-            head: if n == 0 { NIL } else { 0 },
-            tail: if n == 0 { NIL } else { n - 1 },
+            prev: (0..num_blocks).map(|i| link(i.checked_sub(1))).collect(),
+            next: (0..num_blocks).map(|i| link(Some(i + 1))).collect(),
+            head: link(Some(0)),
+            tail: link(num_blocks.checked_sub(1)),
             num_free: num_blocks,
             cached: HashMap::default(),
         }
@@ -55,13 +56,13 @@ impl Pool {
     }
 
     #[inline]
-    pub fn refcount(&self, b: u32) -> u32 {
-        self.refcount[b as usize]
+    pub fn refcount(&self, b: BlockId) -> u32 {
+        self.refcount[b.index()]
     }
 
     /// The block registered under hash `h`, if any (held, or free but not yet reused).
     #[inline]
-    pub fn cached_block(&self, h: u64) -> Option<u32> {
+    pub fn cached_block(&self, h: u64) -> Option<BlockId> {
         self.cached.get(&h).copied()
     }
 
@@ -71,47 +72,47 @@ impl Pool {
     }
 
     /// Is block `b` registered in the prefix cache? (False for ids out of range.)
-    pub fn is_cached(&self, b: u32) -> bool {
-        self.hash.get(b as usize).is_some_and(|h| h.is_some())
+    pub fn is_cached(&self, b: BlockId) -> bool {
+        self.hash.get(b.index()).is_some_and(|h| h.is_some())
     }
 
     /// Register full block `b` under hash `h`, unless `b` already carries a hash or another
     /// block holds `h` (the same content in another block stays private).
-    pub fn register(&mut self, b: u32, h: u64) {
-        if self.hash[b as usize].is_none() && !self.cached.contains_key(&h) {
-            self.hash[b as usize] = Some(h);
+    pub fn register(&mut self, b: BlockId, h: u64) {
+        if self.hash[b.index()].is_none() && !self.cached.contains_key(&h) {
+            self.hash[b.index()] = Some(h);
             self.cached.insert(h, b);
         }
     }
 
     /// Unlink `b` from the free queue (it must be in it).
     #[inline]
-    fn unlink(&mut self, b: u32) {
-        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+    fn unlink(&mut self, b: BlockId) {
+        let (p, n) = (self.prev[b.index()], self.next[b.index()]);
         if p == NIL {
             self.head = n;
         } else {
-            self.next[p as usize] = n;
+            self.next[p.index()] = n;
         }
         if n == NIL {
             self.tail = p;
         } else {
-            self.prev[n as usize] = p;
+            self.prev[n.index()] = p;
         }
-        self.prev[b as usize] = NIL;
-        self.next[b as usize] = NIL;
+        self.prev[b.index()] = NIL;
+        self.next[b.index()] = NIL;
         self.num_free -= 1;
     }
 
     /// Append `b` at the most-recently-freed end.
     #[inline]
-    fn push_tail(&mut self, b: u32) {
-        self.prev[b as usize] = self.tail;
-        self.next[b as usize] = NIL;
+    fn push_tail(&mut self, b: BlockId) {
+        self.prev[b.index()] = self.tail;
+        self.next[b.index()] = NIL;
         if self.tail == NIL {
             self.head = b;
         } else {
-            self.next[self.tail as usize] = b;
+            self.next[self.tail.index()] = b;
         }
         self.tail = b;
         self.num_free += 1;
@@ -120,33 +121,33 @@ impl Pool {
     /// Take the least recently freed block, evicting its cached hash; refcount becomes 1.
     /// The caller has checked that a block is free.
     #[inline]
-    pub fn take(&mut self) -> u32 {
+    pub fn take(&mut self) -> BlockId {
         let b = self.head;
         debug_assert!(b != NIL, "take() on an empty free queue");
         self.unlink(b);
-        if let Some(h) = self.hash[b as usize].take() {
+        if let Some(h) = self.hash[b.index()].take() {
             if self.cached.get(&h) == Some(&b) {
                 self.cached.remove(&h);
             }
         }
-        self.refcount[b as usize] = 1;
+        self.refcount[b.index()] = 1;
         b
     }
 
     /// One more holder of `b`; a cached block with no holder leaves the free queue.
     #[inline]
-    pub fn incref(&mut self, b: u32) {
-        if self.refcount[b as usize] == 0 {
+    pub fn incref(&mut self, b: BlockId) {
+        if self.refcount[b.index()] == 0 {
             self.unlink(b);
         }
-        self.refcount[b as usize] += 1;
+        self.refcount[b.index()] += 1;
     }
 
     /// One holder fewer; at zero the block joins the free queue's tail (its hash stays
     /// hittable until the block is taken again).
     #[inline]
-    pub fn decref(&mut self, b: u32) {
-        let r = &mut self.refcount[b as usize];
+    pub fn decref(&mut self, b: BlockId) {
+        let r = &mut self.refcount[b.index()];
         debug_assert!(*r > 0);
         *r -= 1;
         if *r == 0 {
@@ -157,17 +158,17 @@ impl Pool {
     /// Holders that forbid writing into `b`: its tables, plus one for the prefix cache
     /// (a cached block's content must stay what its hash says). Above 1 means copy on write.
     #[inline]
-    pub fn holders(&self, b: u32) -> u32 {
-        self.refcount[b as usize] + self.hash[b as usize].is_some() as u32
+    pub fn holders(&self, b: BlockId) -> u32 {
+        self.refcount[b.index()] + u32::from(self.hash[b.index()].is_some())
     }
 
     /// The free queue from least to most recently freed.
-    pub fn free_queue(&self) -> Vec<u32> {
+    pub fn free_queue(&self) -> Vec<BlockId> {
         let mut out = Vec::with_capacity(self.num_free);
         let mut b = self.head;
         while b != NIL {
             out.push(b);
-            b = self.next[b as usize];
+            b = self.next[b.index()];
         }
         out
     }
@@ -186,17 +187,17 @@ impl Pool {
         let mut b = self.tail;
         while b != NIL {
             back.push(b);
-            b = self.prev[b as usize];
+            b = self.prev[b.index()];
         }
         back.reverse();
         if back != q {
             return Err("free queue's backward links disagree with its forward links".into());
         }
         for &b in &q {
-            if self.refcount[b as usize] != 0 {
+            if self.refcount[b.index()] != 0 {
                 return Err(format!(
                     "block {b} is free but has refcount {}",
-                    self.refcount[b as usize]
+                    self.refcount[b.index()]
                 ));
             }
         }
@@ -208,7 +209,7 @@ impl Pool {
             ));
         }
         for (&h, &b) in &self.cached {
-            if self.hash[b as usize] != Some(h) {
+            if self.hash[b.index()] != Some(h) {
                 return Err(format!(
                     "hash map names block {b}, which does not carry that hash"
                 ));
@@ -216,7 +217,7 @@ impl Pool {
         }
         for (b, h) in self.hash.iter().enumerate() {
             if let Some(h) = h {
-                if self.cached.get(h) != Some(&(b as u32)) {
+                if self.cached.get(h) != Some(&BlockId::from_index(b)) {
                     return Err(format!(
                         "block {b} carries a hash the map does not point back to"
                     ));

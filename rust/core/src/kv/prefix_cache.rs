@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use std::hash::Hasher;
 
 use super::error::KvError;
+use super::ids::BlockId;
 use super::manager::{BlockManager, Seq, SeqId};
 
 /// Chained block hash (SipHash, 64 bits: a collision needs ~2^32 cached blocks).
@@ -57,7 +58,7 @@ impl BlockManager {
         let bs = self.block_size;
         let mut total = self.blocks_for(tokens.len());
         let mut hashes = Vec::with_capacity(tokens.len() / bs);
-        let mut hits: Vec<u32> = vec![];
+        let mut hits: Vec<BlockId> = vec![];
         if self.prefix_caching {
             let mut parent = None;
             for chunk in tokens.chunks_exact(bs) {

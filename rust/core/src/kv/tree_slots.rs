@@ -4,6 +4,7 @@
 use rustc_hash::FxHashMap as HashMap;
 
 use super::error::KvError;
+use super::ids::BlockId;
 use super::manager::{same_len, twice_in_step, Appended, BlockManager, Seen, SeqId};
 
 /// A decode step's reservations: `slots[offsets[i]..offsets[i+1]]` belong to `seqs[i]`.
@@ -61,7 +62,7 @@ impl BlockManager {
         // Validate everything and count blocks exactly (a shared tail copied by one sequence
         // is no longer shared for the next), before touching anything.
         let mut seen = Seen::with_capacity(seqs.len());
-        let mut tail_rc: HashMap<u32, u32> = HashMap::default();
+        let mut tail_rc: HashMap<BlockId, u32> = HashMap::default();
         let mut need = 0usize;
         for (&seq, &n) in seqs.iter().zip(counts) {
             let s = self.get(seq)?;
@@ -207,7 +208,7 @@ impl BlockManager {
     ) {
         let bs = self.block_size;
         let s = self.seqs.get_mut(&seq).unwrap();
-        let slot = |pos: usize| (s.blocks[pos / bs] as usize * bs + pos % bs) as i32;
+        let slot = |pos: usize| s.blocks[pos / bs].slot(bs, pos % bs).get();
         for (j, &i) in accepted.iter().enumerate() {
             let i = i as usize;
             if i != j {
