@@ -6,8 +6,8 @@
 use pyo3::prelude::*;
 
 mod arrays;
-mod errors;
 mod constrain;
+mod errors;
 mod kv;
 mod tree;
 
