@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
-from ..errors import GrammarError
+from ..errors import GrammarError, SpecdecTypeError
 
 if TYPE_CHECKING:
     from .regex import RegexGrammar
@@ -62,6 +62,15 @@ class Vocabulary:
         vocab_size: int | None = None,
     ) -> Vocabulary:
         """From a list indexed by token id (``None`` = special token without text)."""
+        # bytes(3) would be three zero bytes: only real byte strings are token text.
+        bad = [
+            i for i, t in enumerate(tokens) if not (t is None or isinstance(t, (bytes, bytearray)))
+        ]
+        if bad:
+            raise SpecdecTypeError(
+                f"tokens must be bytes or None (special), got {type(tokens[bad[0]]).__name__} "
+                f"at id {bad[0]}"
+            )
         toks = [None if t is None else bytes(t) for t in tokens]
         return cls(_core.Vocabulary(toks, [int(e) for e in eos_ids], vocab_size))
 
