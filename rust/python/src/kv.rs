@@ -107,6 +107,27 @@ fn to_counts(v: &[i64], what: &str) -> Result<Vec<usize>, KvError> {
 #[pyclass(name = "BlockManager", module = "specdec._core")]
 pub struct BlockManager(core::BlockManager);
 
+type BatchReserve =
+    fn(&mut core::BlockManager, &[u64], &[usize]) -> Result<core::ReserveBatch, KvError>;
+
+impl BlockManager {
+    /// A batched reservation (tree slots or appended slots) with the GIL released.
+    fn reserve_batch(
+        &mut self,
+        py: Python<'_>,
+        seqs: PyReadonlyArray1<'_, u64>,
+        counts: PyReadonlyArray1<'_, i64>,
+        what: &str,
+        reserve: BatchReserve,
+    ) -> PyResult<Reservation> {
+        let (seqs, c) = (as_slice(&seqs), as_slice(&counts));
+        let c = to_counts(&c, what).or_raise()?;
+        let m = &mut self.0;
+        let b = py.detach(|| reserve(m, &seqs, &c)).or_raise()?;
+        Reservation::from_batch(py, b)
+    }
+}
+
 #[pymethods]
 impl BlockManager {
     #[new]
@@ -299,11 +320,13 @@ impl BlockManager {
         #[pyo3(from_py_with = kv_arg)] seqs: PyReadonlyArray1<'py, u64>,
         #[pyo3(from_py_with = kv_arg)] counts: PyReadonlyArray1<'py, i64>,
     ) -> PyResult<Reservation> {
-        let (seqs, c) = (as_slice(&seqs), as_slice(&counts));
-        let c = to_counts(&c, "node counts").or_raise()?;
-        let m = &mut self.0;
-        let b = py.detach(|| m.reserve_tree_batch(&seqs, &c)).or_raise()?;
-        Reservation::from_batch(py, b)
+        self.reserve_batch(
+            py,
+            seqs,
+            counts,
+            "node counts",
+            core::BlockManager::reserve_tree_batch,
+        )
     }
     /// One decode step's commits (`accepted[offsets[i]:offsets[i+1]]` for `seqs[i]`):
     /// all or nothing.
@@ -333,11 +356,13 @@ impl BlockManager {
         #[pyo3(from_py_with = kv_arg)] seqs: PyReadonlyArray1<'py, u64>,
         #[pyo3(from_py_with = kv_arg)] counts: PyReadonlyArray1<'py, i64>,
     ) -> PyResult<Reservation> {
-        let (seqs, c) = (as_slice(&seqs), as_slice(&counts));
-        let c = to_counts(&c, "slot counts").or_raise()?;
-        let m = &mut self.0;
-        let b = py.detach(|| m.append_slots_batch(&seqs, &c)).or_raise()?;
-        Reservation::from_batch(py, b)
+        self.reserve_batch(
+            py,
+            seqs,
+            counts,
+            "slot counts",
+            core::BlockManager::append_slots_batch,
+        )
     }
     /// `allocate` for many new sequences; all or nothing.
     fn allocate_batch(
