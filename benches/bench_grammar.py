@@ -2,11 +2,12 @@
 per-step mask time along real tokenizations, specdec vs xgrammar, llguidance and
 outlines-core in one run; plus tree masks (N = 64 and 256 nodes).
 
-    python benches/bench_grammar.py [--quick]
+    python benches/bench_grammar.py [--quick | --smoke]
 
 Each regex is compiled fresh (peers' caches off where they have one) and walked once along
 the Tekken tokenization of a matching string: one mask per step (including the final EOS
-step), timed call by call, cold states included. Prints markdown tables.
+step), timed call by call, cold states included. Prints markdown tables. ``--smoke`` runs
+every table at tiny sizes (a test that the script works, not a measurement).
 """
 
 from __future__ import annotations
@@ -300,12 +301,14 @@ def run_engine(eng: Engine, cases: list, token_ids: dict, vocab_size: int, eos: 
     }
 
 
-def tree_bench(vocab: Vocabulary, encode: Callable, reps: int) -> list[str]:
+def tree_bench(
+    vocab: Vocabulary, encode: Callable, reps: int, sizes: tuple[int, ...] = (64, 256)
+) -> list[str]:
     rows = []
     rng = random.Random(0)
     for name, pattern, _text in [CASES[7], CASES[16], CASES[1]]:
         g = RegexGrammar(vocab, pattern)
-        for n_nodes in (64, 256):
+        for n_nodes in sizes:
             # A tree of grammar-valid tokens grown breadth first (up to 4 children each).
             m = Matcher(g)
             tokens, parents, frontier = [2], [-1], [(0, m)]
@@ -357,8 +360,19 @@ def main() -> None:
     ap.add_argument(
         "--repeats", type=int, default=3, help="passes per engine (fresh compiles), pooled"
     )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="3 regexes, 2 passes, small trees: every table at tiny sizes",
+    )
     args = ap.parse_args()
-    cases = CASES[:6] if args.quick else CASES
+    if args.smoke:
+        ap.set_defaults(repeats=2)  # two passes, so the pooling across passes runs too
+        args = ap.parse_args()
+        # A fixed-length, a non-ASCII and an alternation regex.
+        cases = [CASES[0], CASES[7], CASES[8]]
+    else:
+        cases = CASES[:6] if args.quick else CASES
     from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
     tk = Tekkenizer.from_file(TEKKEN)
@@ -479,7 +493,8 @@ def main() -> None:
     print("Tree masks (fill_tree_bitmask, warm cache) vs one matcher per node:\n")
     print("| regex | nodes | tree fill us | us/node | per-node matchers us | speed-up |")
     print("|---|---|---|---|---|---|")
-    for row in tree_bench(vocab, encode, reps=50):
+    tree_args = {"reps": 3, "sizes": (16,)} if args.smoke else {"reps": 50}
+    for row in tree_bench(vocab, encode, **tree_args):
         print(row)
 
 

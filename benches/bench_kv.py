@@ -11,7 +11,8 @@ remove, a hash -> block map for prefix caching), run side by side on the same wo
    then commit 1..6 accepted nodes (moves + releasing the rest). Rust: one batched call
    each; Python peer: its loop.
 
-Run: ``python benches/bench_kv.py`` (prints a markdown table).
+Run: ``python benches/bench_kv.py`` (prints a markdown table); ``--smoke`` runs every workload
+at tiny sizes (a test that the script works, not a measurement).
 """
 
 from __future__ import annotations
@@ -440,7 +441,7 @@ def step_py(n_seqs: int, steps: list[tuple], nb: int, bs: int, nodes: int) -> fl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--ops", type=int, default=100_000)
     ap.add_argument("--blocks", type=int, default=10_000)
     ap.add_argument("--block-size", type=int, default=16)
@@ -448,7 +449,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--nodes", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--smoke", action="store_true", help="every workload at tiny sizes (explicit flags win)"
+    )
     a = ap.parse_args()
+    if a.smoke:
+        ap.set_defaults(ops=1000, blocks=1000, seqs=16, steps=2, nodes=16, repeats=1)
+        a = ap.parse_args()
     ops = make_ops(a.ops, a.seqs, 0)
     n_calls = sum(2 if op[0] == "tree" else 1 for op in ops)
     rust = min(run_rust(ops, a.blocks, a.block_size) for _ in range(a.repeats))

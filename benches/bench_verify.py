@@ -7,7 +7,8 @@ tokens verified by the obvious alternatives in the same run:
   (what a verifier without tree attention does), rolled back after each;
 - autoregressive decoding: one forward per token.
 
-Prints markdown tables. Example: ``python benches/bench_verify.py --budgets 16 64 256``.
+Prints markdown tables. Example: ``python benches/bench_verify.py --budgets 16 64 256``;
+``--smoke`` runs every table at tiny sizes (a test that the script works, not a measurement).
 """
 
 from __future__ import annotations
@@ -163,7 +164,25 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, nargs="*", default=[4, 16])
     ap.add_argument("--batch-budget", type=int, default=16)
+    ap.add_argument(
+        "--smoke", action="store_true", help="every table at tiny sizes (explicit flags win)"
+    )
     args = ap.parse_args()
+    if args.smoke:
+        ap.set_defaults(
+            budgets=[4, 8],
+            prefix=40,
+            depth=4,
+            vocab=128,
+            hidden=32,
+            layers=1,
+            heads=2,
+            kv_heads=1,
+            repeats=2,
+            batch=[2],
+            batch_budget=4,
+        )
+        args = ap.parse_args()
     torch.set_num_threads(args.threads)
     sdpa, dense = make_model("sdpa", args), make_model("math", args)
     dense.load_state_dict(sdpa.state_dict())

@@ -5,6 +5,7 @@ is a smoke test.
 
     python benches/bench_verify_gpu.py                      # cuda, B in {64, 256, 1024}
     python benches/bench_verify_gpu.py --device cpu --quick
+    python benches/bench_verify_gpu.py --smoke      # --quick, on CPU when CUDA is absent
 
 Prints a markdown table (median ms per forward over root + B nodes, CUDA-synchronised) and
 the max |flex - sdpa| of the logits, so a fallback or a wrong block mask shows.
@@ -32,8 +33,19 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="tiny model and sizes (smoke test)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="--quick, falling back to CPU when CUDA is absent"
+    )
     args = ap.parse_args()
     warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+    if args.smoke:
+        args.quick = True
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        if not args.smoke:
+            print(f"skipped: CUDA is not available (device {args.device}); try --device cpu")
+            return
+        print("CUDA is not available: smoke test on CPU\n")
+        args.device = "cpu"
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     if not cuda:

@@ -12,7 +12,7 @@ from specdec.cache import DenseKVCache, KVCache
 from specdec.decode import SpeculativeGenerator, autoregressive_generate
 from specdec.errors import ConfigError, VerifyError
 from specdec.models import LlamaConfig, LlamaModel
-from specdec.testing import AdversarialDrafter, OracleDrafter, RandomDrafter
+from specdec.testing import AdversarialDrafter, BanningDrafter, OracleDrafter, RandomDrafter
 from specdec.tree import ChainShape, DDTreeShape, DraftTree, tree_from_branches, tree_shape
 from specdec.verify import Greedy, Sampling, StepResult, Verifier
 
@@ -334,19 +334,31 @@ def test_lossless_greedy_through_transformers() -> None:
                     torch.testing.assert_close(a, b[:, :n], rtol=1e-9, atol=1e-9)
 
 
+class RecordingGenerator(SpeculativeGenerator):
+    """Keeps every tree it verifies."""
+
+    trees: list[DraftTree]
+
+    def build(self, logits: torch.Tensor, root_token: int) -> DraftTree:
+        tree = super().build(logits, root_token)
+        self.__dict__.setdefault("trees", []).append(tree)
+        return tree
+
+
 def test_lossless_greedy_with_padded_trees(target, references) -> None:  # type: ignore[no-untyped-def]
-    # Fixed-shape trees (what a CUDA-graph verifier runs): padding nodes are never accepted.
+    # Fixed-shape trees (what a CUDA-graph verifier runs): the drafter bans all but its best
+    # token on every other step, so those trees hold DEPTH nodes and are padded to the budget;
+    # padding nodes are never accepted.
+    padded_steps = 0
     for i in range(3):
         prompt, ref_tokens, _ = references[i]
-        gen = SpeculativeGenerator(
-            target,
-            OracleDrafter(target, miss=0.4, seed=i),
-            budget=12,
-            depth=DEPTH,
-            pad_to_budget=True,
-        )
+        drafter = BanningDrafter(OracleDrafter(target, miss=0.4, seed=i), lambda c: 1 + len(c) % 2)
+        gen = RecordingGenerator(target, drafter, budget=12, depth=DEPTH, pad_to_budget=True)
         res = gen.generate(prompt, 40)
         assert res.tokens == ref_tokens[:40]
+        assert all(t.num_nodes == 13 for t in gen.trees)
+        padded_steps += sum(t.num_real < t.num_nodes for t in gen.trees)
+    assert padded_steps >= 5, padded_steps
 
 
 def test_positions_beyond_model_maximum_leave_cache_unchanged() -> None:
@@ -410,3 +422,44 @@ def test_step_batch_equals_single_steps(target, references) -> None:  # type: ig
     with pytest.raises(TypeError, match="forward_batch"):
         Verifier(TableTarget({})).step_batch(trees[:1], batch_caches[:1])
     assert all(c.pending == 0 for c in batch_caches)
+
+
+def test_step_batch_is_all_or_nothing(target, references) -> None:  # type: ignore[no-untyped-def]
+    """A commit refused for one sequence leaves every sequence's cache as it was (checked
+    before any commit), and the caches still step correctly afterwards."""
+
+    class Refusing(DenseKVCache):
+        refuse = True
+
+        def check_commit(self, keep):  # type: ignore[no-untyped-def]
+            if self.refuse:
+                raise VerifyError("refused for the test")
+            super().check_commit(keep)
+
+    ver = Verifier(target)
+    seqs = [references[i] for i in (0, 1, 2)]
+    c = target.config
+    caches = [target.new_cache(), target.new_cache(), Refusing(c.num_hidden_layers,
+              c.num_key_value_heads, c.head_dim, 256, dtype=torch.float64)]  # fmt: skip
+    contexts = [list(p) for p, _, _ in seqs]
+    for ctx, cache in zip(contexts, caches, strict=True):
+        ver.prefill(ctx[:-1], cache)
+    drafters = [OracleDrafter(target, miss=0.2, seed=i) for i in range(3)]
+    trees = [
+        DDTreeShape(8).build(d.draft_one(ctx, DEPTH), ctx[-1])
+        for d, ctx in zip(drafters, contexts, strict=True)
+    ]
+    before = [
+        (cache.committed_len, [kv.clone() for kv in cache.committed_kv(0)]) for cache in caches
+    ]
+    with pytest.raises(VerifyError, match="refused"):
+        ver.step_batch(trees, caches)
+    for cache, (n, kv) in zip(caches, before, strict=True):
+        assert cache.committed_len == n and cache.pending == 0
+        for a, b in zip(cache.committed_kv(0), kv, strict=True):
+            assert torch.equal(a, b)
+    caches[2].refuse = False  # type: ignore[attr-defined]
+    for ctx, res in zip(contexts, ver.step_batch(trees, caches), strict=True):
+        ctx += res.tokens
+    for (prompt, ref, _), ctx in zip(seqs, contexts, strict=True):
+        assert ctx[len(prompt) :] == ref[: len(ctx) - len(prompt)]  # still lossless

@@ -16,6 +16,7 @@ from specdec.cache import KVCache
 from specdec.decode import SpeculativeGenerator, autoregressive_generate
 from specdec.draft import ModelDrafter, SequenceDrafter
 from specdec.models import LlamaConfig, LlamaModel
+from specdec.testing import BanningDrafter
 from specdec.verify import Sampling
 
 # Tiny tensors: extra intra-op threads only contend.
@@ -177,19 +178,39 @@ def merged(counts: Counter, exact: dict, n: int) -> tuple[np.ndarray, np.ndarray
 
 
 @pytest.mark.parametrize(
-    "rule,seed",
-    [(Sampling(temperature=0.7, top_p=0.9), 11), (Sampling(temperature=1.0, top_k=4), 12)],
-    ids=["t0.7-top_p0.9", "t1.0-top_k4"],
+    "rule,seed,padded",
+    [
+        (Sampling(temperature=0.7, top_p=0.9), 11, False),
+        (Sampling(temperature=1.0, top_k=4), 12, False),
+        (Sampling(temperature=1.0, top_k=4), 13, True),
+    ],
+    ids=["t0.7-top_p0.9", "t1.0-top_k4", "t1.0-top_k4-padded"],
 )
-def test_tree_sampling_matches_autoregressive(model: LlamaModel, rule: Sampling, seed: int) -> None:
+def test_tree_sampling_matches_autoregressive(
+    model: LlamaModel, rule: Sampling, seed: int, padded: bool
+) -> None:
     exact = exact_distribution(model, rule)
     assert len(exact) > 20  # a real distribution, not a near-deterministic one
     target = ReplayTarget(model)
 
     gen = torch.Generator().manual_seed(seed)
+    drafter: SequenceDrafter = HashDrafter(target)
+    if padded:
+        # Banned (-inf) tokens shrink some trees below the budget: they are padded to it.
+        drafter = BanningDrafter(drafter, lambda c: 1 + len(c) % 2)
     spec = SpeculativeGenerator(
-        target, HashDrafter(target), rule=rule, generator=gen, tree="ddtree", budget=10, depth=3
+        target,
+        drafter,
+        rule=rule,
+        generator=gen,
+        tree="ddtree",
+        budget=10,
+        depth=3,
+        pad_to_budget=padded,
     )
+    if padded:
+        tree = spec.draft_tree(PROMPT)
+        assert tree.num_real < tree.num_nodes == 11  # padding really happens
     spec_counts: Counter = Counter()
     accepted, steps, multi = 0, 0, 0
     for _ in range(N_SAMPLES):

@@ -158,6 +158,13 @@ class KVCache(ABC):
         contiguous after the prefix, and release every other tentative token.
         (``WalkResult.kept_nodes()`` is what a tree step keeps.)"""
 
+    def check_commit(self, keep: Sequence[int] | np.ndarray | torch.Tensor) -> None:
+        """Raise what :meth:`commit` would raise for ``keep``, changing nothing, so a batch
+        of caches can be checked before any of them commits (all or nothing)."""
+        from .cache.base import check_keep
+
+        check_keep(keep, self.pending)
+
     @abstractmethod
     def rollback(self) -> None:
         """Release every tentative token of the current step."""

@@ -5,7 +5,7 @@ drafters with known behaviour. Nothing here is on a hot path."""
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ __all__ = [
     "RandomDrafter",
     "OracleDrafter",
     "AdversarialDrafter",
+    "BanningDrafter",
 ]
 
 
@@ -133,3 +134,19 @@ class AdversarialDrafter(SequenceDrafter):
         logits = torch.randn(depth, self.target.vocab_size, generator=self.gen)
         logits[0, toks[0]] = -torch.inf
         return logits
+
+
+class BanningDrafter(SequenceDrafter):
+    """Wraps a drafter and bans (-inf) all but its ``keep(context)`` best tokens per depth, so
+    trees can hold fewer nodes than the budget (padding really happens, and -inf marginals
+    are exercised)."""
+
+    def __init__(self, inner: SequenceDrafter, keep: Callable[[Sequence[int]], int]) -> None:
+        self.inner = inner
+        self.keep = keep
+
+    def draft_one(self, context: Sequence[int], depth: int) -> torch.Tensor:
+        logits = self.inner.draft_one(context, depth).clone()
+        k = self.keep(context)
+        banned = logits.argsort(dim=-1, descending=True)[:, k:]
+        return logits.scatter(-1, banned, float("-inf"))

@@ -143,7 +143,9 @@ class Verifier:
     def step_batch(self, trees: Sequence[DraftTree], caches: Sequence[KVCache]) -> list[StepResult]:
         """Verify R trees of R sequences in ONE target forward (trees padded to the largest,
         prefixes padded to the longest; needs a target with ``forward_batch``), then walk all
-        in one Rust call and commit each cache. Every result carries the batch's timings."""
+        in one Rust call and commit each cache. All or nothing: every cache reserves its step
+        and checks its commit before any commits; on an error every cache is rolled back.
+        Every result carries the batch's timings."""
         fb = getattr(self.target, "forward_batch", None)
         if fb is None:
             raise SpecdecTypeError(f"{type(self.target).__name__} has no forward_batch: use step()")
@@ -176,8 +178,12 @@ class Verifier:
             walks = walk_batch(trees, chosen_np)
             t4 = time.perf_counter()
             timings["walk"] = t4 - t3
-            for cache, w in zip(caches, walks, strict=True):
-                cache.commit(w.kept_nodes())
+            keeps = [w.kept_nodes() for w in walks]
+            # All or nothing: every cache checks its commit before any of them commits.
+            for cache, keep in zip(caches, keeps, strict=True):
+                cache.check_commit(keep)
+            for cache, keep in zip(caches, keeps, strict=True):
+                cache.commit(keep)
         except BaseException:
             for cache in caches:
                 if cache.pending:
