@@ -452,7 +452,8 @@ def test_tokenizer_json_unigram_equals_sentencepiece() -> None:
 
 def test_bitmask_layout_matches_xgrammar_kernel(tekken: Vocabulary) -> None:
     """Our bitmask is xgrammar's layout: its in-place kernel masks what ours masks."""
-    xgr = pytest.importorskip("xgrammar")
+    import xgrammar as xgr
+
     m = Matcher(RegexGrammar(tekken, r"[0-9]+(\.[0-9]+)?"))
     bm = torch.zeros(1, (tekken.vocab_size + 31) // 32, dtype=torch.int32)
     m.fill_next_token_bitmask(bm)
@@ -461,6 +462,33 @@ def test_bitmask_layout_matches_xgrammar_kernel(tekken: Vocabulary) -> None:
     theirs = logits.clone()
     xgr.apply_token_bitmask_inplace(theirs, bm)
     assert torch.equal(ours, theirs)
+
+
+def test_bitmask_layout_and_helpers_match_llguidance(tekken: Vocabulary) -> None:
+    """llguidance's helpers (per framework) agree with ours: shapes, allocation, and the
+    in-place kernels mask exactly what ours mask."""
+    import llguidance.numpy as lnp
+    import llguidance.torch as ltorch
+
+    from specdec.constrain import numpy as snp
+    from specdec.constrain import torch as storch
+
+    v = tekken.vocab_size
+    assert snp.get_bitmask_shape(3, v) == tuple(lnp.get_bitmask_shape(3, v))
+    assert np.array_equal(snp.allocate_token_bitmask(2, v), lnp.allocate_token_bitmask(2, v))
+    assert torch.equal(storch.allocate_token_bitmask(2, v), ltorch.allocate_token_bitmask(2, v))
+    m = Matcher(RegexGrammar(tekken, r"[a-z]+ [0-9]{2}"))
+    bm = storch.allocate_token_bitmask(1, v)
+    m.fill_next_token_bitmask(bm)
+    logits = torch.randn(1, v)
+    ours, theirs = logits.clone(), logits.clone()
+    storch.apply_token_bitmask_inplace(ours, bm)
+    ltorch.apply_token_bitmask_inplace(theirs, bm)
+    assert torch.equal(ours, theirs)
+    ours_np, theirs_np = logits.numpy().copy(), logits.numpy().copy()
+    snp.apply_token_bitmask_inplace(ours_np, bm.numpy())
+    lnp.apply_token_bitmask_inplace(theirs_np, bm.numpy())
+    assert np.array_equal(ours_np, theirs_np)
 
 
 def test_edge_languages() -> None:
