@@ -25,3 +25,8 @@ lint:
 bench:
 	cargo bench -p specdec-core
 	specdec bench
+
+# Not in CI (tests/test_soak.py is the short version): a simulated serving loop, 10^5 steps.
+.PHONY: soak
+soak:
+	$(PYTHON) tests/soak.py --steps 100000

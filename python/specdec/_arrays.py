@@ -32,7 +32,7 @@ def as_array(
         return x
     if not isinstance(x, np.ndarray):
         if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor
-            x = x.detach().cpu().numpy()
+            x = tensor_to_numpy(x, name)
         else:
             try:
                 x = np.asarray(x)
@@ -50,6 +50,18 @@ def as_array(
             raise error(f"{name} has values outside {np.dtype(dtype).name}")
         x = x.astype(dtype)
     out: np.ndarray = x
+    return out
+
+
+def tensor_to_numpy(t: Any, name: str) -> np.ndarray:
+    """A torch tensor's values as a numpy array (copied to the host if needed); tensors
+    without data (the meta device) or with dtypes numpy lacks are refused."""
+    try:
+        out: np.ndarray = t.detach().cpu().numpy()
+    except (RuntimeError, TypeError, NotImplementedError) as e:
+        raise SpecdecTypeError(
+            f"{name} cannot be read as an array ({t.dtype} on {t.device}): {e}"
+        ) from None
     return out
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import check_int
+from .._arrays import check_int, tensor_to_numpy
 from ..errors import GrammarError, NoAllowedTokens, SpecdecTypeError
 
 __all__ = ["get_bitmask_shape", "bitmask_rows", "check_rows_allow_some"]
@@ -30,7 +30,7 @@ def bitmask_rows(bitmask: Any) -> np.ndarray:
     elif hasattr(bitmask, "detach") and hasattr(bitmask, "device"):  # torch tensor
         if bitmask.device.type != "cpu":
             raise GrammarError(f"bitmask must be on the CPU to be filled, got {bitmask.device}")
-        arr = bitmask.detach().numpy()
+        arr = tensor_to_numpy(bitmask, "bitmask")
     elif isinstance(bitmask, np.ndarray):
         arr = np.asarray(bitmask)
     else:

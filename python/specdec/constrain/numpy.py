@@ -60,12 +60,22 @@ def apply_token_bitmask_inplace(
         raise SpecdecTypeError("logits must be a floating-point numpy array")
     if not isinstance(bitmask, np.ndarray) or bitmask.dtype != np.int32:
         raise SpecdecTypeError("bitmask must be an int32 numpy array")
+    if not logits.flags.writeable:
+        raise GrammarError("logits are read-only")
     lg = logits[None] if logits.ndim == 1 else logits
     bm = bitmask[None] if bitmask.ndim == 1 else bitmask
-    rows: Any = slice(None) if indices is None else [check_int(i, "index", 0) for i in indices]
-    v = lg.shape[-1] if vocab_size is None else check_int(vocab_size, "vocab_size", 1)
+    if lg.ndim != 2 or bm.ndim != 2:
+        raise GrammarError(
+            f"logits {logits.shape} and bitmask {bitmask.shape} must be [B, V] and [B, W]"
+        )
+    rows: Any = slice(None)
+    if indices is not None:
+        rows = [check_int(i, "index", 0, GrammarError) for i in indices]
+        if max(rows, default=-1) >= lg.shape[0]:
+            raise GrammarError(f"indices {rows} outside logits of {lg.shape[0]} rows")
+    v = lg.shape[-1] if vocab_size is None else check_int(vocab_size, "vocab_size", 1, GrammarError)
     target = lg[rows]
-    if lg.ndim != 2 or bm.ndim != 2 or bm.shape[0] != target.shape[0] or v > lg.shape[-1]:
+    if bm.shape[0] != target.shape[0] or v > lg.shape[-1]:
         raise GrammarError(
             f"logits {logits.shape} and bitmask {bitmask.shape} must be [B, V] and "
             "[B, ceil(V/32)] (or one bitmask row per index)"

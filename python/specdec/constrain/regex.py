@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import _core
-from ..errors import GrammarError
+from .._arrays import check_float, check_int
+from ..errors import GrammarError, SpecdecTypeError
+from .vocab import Vocabulary
 
 if TYPE_CHECKING:
     from .matcher import Matcher
-    from .vocab import Vocabulary
 
 __all__ = ["RegexGrammar"]
 
@@ -37,8 +38,17 @@ class RegexGrammar:
     ) -> None:
         if not isinstance(pattern, str):
             raise GrammarError(f"pattern must be a str, got {type(pattern).__name__}")
+        if not isinstance(vocab, Vocabulary):
+            raise SpecdecTypeError(f"vocab must be a Vocabulary, got {type(vocab).__name__}")
+        limit = None if size_limit is None else check_int(size_limit, "size_limit", 1, GrammarError)
+        cache = (
+            None if cache_bytes is None else check_int(cache_bytes, "cache_bytes", 0, GrammarError)
+        )
+        ms = check_float(precompute_ms, "precompute_ms", GrammarError)
+        if ms < 0:
+            raise GrammarError(f"precompute_ms must be >= 0, got {ms}")
         self.vocab = vocab
-        self._g = _core.RegexGrammar(vocab._v, pattern, size_limit, cache_bytes, precompute_ms)
+        self._g = _core.RegexGrammar(vocab._v, pattern, limit, cache, ms)
 
     @property
     def pattern(self) -> str:

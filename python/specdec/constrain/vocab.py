@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
+from .._arrays import check_int
 from ..errors import GrammarError, SpecdecTypeError
 
 if TYPE_CHECKING:
@@ -29,6 +30,12 @@ def _bytes_to_unicode() -> dict[str, int]:
             cs.append(256 + n)
             n += 1
     return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+def _ids(eos_ids: Iterable[int]) -> list[int]:
+    if isinstance(eos_ids, (str, bytes)) or not isinstance(eos_ids, Iterable):
+        raise SpecdecTypeError(f"eos_ids must be a list of ints, got {type(eos_ids).__name__}")
+    return [check_int(e, "eos id", 0, GrammarError) for e in eos_ids]
 
 
 def _sp_piece_bytes(piece: str) -> bytes:
@@ -62,6 +69,8 @@ class Vocabulary:
         vocab_size: int | None = None,
     ) -> Vocabulary:
         """From a list indexed by token id (``None`` = special token without text)."""
+        if not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes)):
+            raise SpecdecTypeError(f"tokens must be a list, got {type(tokens).__name__}")
         # bytes(3) would be three zero bytes: only real byte strings are token text.
         bad = [
             i for i, t in enumerate(tokens) if not (t is None or isinstance(t, (bytes, bytearray)))
@@ -72,7 +81,8 @@ class Vocabulary:
                 f"at id {bad[0]}"
             )
         toks = [None if t is None else bytes(t) for t in tokens]
-        return cls(_core.Vocabulary(toks, [int(e) for e in eos_ids], vocab_size))
+        size = None if vocab_size is None else check_int(vocab_size, "vocab_size", 1, GrammarError)
+        return cls(_core.Vocabulary(toks, _ids(eos_ids), size))
 
     @classmethod
     def from_tekken(
@@ -88,7 +98,7 @@ class Vocabulary:
             )
         with open(path, "rb") as f:
             data = f.read()
-        eos = None if eos_ids is None else [int(e) for e in eos_ids]
+        eos = None if eos_ids is None else _ids(eos_ids)
         return cls(_core.Vocabulary.from_tekken_json(data, eos))
 
     @classmethod

@@ -227,7 +227,10 @@ class TreeTensors:
         return self.tokens.device
 
     def position_ids(self, prefix_len: int) -> torch.Tensor:
-        return self.depths + check_int(prefix_len, "prefix_len", 0)
+        prefix_len = check_int(prefix_len, "prefix_len", 0)
+        if prefix_len > 2**62:  # int64 positions must not wrap
+            raise TreeError(f"prefix_len {prefix_len} is too large for int64 positions")
+        return self.depths + prefix_len
 
     def attention_mask(
         self, prefix_len: int, kind: Literal["bool", "additive"] = "bool"

@@ -14,6 +14,9 @@ use crate::errors::OrRaise;
 
 type Links = (Py<PyArray1<i32>>, Py<PyArray1<i32>>);
 
+/// The largest dense attention mask built on request (2 GiB).
+const MAX_DENSE_MASK_BYTES: usize = 1 << 31;
+
 /// A draft tree's arrays, built and checked in Rust. `expected` is None when it is to be
 /// summed from `logprobs` on demand, NaN for unscored trees (explicit branches).
 #[pyclass(frozen, module = "specdec._core", name = "TreeArrays")]
@@ -259,6 +262,17 @@ impl TreeArrays {
         let cols = prefix_len.checked_add(b.rows);
         let elem = if additive { 4 } else { 1 };
         let bytes = cols.and_then(|c| c.checked_mul(b.rows)?.checked_mul(elem));
+        // A dense mask this large is a mistake (or a 100M-token context, where only the
+        // ancestor bits or a block mask make sense): refuse it rather than fill gigabytes.
+        if bytes.map_or(true, |b| b > MAX_DENSE_MASK_BYTES) {
+            return Err(TreeError::TooLarge(format!(
+                "a dense [{}, {prefix_len} + {}] mask takes over {} GiB: use the ancestor bits",
+                b.rows,
+                b.rows,
+                MAX_DENSE_MASK_BYTES >> 30
+            )))
+            .or_raise();
+        }
         core::check_alloc("the dense attention mask", b.rows, bytes).or_raise()?;
         let cols = prefix_len + b.rows;
         Ok(if additive {
@@ -289,7 +303,15 @@ impl TreeArrays {
             .or_raise();
         }
         let depths = read(self.depths.bind(py))?;
-        Ok(vec1(py, core::position_ids(&as_slice(&depths), prefix_len)).into_any())
+        let depths = as_slice(&depths);
+        let deepest = depths.iter().copied().max().unwrap_or(0);
+        if prefix_len.checked_add(deepest.into()).is_none() {
+            return Err(TreeError::Shape(format!(
+                "prefix_len {prefix_len} + depth {deepest} overflows int64"
+            )))
+            .or_raise();
+        }
+        Ok(vec1(py, core::position_ids(&depths, prefix_len)).into_any())
     }
 
     /// One row per leaf, root to leaf, padded with -1 (padding nodes are not leaves).
