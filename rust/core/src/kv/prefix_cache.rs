@@ -61,12 +61,14 @@ pub fn block_hash(
     h.update((cache_salt.len() as u64).to_le_bytes());
     h.update(cache_salt);
     h.update((tokens.len() as u64).to_le_bytes());
-    // One update for all tokens: per-token updates cost a call each.
-    let mut buf = Vec::with_capacity(tokens.len() * 8);
-    for &t in tokens {
-        buf.extend_from_slice(&t.to_le_bytes());
+    // Encode through a stack buffer: one update per 64 tokens, no allocation per block.
+    let mut buf = [0u8; 512];
+    for chunk in tokens.chunks(64) {
+        for (dst, &t) in buf.chunks_exact_mut(8).zip(chunk) {
+            dst.copy_from_slice(&t.to_le_bytes());
+        }
+        h.update(&buf[..chunk.len() * 8]);
     }
-    h.update(&buf);
     h.finalize().into()
 }
 
