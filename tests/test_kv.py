@@ -458,6 +458,8 @@ def test_cache_salt_separates_equal_prompts() -> None:
     for bad in (3, ["a"], bytearray(b"a"), 1.5):
         with pytest.raises(SpecdecTypeError, match="cache_salt"):
             m.allocate_tokens(20, p, 0, bad)  # type: ignore[arg-type]
+    with pytest.raises(KVCacheError, match="UTF-8"):
+        m.allocate_tokens(20, p, 0, "\ud800")
     assert 20 not in m
 
 

@@ -22,7 +22,7 @@ since a speculative chain step's commit (``keep == 0..m-1``) looks exactly like 
 The hash of block ``i`` is SHA-256 over this byte string (``_core.block_hash`` computes it)::
 
     b"specdec/kv-block/v1"                      19 bytes: domain tag and encoding version
-    b"\x00"  or  b"\x01" + parent_digest       first block, or block i-1's 32-byte hash
+    0x00  or  0x01 + parent_digest              first block, or block i-1's 32-byte hash
     extra_key                                   u64 little-endian (a grammar or adapter id)
     len(cache_salt) + cache_salt                u64 little-endian length, then the bytes
     len(tokens) + tokens                        u64 little-endian count, then i64 LE each

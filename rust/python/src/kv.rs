@@ -94,7 +94,14 @@ pub struct SeqLength {
 /// silently hashing, say, `repr(obj)` could make two tenants' salts equal.
 fn salt_arg(ob: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u8>>> {
     if let Ok(s) = ob.cast::<PyString>() {
-        return Ok(Some(s.to_str()?.as_bytes().to_vec()));
+        // A str with lone surrogates has no UTF-8: a bad value, not a bad type.
+        let s = s.to_str().map_err(|e| {
+            raise(
+                Class::KvCache,
+                format!("cache_salt is not valid UTF-8: {}", e.value(ob.py())),
+            )
+        })?;
+        return Ok(Some(s.as_bytes().to_vec()));
     }
     bytes_or_none(ob, "cache_salt must be bytes, str or None")
 }
