@@ -7,9 +7,18 @@ refcounts equal the number of block tables holding each block, free + used == to
 free block is referenced, the free queue is exactly the refcount-0 blocks, and every
 sequence reads its model content through its slot mapping. Refused operations raise the
 right exception and change nothing.
+
+Writes may lag allocation (a scheduler allocates a step's sequences before its forward): a
+prompt's K/V can stay unwritten until a later rule, and ``mark_computed`` reports only the
+written prefix. A prefix hit must read exactly the model's K/V, so a block registered before
+its K/V exists fails the machine; the cache salt enters the model's content, so a hit across
+salts fails it too.
 """
 
 from __future__ import annotations
+
+import hashlib
+import struct
 
 import numpy as np
 import pytest
@@ -24,14 +33,15 @@ from hypothesis.stateful import (
 )
 
 from specdec import KVCacheError, OutOfBlocks, UnknownSequence
+from specdec._core import block_hash
 from specdec.cache import BlockManager
-from specdec.errors import DoubleFree, SlotNotReserved
+from specdec.errors import DoubleFree, SlotNotReserved, SpecdecTypeError
 
 SEQ = st.integers(0, 7)
 MASK = (1 << 62) - 1
 
 
-def content(prev: int, token: int, extra: int) -> int:
+def content(prev: int, token: int, extra: object) -> int:
     return (hash((prev, token, extra)) & MASK) | 1  # never 0: 0 marks "never written"
 
 
@@ -46,17 +56,23 @@ def snapshot(m: BlockManager) -> tuple:
 
 
 class Model:
-    def __init__(self, extra: int) -> None:
+    def __init__(self, extra: object) -> None:
         self.extra = extra
         self.values: list[int] = []
+        self.written: list[bool] = []  # position i's K/V is in the storage
 
     def push(self, token: int) -> int:
         self.values.append(content(self.values[-1] if self.values else 7, token, self.extra))
+        self.written.append(True)
         return self.values[-1]
+
+    def written_prefix(self) -> int:
+        return next((i for i, w in enumerate(self.written) if not w), len(self.written))
 
     def copy(self) -> Model:
         m = Model(self.extra)
         m.values = list(self.values)
+        m.written = list(self.written)
         return m
 
 
@@ -103,6 +119,15 @@ class BlockManagerMachine(RuleBasedStateMachine):
             ]
             BlockManagerMachine.cows += 1
 
+    def write_pending(self, seq: int) -> None:
+        """The caller's late writes: every unwritten position of ``seq`` gets its K/V."""
+        mod = self.model[seq]
+        slots = self.m.slot_mapping(seq, 0, len(mod.values))
+        for i, w in enumerate(mod.written):
+            if not w:
+                self.storage[slots[i]] = mod.values[i]
+        mod.written = [True] * len(mod.values)
+
     def blocks_needed(self, seq: int, n: int) -> int:
         ln, pending = _lens(self.m, seq)
         table = self.m.block_table(seq)
@@ -114,18 +139,30 @@ class BlockManagerMachine(RuleBasedStateMachine):
         seq=SEQ,
         tokens=st.lists(st.integers(0, 1), max_size=12),
         extra=st.integers(0, 1),
+        salt=st.sampled_from([None, b"", b"t1", "t1", b"t2"]),
         prefix_only=st.booleans(),
+        late=st.booleans(),
     )
-    def allocate_tokens(self, seq: int, tokens: list[int], extra: int, prefix_only: bool) -> None:
+    def allocate_tokens(
+        self,
+        seq: int,
+        tokens: list[int],
+        extra: int,
+        salt: bytes | str | None,
+        prefix_only: bool,
+        late: bool,
+    ) -> None:
         arr = np.array(tokens, dtype=np.int64)
         if seq in self.m:
-            return self.refuse(KVCacheError, self.m.allocate_tokens, seq, arr, extra)
+            return self.refuse(KVCacheError, self.m.allocate_tokens, seq, arr, extra, salt)
         try:
             fn = self.m.allocate_cached_prefix if prefix_only else self.m.allocate_tokens
-            cached = fn(seq, arr, extra)
+            cached = fn(seq, arr, extra, salt)
         except OutOfBlocks:
-            return self.refuse(OutOfBlocks, fn, seq, arr, extra)
-        model = Model(extra)
+            return self.refuse(OutOfBlocks, fn, seq, arr, extra, salt)
+        # None is no salt (as b""); a str salt is its UTF-8.
+        key = (extra, salt.encode() if isinstance(salt, str) else salt or b"")
+        model = Model(key)
         n = cached if prefix_only else len(tokens)
         for t in tokens[:n]:
             model.push(t)
@@ -134,7 +171,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert self.storage[slots[:cached]].tolist() == model.values[:cached]
         assert cached == 0 or self.m.prefix_caching
         BlockManagerMachine.hits += cached
-        self.storage[slots[cached:]] = model.values[cached:]
+        if late:  # written by a later rule, as when its forward comes after more allocations
+            model.written[cached:] = [False] * (n - cached)
+        else:
+            self.storage[slots[cached:]] = model.values[cached:]
+            self.m.mark_computed(seq, n)
         self.model[seq] = model
         BlockManagerMachine.ops += 1
 
@@ -153,6 +194,19 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert (len(cow) == 1) == want_cow, "copy-on-write iff growing a shared partial tail"
         self.run_cow(cow)
         self.storage[slots] = [self.model[seq].push(t) for t in tokens]
+        self.m.mark_computed(seq, self.model[seq].written_prefix())
+        BlockManagerMachine.ops += 1
+
+    @rule(seq=SEQ, cut=st.integers(0, 20))
+    def finish_writes(self, seq: int, cut: int) -> None:
+        """The late K/V is written; ``cut`` leading tokens are reported computed."""
+        seq = self.live(seq)
+        if seq not in self.model:
+            return self.refuse(UnknownSequence, self.m.mark_computed, seq, 0)
+        if cut > len(self.model[seq].values):
+            return self.refuse(KVCacheError, self.m.mark_computed, seq, cut)
+        self.write_pending(seq)
+        self.m.mark_computed(seq, cut)
         BlockManagerMachine.ops += 1
 
     @rule(parent=SEQ, child=SEQ)
@@ -193,6 +247,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         seq = self.live(seq)
         if seq not in self.model:
             return self.refuse(UnknownSequence, self.m.reserve_tree, seq, n)
+        self.write_pending(seq)  # the step's forward reads the whole prefix
         self.refuse(KVCacheError, self.m.commit, seq, np.array([0]))  # outside a step
         if self.blocks_needed(seq, n) > self.m.num_free_blocks():
             return self.refuse(OutOfBlocks, self.m.reserve_tree, seq, n)
@@ -228,6 +283,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             return self.refuse(KVCacheError, self.m.truncate, seq, cut)
         self.m.truncate(seq, cut)
         del self.model[seq].values[cut:]
+        del self.model[seq].written[cut:]
         BlockManagerMachine.ops += 1
 
     @rule(data=st.data())
@@ -267,7 +323,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for s, mod in self.model.items():
             ln, pending = _lens(m, s)
             assert pending == 0 and ln == len(mod.values)
-            assert self.storage[m.slot_mapping(s, 0, ln)].tolist() == mod.values
+            got = self.storage[m.slot_mapping(s, 0, ln)].tolist()
+            assert [g for g, w in zip(got, mod.written, strict=True) if w] == [
+                v for v, w in zip(mod.values, mod.written, strict=True) if w
+            ]
         m.check_invariants()
 
     def teardown(self) -> None:
@@ -357,3 +416,78 @@ def test_batched_calls_equal_single_calls() -> None:
     assert a.free_queue().tolist() == b.free_queue().tolist()
     with pytest.raises(DoubleFree):
         a.free_batch(seqs[:1])
+
+
+def test_same_prompt_in_one_step_misses() -> None:
+    """Two sequences with one prompt started back to back, before any K/V is written: the
+    second must not reuse the first's unwritten blocks (it got 8 cached tokens when blocks
+    were registered at allocation)."""
+    m = BlockManager(16, 4, True)
+    p = np.arange(10, dtype=np.int64)
+    assert m.allocate_tokens(0, p) == 0
+    assert m.allocate_tokens(1, p) == 0, "a hit on K/V nobody wrote yet"
+    assert m.num_cached_blocks() == 0
+    q = np.arange(100, 108, dtype=np.int64)  # appended slots are written after the call
+    m.allocate_tokens(2, q[:0])
+    m.append_slots(2, 8, q)
+    assert m.allocate_tokens(3, q) == 0, "a hit on appended K/V nobody wrote yet"
+    m.mark_computed(0, 10)
+    m.mark_computed(2, 8)
+    assert m.allocate_tokens(4, p) == 8
+    assert m.allocate_tokens(5, q) == 4
+    with pytest.raises(KVCacheError, match="only 10 are committed"):
+        m.mark_computed(0, 11)
+    m.check_invariants()
+
+
+def test_cache_salt_separates_equal_prompts() -> None:
+    m = BlockManager(64, 4, True)
+    p = np.arange(13, dtype=np.int64)
+    salts: list[bytes | str | None] = [b"tenant-a", "tenant-b", None, "tenant-\u00e9"]
+    for seq, salt in enumerate(salts):
+        assert m.allocate_tokens(seq, p, 0, salt) == 0
+        m.mark_computed(seq, 13)
+    tables = [set(m.block_table(s).tolist()) for s in range(len(salts))]
+    for i in range(len(tables)):
+        for j in range(i):
+            assert not tables[i] & tables[j], f"salts {salts[i]!r} and {salts[j]!r} share"
+    assert m.allocate_tokens(10, p, 0, b"tenant-b") == 12, "a str salt is its UTF-8"
+    assert m.allocate_tokens(11, p, 0, b"") == 12, "None is the empty salt"
+    assert m.allocate_tokens(12, p, 1, b"tenant-a") == 0, "the extra key separates too"
+    assert m.allocate_cached_prefix(13, p, 0, "tenant-\u00e9".encode()) == 12
+    for bad in (3, ["a"], bytearray(b"a"), 1.5):
+        with pytest.raises(SpecdecTypeError, match="cache_salt"):
+            m.allocate_tokens(20, p, 0, bad)  # type: ignore[arg-type]
+    with pytest.raises(KVCacheError, match="UTF-8"):
+        m.allocate_tokens(20, p, 0, "\ud800")
+    assert 20 not in m
+
+
+def reference_block_hash(
+    parent: bytes | None, tokens: list[int], cache_salt: bytes, extra_key: int
+) -> bytes:
+    """The encoding documented in ``specdec.cache.paged``, with hashlib."""
+    data = b"specdec/kv-block/v1"
+    data += b"\x00" if parent is None else b"\x01" + parent
+    data += struct.pack("<QQ", extra_key, len(cache_salt)) + cache_salt
+    data += struct.pack(f"<Q{len(tokens)}q", len(tokens), *tokens)
+    return hashlib.sha256(data).digest()
+
+
+def test_block_hash_is_documented_sha256() -> None:
+    h0 = block_hash(None, np.array([1, 2, 3, -1]), b"tenant-a", 7)
+    assert h0.hex() == "83a17bb1fb1538ad7f18f5c606f19ad83a8f9ecf6de4710e6c053deadd42d075"
+    rng = np.random.default_rng(1)
+    parent = None
+    for i in range(20):
+        toks = rng.integers(-(2**63), 2**63 - 1, size=int(rng.integers(0, 9))).tolist()
+        salt = bytes(rng.integers(0, 256, size=i % 5, dtype=np.uint8))
+        extra = int(rng.integers(0, 2**63)) * (i % 2)
+        got = block_hash(parent, np.array(toks, dtype=np.int64), salt, extra)
+        assert got == reference_block_hash(parent, toks, salt, extra)
+        parent = got
+    assert block_hash(None, np.array([5]), "é") == block_hash(None, np.array([5]), "é".encode())
+    with pytest.raises(KVCacheError, match="32-byte"):
+        block_hash(b"short", np.array([1]))
+    with pytest.raises(SpecdecTypeError):
+        block_hash("not bytes", np.array([1]))  # type: ignore[arg-type]

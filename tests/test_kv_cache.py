@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from specdec import KVCacheError, OutOfBlocks, VerifyError
 from specdec.cache import DenseKVCache, KVCache, PagedKVCache, PagedKVPool
-from specdec.errors import DoubleFree
+from specdec.errors import DoubleFree, SpecdecTypeError
 
 L, H, D, MAX = 2, 2, 3, 64
 
@@ -215,3 +215,63 @@ def test_standalone_matches_dense_shape() -> None:
     assert out_p[0][0].shape == out_d[0][0].shape == (H, 20, D)
     assert torch.equal(p.committed_kv(1)[1], d.committed_kv(1)[1])
     np.testing.assert_array_equal(p.block_table(), [0])
+
+
+def feed(c: PagedKVCache, context: list[int], new: list[int]) -> None:
+    """One causal step feeding ``new`` after ``context`` (the committed tokens), left
+    pending; K/V as the toy causal model computes it."""
+    c.begin(len(new))
+    for layer in range(L):
+        k, v = causal_kv(context + new, layer)
+        c.append(layer, k[:, len(context) :], v[:, len(context) :])
+
+
+def test_partial_prefill_then_chain_step_registers_no_prompt_block() -> None:
+    """Prefill 3 tokens of a declared 8-token prompt, then a speculative chain step of
+    generated tokens whose commit keeps ``0..m-1``, shaped exactly like a prefill. The
+    generated K/V must not be cached under the prompt's ids (it was, through the declared
+    prompt shortcut: a later request for the prompt got 6 cached tokens of wrong K/V)."""
+    bs = 2
+    pool = PagedKVPool(L, H, D, num_blocks=20, block_size=bs, prefix_caching=True)
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18]
+    a = pool.sequence(prompt)
+    feed(a, [], prompt[:3])
+    a.commit([0, 1, 2], tokens=prompt[:3])
+    generated = [90, 91, 92]
+    feed(a, prompt[:3], generated)
+    a.commit(torch.arange(3))  # a chain tree: every node accepted
+    b = pool.sequence(prompt)
+    assert b.committed_len == 2, "only the prefilled prompt block may hit"
+    run_prompt(b, prompt)
+    dense = DenseKVCache(L, H, D, MAX)
+    run_prompt(dense, prompt)
+    for layer in range(L):
+        assert torch.equal(b.committed_kv(layer)[0], dense.committed_kv(layer)[0])
+
+
+def test_commit_fed_registers_exactly_the_fed_tokens() -> None:
+    pool = PagedKVPool(L, H, D, num_blocks=20, block_size=2, prefix_caching=True)
+    prompt = [3, 1, 4, 1, 5]
+    a = pool.sequence(prompt)
+    feed(a, [], prompt)
+    a.commit_fed(torch.tensor(prompt))
+    assert pool.sequence(prompt).committed_len == 4
+    assert pool.sequence(prompt, cache_salt="other tenant").committed_len == 0
+
+
+def test_equal_prompts_under_different_salts_share_no_block() -> None:
+    pool = PagedKVPool(L, H, D, num_blocks=40, block_size=2, prefix_caching=True)
+    prompt = [5, 1, 4, 1, 5, 9, 2]
+    caches = []
+    for salt in (b"a", b"b", None, "a\u00e9"):
+        c = pool.sequence(prompt, cache_salt=salt)
+        assert c.committed_len == 0
+        run_prompt(c, prompt)
+        caches.append(c)
+    tables = [set(c.block_table().tolist()) for c in caches]
+    assert all(not tables[i] & tables[j] for i in range(4) for j in range(i))
+    again = pool.sequence(prompt, cache_salt=b"b")
+    assert again.committed_len == 6
+    assert again.block_table()[:3].tolist() == caches[1].block_table()[:3].tolist()
+    with pytest.raises(SpecdecTypeError):
+        pool.sequence(prompt, cache_salt=7)  # type: ignore[arg-type]

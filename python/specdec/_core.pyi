@@ -196,19 +196,34 @@ class BlockManager:
         """Recompute every structural invariant; raises naming the first broken one."""
 
     def allocate(self, seq: int, num_tokens: int) -> None: ...
-    def allocate_tokens(self, seq: int, tokens: npt.NDArray[np.int64], extra_key: int = 0) -> int:
-        """Start ``seq`` with these token ids, reusing cached full blocks; returns how many
-        leading tokens already hold K/V."""
+    def allocate_tokens(
+        self,
+        seq: int,
+        tokens: npt.NDArray[np.int64],
+        extra_key: int = 0,
+        cache_salt: bytes | str | None = None,
+    ) -> int:
+        """Start ``seq`` with these token ids, reusing cached full blocks of the same
+        ``cache_salt`` and ``extra_key``; returns how many leading tokens already hold K/V.
+        The rest enter the cache after ``mark_computed`` (or a commit)."""
 
     def allocate_cached_prefix(
-        self, seq: int, tokens: npt.NDArray[np.int64], extra_key: int = 0
+        self,
+        seq: int,
+        tokens: npt.NDArray[np.int64],
+        extra_key: int = 0,
+        cache_salt: bytes | str | None = None,
     ) -> int:
         """Start ``seq`` with only the cached prefix of ``tokens``; returns its length."""
+
+    def mark_computed(self, seq: int, num_tokens: int) -> None:
+        """The K/V of the first ``num_tokens`` committed tokens is written: their full blocks
+        may enter the prefix cache."""
 
     def append_slots(
         self, seq: int, n: int, tokens: npt.NDArray[np.int64] | None = None
     ) -> Reservation:
-        """Append ``n`` committed slots."""
+        """Append ``n`` committed slots (cached only after ``mark_computed`` or a commit)."""
 
     def truncate(self, seq: int, length: int) -> None: ...
     def is_cached(self, block: int) -> bool: ...
@@ -255,6 +270,14 @@ class BlockManager:
     def free_batch(self, seqs: npt.NDArray[np.uint64]) -> None: ...
     def reorder(self, beams: list[int], parents: list[int]) -> None:
         """Beam ``beams[i]`` continues ``beams[parents[i]]`` (shared blocks, no copy)."""
+
+def block_hash(
+    parent: bytes | None,
+    tokens: npt.NDArray[np.int64],
+    cache_salt: bytes | str | None = None,
+    extra_key: int = 0,
+) -> bytes:
+    """SHA-256 content hash of one full block (see ``specdec.cache.paged``)."""
 
 # ---- constrain ----------------------------------------------------------------------------
 @final

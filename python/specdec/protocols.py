@@ -165,6 +165,13 @@ class KVCache(ABC):
 
         check_keep(keep, self.pending)
 
+    def commit_fed(self, fed: torch.Tensor) -> None:
+        """Keep every token of a causal step whose fed token ids were ``fed`` (a prefill, or
+        one decoded token). Same as ``commit(range(len(fed)))``; a cache that keys blocks by
+        their tokens (:class:`specdec.cache.PagedKVCache` with prefix caching) overrides it
+        to learn the ids, since only the caller knows what was fed."""
+        self.commit(range(fed.numel()))
+
     @abstractmethod
     def rollback(self) -> None:
         """Release every tentative token of the current step."""

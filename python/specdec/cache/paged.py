@@ -13,6 +13,24 @@ models and the tree verifier run on it unchanged:
   layers; ``rollback()`` releases the tentative slots.
 
 Forked sequences and beams share blocks; copy-on-write copies are one index copy too.
+
+Prefix caching (``prefix_caching=True``): a full block is found by its content hash, and a
+block enters the cache only when the commit that fills it happens with the kept tokens' ids
+(``commit(keep, tokens=...)`` or ``commit_fed(fed)``), i.e. once its K/V exists. A commit
+without ids ends the sequence's registration: the cache never guesses ids from the prompt,
+since a speculative chain step's commit (``keep == 0..m-1``) looks exactly like a prefill.
+The hash of block ``i`` is SHA-256 over this byte string (``_core.block_hash`` computes it)::
+
+    b"specdec/kv-block/v1"                      19 bytes: domain tag and encoding version
+    0x00  or  0x01 + parent_digest              first block, or block i-1's 32-byte hash
+    extra_key                                   u64 little-endian (a grammar or adapter id)
+    len(cache_salt) + cache_salt                u64 little-endian length, then the bytes
+    len(tokens) + tokens                        u64 little-endian count, then i64 LE each
+
+Every variable part is length-prefixed, so distinct inputs never encode alike, and the
+whole 32-byte digest is the key: a collision costs about 2^128 work, not the 2^32 of a
+64-bit hash. ``cache_salt`` (bytes, or str as UTF-8; per request) keeps tenants apart:
+equal prompts under different salts share no block.
 """
 
 from __future__ import annotations
@@ -87,11 +105,18 @@ class PagedKVPool:
             self.k_slots[:, d] = self.k_slots[:, s]
             self.v_slots[:, d] = self.v_slots[:, s]
 
-    def sequence(self, tokens: Sequence[int] | None = None, extra_key: int = 0) -> PagedKVCache:
+    def sequence(
+        self,
+        tokens: Sequence[int] | None = None,
+        extra_key: int = 0,
+        *,
+        cache_salt: bytes | str | None = None,
+    ) -> PagedKVCache:
         """A new empty sequence, or with ``tokens`` one that starts with their longest cached
-        prefix (``cache.committed_len`` tokens already hold K/V; run the rest as a step and
-        ``commit(keep, tokens=...)`` it so its full blocks become cached)."""
-        return PagedKVCache(self, tokens=tokens, extra_key=extra_key)
+        prefix under ``cache_salt`` and ``extra_key`` (``cache.committed_len`` tokens already
+        hold K/V; run the rest as a step and ``commit(keep, tokens=...)`` or
+        ``commit_fed(fed)`` it so its full blocks become cached)."""
+        return PagedKVCache(self, tokens=tokens, extra_key=extra_key, cache_salt=cache_salt)
 
     def reorder(self, beams: Sequence[PagedKVCache], parents: Sequence[int]) -> None:
         """Beam ``beams[i]`` continues ``beams[parents[i]]`` (shared blocks, no tensor copy)."""
@@ -111,13 +136,13 @@ class PagedKVCache(StepCache):
         *,
         tokens: Sequence[int] | None = None,
         extra_key: int = 0,
+        cache_salt: bytes | str | None = None,
         _seq: int | None = None,
     ) -> None:
         self.pool = pool
         self.num_layers, self.num_kv_heads = pool.num_layers, pool.num_kv_heads
         self.head_dim = pool.head_dim
         self._pending = 0
-        self._declared: list[int] = []
         self._committed_slots: torch.Tensor | None = None
         self._step_slots: torch.Tensor | None = None
         if _seq is not None:  # fork: the manager already holds the sequence
@@ -130,10 +155,7 @@ class PagedKVCache(StepCache):
             self._len = 0
         else:
             toks = _as_i64(tokens)
-            self._len = pool.manager.allocate_cached_prefix(self.seq, toks, extra_key)
-            # Declared prompt: commits of its next tokens in order (a prefill) register
-            # their full blocks in the prefix cache without the caller passing token ids.
-            self._declared = toks.tolist()
+            self._len = pool.manager.allocate_cached_prefix(self.seq, toks, extra_key, cache_salt)
 
     @classmethod
     def standalone(
@@ -184,24 +206,23 @@ class PagedKVCache(StepCache):
         tokens: Sequence[int] | np.ndarray | None = None,
     ) -> None:
         """As ``KVCache.commit``; ``tokens`` (the kept tokens' ids) let a prefix-caching pool
-        register the blocks they fill. Without them, a commit of the next tokens of the
-        prompt declared at creation (``keep == 0..m-1``) uses the prompt's ids; any other
-        commit without ids ends the sequence's prefix-cache registration."""
+        register the blocks they fill. A commit without ids ends the sequence's prefix-cache
+        registration: ids are never inferred (from the prompt given at creation, say), since
+        a chain step keeping ``0..m-1`` of generated tokens looks exactly like a prefill."""
         idx = check_keep(keep, self._pending)
         m = len(idx)
         toks = None if tokens is None else _as_i64(tokens)
-        if (
-            toks is None
-            and self._len + m <= len(self._declared)
-            and bool((idx == torch.arange(m)).all())
-        ):
-            toks = np.asarray(self._declared[self._len : self._len + m], dtype=np.int64)
         moves = self.pool.manager.commit(self.seq, idx.numpy(), toks)
         self.pool.move_slots(moves.src, moves.dst)
         self._len += m
         self._pending = 0
         self._step_slots = None
         self._committed_slots = None
+
+    def commit_fed(self, fed: torch.Tensor) -> None:
+        """Keep every token of a causal step that fed ``fed``: exactly those ids, so their
+        full blocks may enter the prefix cache."""
+        self.commit(torch.arange(fed.numel()), tokens=_as_i64(fed))
 
     def rollback(self) -> None:
         self.pool.manager.rollback(self.seq)
@@ -224,8 +245,6 @@ class PagedKVCache(StepCache):
         length = self._check_truncate(length)
         self.pool.manager.truncate(self.seq, length)
         self._len = length
-        # What follows may differ from the declared prompt: stop vouching for it.
-        del self._declared[length:]
         self._committed_slots = None
 
     # ---- sharing ---------------------------------------------------------------------------
@@ -236,9 +255,7 @@ class PagedKVCache(StepCache):
             raise KVCacheError(f"sequence {self.seq} is inside a step; commit or roll back first")
         child = self.pool._new_id()
         self.pool.manager.fork(self.seq, child)
-        c = PagedKVCache(self.pool, _seq=child)
-        c._declared = list(self._declared)
-        return c
+        return PagedKVCache(self.pool, _seq=child)
 
     def block_table(self) -> np.ndarray:
         return self.pool.manager.block_table(self.seq)

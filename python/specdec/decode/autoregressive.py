@@ -44,7 +44,7 @@ def autoregressive_generate(
         t1 = time.perf_counter()
         tok = int(rule.choose(logits[-1:], generator)[0])
         t2 = time.perf_counter()
-        cache.commit(torch.arange(feed.numel()))
+        cache.commit_fed(feed)
         res.timings["forward"] += t1 - t0
         res.timings["rule"] += t2 - t1
         res.timings["commit"] += time.perf_counter() - t2

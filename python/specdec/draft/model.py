@@ -26,7 +26,7 @@ def greedy_rollout(
     for _ in range(depth):
         start = cache.committed_len
         logits = model(feed, torch.arange(start, start + feed.numel(), device=dev), cache, None)
-        cache.commit(torch.arange(feed.numel()))
+        cache.commit_fed(feed)
         row = logits[-1]
         rows.append(row)
         toks.append(int(row.argmax()))

@@ -92,7 +92,7 @@ class Verifier:
         start = cache.committed_len
         pos = torch.arange(start, start + ids.numel(), device=self.device)
         logits = self.target(ids, pos, cache, None)
-        cache.commit(torch.arange(ids.numel()))
+        cache.commit_fed(ids)
         return logits
 
     def step(self, tree: DraftTree, cache: KVCache, *, root_token: int | None = None) -> StepResult:

@@ -114,5 +114,43 @@ fn bench_step(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_mixed, bench_step);
+/// Prefix caching: 64 prompts of 512 tokens (32 blocks of 16) sharing a 256-token system
+/// prefix, each allocated with its token ids (hashing every full block), then freed.
+fn bench_prefix(c: &mut Criterion) {
+    let mut rng = Rng::new(11);
+    let system: Vec<i64> = (0..256).map(|_| rng.below(32_000) as i64).collect();
+    let prompts: Vec<Vec<i64>> = (0..64)
+        .map(|_| {
+            let mut p = system.clone();
+            p.extend((0..256).map(|_| rng.below(32_000) as i64));
+            p
+        })
+        .collect();
+    let mut g = c.benchmark_group("kv_prefix_cache");
+    g.throughput(Throughput::Elements(prompts.len() as u64));
+    g.bench_function("allocate_tokens_512_x64", |b| {
+        b.iter_batched_ref(
+            || BlockManager::new(10_000, 16, true).unwrap(),
+            |m| {
+                let mut hit = 0;
+                for (s, p) in prompts.iter().enumerate() {
+                    hit += prefix_alloc(m, s as u64, p);
+                }
+                black_box(hit)
+            },
+            criterion::BatchSize::LargeInput,
+        )
+    });
+    g.finish();
+}
+
+/// Allocate `seq` with its token ids, its K/V computed at once, then free it.
+fn prefix_alloc(m: &mut BlockManager, seq: u64, p: &[i64]) -> usize {
+    let hit = m.allocate_tokens(seq, p, b"", 0).unwrap();
+    m.mark_computed(seq, p.len()).unwrap();
+    m.free(seq).unwrap();
+    hit
+}
+
+criterion_group!(benches, bench_mixed, bench_step, bench_prefix);
 criterion_main!(benches);

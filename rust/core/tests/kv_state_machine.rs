@@ -4,6 +4,12 @@
 //! copy-on-write pairs and commit moves exactly as the tensor layer does; after every
 //! operation the storage seen through each block table must equal the model, the
 //! structural invariants must hold, and a refused operation must change nothing.
+//!
+//! Writes may lag allocation, as in a scheduler that allocates a step's sequences before
+//! running its forward: a sequence's prompt K/V can stay unwritten for a while, and
+//! `mark_computed` reports only the written prefix. A prefix hit must still read exactly the
+//! model's K/V, so a block registered before its K/V exists fails the test. The cache salt
+//! enters the model's content, so a hit across salts fails it too.
 
 use std::collections::HashMap;
 
@@ -25,6 +31,9 @@ fn content(prev: u64, token: i64, extra: u64) -> u64 {
 struct ModelSeq {
     tokens: Vec<i64>,
     values: Vec<u64>,
+    /// Whether position i's K/V has been written to the storage yet.
+    written: Vec<bool>,
+    /// Content key: the extra key, and the cache salt's index above bit 8.
     extra: u64,
 }
 
@@ -33,8 +42,22 @@ impl ModelSeq {
         let prev = self.values.last().copied().unwrap_or(7);
         self.values.push(content(prev, t, self.extra));
         self.tokens.push(t);
+        self.written.push(true);
+    }
+
+    /// Leading positions whose K/V is written (what the caller may report as computed).
+    fn written_prefix(&self) -> usize {
+        self.written.iter().take_while(|&&w| w).count()
+    }
+
+    fn truncate(&mut self, n: usize) {
+        self.values.truncate(n);
+        self.tokens.truncate(n);
+        self.written.truncate(n);
     }
 }
+
+const SALTS: [&[u8]; 2] = [b"", b"tenant-b"];
 
 struct Harness {
     m: BlockManager,
@@ -110,12 +133,31 @@ impl Harness {
             let (len, _) = self.m.seq_len(seq).unwrap();
             assert_eq!(len, ms.values.len());
             let slots = self.m.slot_mapping(seq, 0, len).unwrap();
-            let got: Vec<u64> = slots.iter().map(|&s| self.storage[s as usize]).collect();
-            assert_eq!(
-                got, ms.values,
-                "sequence {seq}: K/V content differs from the model"
-            );
+            for (i, &s) in slots.iter().enumerate() {
+                if ms.written[i] {
+                    assert_eq!(
+                        self.storage[s as usize], ms.values[i],
+                        "sequence {seq}: K/V content at {i} differs from the model"
+                    );
+                }
+            }
         }
+    }
+
+    /// The caller's late writes: store every unwritten position of `seq` (as the forward
+    /// that finishes its prefill does).
+    fn write_pending(&mut self, seq: SeqId) {
+        let ms = &self.model[&seq];
+        let len = ms.values.len();
+        let slots = self.m.slot_mapping(seq, 0, len).unwrap();
+        let todo: Vec<(i32, u64)> = (0..len)
+            .filter(|&i| !ms.written[i])
+            .map(|i| (slots[i], ms.values[i]))
+            .collect();
+        for (s, v) in todo {
+            self.storage[s as usize] = v;
+        }
+        self.model.get_mut(&seq).unwrap().written.fill(true);
     }
 
     fn pick(&self, x: u64) -> SeqId {
@@ -151,16 +193,18 @@ impl Harness {
             0 | 1 => {
                 let n = (op.n % 13) as usize;
                 let extra = op.seed % 2;
+                let salt = (op.b % 2) as usize;
                 let tokens = Self::gen_tokens(n, op.seed);
                 // Kind 1 takes only the cached prefix (the rest comes later as appends).
                 let cached = if op.kind == 0 {
-                    self.m.allocate_tokens(seq, &tokens, extra)?
+                    self.m.allocate_tokens(seq, &tokens, SALTS[salt], extra)?
                 } else {
-                    self.m.allocate_cached_prefix(seq, &tokens, extra)?
+                    self.m
+                        .allocate_cached_prefix(seq, &tokens, SALTS[salt], extra)?
                 };
                 let n = if op.kind == 0 { n } else { cached };
                 let mut ms = ModelSeq {
-                    extra,
+                    extra: extra | (salt as u64) << 8,
                     ..Default::default()
                 };
                 tokens[..n].iter().for_each(|&t| ms.push(t));
@@ -175,7 +219,14 @@ impl Harness {
                     assert_eq!(cached, 0);
                 }
                 self.hits += cached;
-                self.write(&slots[cached..], &ms.values[cached..]);
+                // Half the time the prompt's K/V is written later (kinds 5, 6, 13), as when
+                // more sequences start in the same scheduling step before its forward.
+                if (op.b >> 1) % 2 == 0 {
+                    self.write(&slots[cached..], &ms.values[cached..]);
+                    self.m.mark_computed(seq, n).unwrap();
+                } else {
+                    ms.written[cached..].fill(false);
+                }
                 self.model.insert(seq, ms);
             }
             // Append committed tokens.
@@ -193,7 +244,11 @@ impl Harness {
                 let ms = self.model.get_mut(&seq).unwrap();
                 tokens.iter().for_each(|&t| ms.push(t));
                 let vals = ms.values[ms.values.len() - n..].to_vec();
+                let written = ms.written_prefix();
                 self.write(&ap.slots, &vals);
+                if op.b % 2 == 0 {
+                    self.m.mark_computed(seq, written).unwrap();
+                }
             }
             3 => {
                 let child = self.pick(op.b);
@@ -209,6 +264,10 @@ impl Harness {
             // (or roll back). Accepted nodes hold their committed value, the rest garbage.
             5 | 6 => {
                 let n = 1 + (op.n % 9) as usize;
+                if self.m.contains(seq) {
+                    // The step's forward reads the whole prefix: it must be written first.
+                    self.write_pending(seq);
+                }
                 let want_cow = self.m.contains(seq) && self.expect_cow(seq);
                 let ap = self.m.reserve_tree(seq, n)?;
                 assert_eq!(ap.cow.is_some(), want_cow);
@@ -345,9 +404,19 @@ impl Harness {
                 let len = self.model.get(&seq).map_or(0, |ms| ms.values.len());
                 let to = (op.n as usize) % (len + 2);
                 self.m.truncate_seq(seq, to)?;
-                let ms = self.model.get_mut(&seq).unwrap();
-                ms.values.truncate(to);
-                ms.tokens.truncate(to);
+                self.model.get_mut(&seq).unwrap().truncate(to);
+            }
+            // The late K/V of a sequence is written; report some of it as computed.
+            13 => {
+                let len = self.model.get(&seq).map_or(0, |ms| ms.values.len());
+                let to = (op.n as usize) % (len + 2);
+                if !self.m.contains(seq) || to > len {
+                    let r = self.m.mark_computed(seq, to);
+                    assert!(r.is_err(), "mark_computed past the committed tokens");
+                    return r;
+                }
+                self.write_pending(seq);
+                self.m.mark_computed(seq, to).unwrap();
             }
             // Allocate without token ids.
             _ => {
@@ -399,7 +468,7 @@ struct Op {
 
 fn op() -> impl Strategy<Value = Op> {
     (
-        0u8..13,
+        0u8..14,
         any::<u64>(),
         any::<u64>(),
         any::<u16>(),
@@ -449,7 +518,7 @@ fn long_run_exercises_everything() {
         let mut h = Harness::new(16 + round % 24, 1 + round % 4, round % 2 == 0);
         for _ in 0..1000 {
             let op = Op {
-                kind: (next() % 13) as u8,
+                kind: (next() % 14) as u8,
                 a: next(),
                 b: next(),
                 n: next() as u16,

@@ -4,10 +4,11 @@
 
 use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
 use specdec_core::kv::{self as core, KvError};
 
 use crate::arrays::{as_slice, vec1, vec2};
-use crate::errors::{kv_arg, OrRaise};
+use crate::errors::{kv_arg, raise, Class, OrRaise};
 
 type Arr<'py> = Bound<'py, PyAny>;
 
@@ -86,6 +87,74 @@ pub struct SeqLength {
     committed: usize,
     #[pyo3(get)]
     tentative: usize,
+}
+
+/// `#[pyo3(from_py_with = salt_arg)]`: a per-request cache salt as bytes: `None` (no salt,
+/// the same as `b""`), `bytes`, or `str` (its UTF-8). Anything else is a `SpecdecTypeError`:
+/// silently hashing, say, `repr(obj)` could make two tenants' salts equal.
+fn salt_arg(ob: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u8>>> {
+    if let Ok(s) = ob.cast::<PyString>() {
+        // A str with lone surrogates has no UTF-8: a bad value, not a bad type.
+        let s = s.to_str().map_err(|e| {
+            raise(
+                Class::KvCache,
+                format!("cache_salt is not valid UTF-8: {}", e.value(ob.py())),
+            )
+        })?;
+        return Ok(Some(s.as_bytes().to_vec()));
+    }
+    bytes_or_none(ob, "cache_salt must be bytes, str or None")
+}
+
+/// `None` or the contents of a `bytes` object; any other type is a `SpecdecTypeError`.
+fn bytes_or_none(ob: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<Vec<u8>>> {
+    if ob.is_none() {
+        return Ok(None);
+    }
+    match ob.cast::<PyBytes>() {
+        Ok(b) => Ok(Some(b.as_bytes().to_vec())),
+        Err(_) => {
+            let ty = ob
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".to_string(), |n| n.to_string());
+            Err(raise(Class::Type, format!("{what}, got {ty}")))
+        }
+    }
+}
+
+/// `#[pyo3(from_py_with = parent_arg)]`: `None` or a 32-byte block hash.
+fn parent_arg(ob: &Bound<'_, PyAny>) -> PyResult<Option<core::BlockHash>> {
+    match bytes_or_none(ob, "parent must be bytes or None")? {
+        None => Ok(None),
+        Some(p) => p.as_slice().try_into().map(Some).map_err(|_| {
+            raise(
+                Class::KvCache,
+                format!("parent must be a 32-byte block hash, got {} bytes", p.len()),
+            )
+        }),
+    }
+}
+
+/// SHA-256 content hash of one full block (the prefix cache's key), over the encoding
+/// documented in `specdec.cache.paged`: `parent` is the previous block's 32-byte hash, or
+/// `None` for a sequence's first block.
+#[pyfunction]
+#[pyo3(signature = (parent, tokens, cache_salt=None, extra_key=0))]
+fn block_hash<'py>(
+    py: Python<'py>,
+    #[pyo3(from_py_with = parent_arg)] parent: Option<core::BlockHash>,
+    #[pyo3(from_py_with = kv_arg)] tokens: PyReadonlyArray1<'py, i64>,
+    #[pyo3(from_py_with = salt_arg)] cache_salt: Option<Vec<u8>>,
+    #[pyo3(from_py_with = kv_arg)] extra_key: u64,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let h = core::block_hash(
+        parent.as_ref(),
+        &as_slice(&tokens),
+        cache_salt.as_deref().unwrap_or_default(),
+        extra_key,
+    );
+    Ok(PyBytes::new(py, &h))
 }
 
 fn i32s(v: &[u32]) -> Vec<i32> {
@@ -221,34 +290,57 @@ impl BlockManager {
     ) -> PyResult<()> {
         self.0.allocate(seq, num_tokens).or_raise()
     }
-    /// Start `seq` with these token ids, reusing cached full blocks; returns the number of
-    /// leading tokens whose K/V is already stored.
-    #[pyo3(signature = (seq, tokens, extra_key=0))]
+    /// Start `seq` with these token ids, reusing cached full blocks of the same
+    /// `cache_salt` and `extra_key`; returns the number of leading tokens whose K/V is
+    /// already stored. The rest enter the cache after `mark_computed` (or a commit).
+    #[pyo3(signature = (seq, tokens, extra_key=0, cache_salt=None))]
     fn allocate_tokens(
         &mut self,
         #[pyo3(from_py_with = kv_arg)] seq: u64,
         #[pyo3(from_py_with = kv_arg)] tokens: PyReadonlyArray1<'_, i64>,
         #[pyo3(from_py_with = kv_arg)] extra_key: u64,
+        #[pyo3(from_py_with = salt_arg)] cache_salt: Option<Vec<u8>>,
     ) -> PyResult<usize> {
         self.0
-            .allocate_tokens(seq, &as_slice(&tokens), extra_key)
+            .allocate_tokens(
+                seq,
+                &as_slice(&tokens),
+                cache_salt.as_deref().unwrap_or_default(),
+                extra_key,
+            )
             .or_raise()
     }
     /// Start `seq` with only the cached prefix of `tokens` (whole blocks, at most
     /// `len - 1` tokens); returns its length. Run the rest as a step and commit it with
     /// its token ids.
-    #[pyo3(signature = (seq, tokens, extra_key=0))]
+    #[pyo3(signature = (seq, tokens, extra_key=0, cache_salt=None))]
     fn allocate_cached_prefix(
         &mut self,
         #[pyo3(from_py_with = kv_arg)] seq: u64,
         #[pyo3(from_py_with = kv_arg)] tokens: PyReadonlyArray1<'_, i64>,
         #[pyo3(from_py_with = kv_arg)] extra_key: u64,
+        #[pyo3(from_py_with = salt_arg)] cache_salt: Option<Vec<u8>>,
     ) -> PyResult<usize> {
         self.0
-            .allocate_cached_prefix(seq, &as_slice(&tokens), extra_key)
+            .allocate_cached_prefix(
+                seq,
+                &as_slice(&tokens),
+                cache_salt.as_deref().unwrap_or_default(),
+                extra_key,
+            )
             .or_raise()
     }
-    /// Append `n` committed slots.
+    /// The K/V of the first `num_tokens` committed tokens is written: their full blocks may
+    /// enter the prefix cache.
+    fn mark_computed(
+        &mut self,
+        #[pyo3(from_py_with = kv_arg)] seq: u64,
+        #[pyo3(from_py_with = kv_arg)] num_tokens: usize,
+    ) -> PyResult<()> {
+        self.0.mark_computed(seq, num_tokens).or_raise()
+    }
+    /// Append `n` committed slots (their K/V is written after the call, so `tokens` are
+    /// recorded but cached only after `mark_computed` or the next commit).
     #[pyo3(signature = (seq, n, tokens=None))]
     fn append_slots<'py>(
         &mut self,
@@ -406,5 +498,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Reservation>()?;
     m.add_class::<CommitMoves>()?;
     m.add_class::<SeqLength>()?;
+    m.add_function(wrap_pyfunction!(block_hash, m)?)?;
     Ok(())
 }

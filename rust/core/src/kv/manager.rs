@@ -2,12 +2,14 @@
 //! fork and free, plus read-only views and the invariant checker the tests use.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::error::KvError;
 use super::ids::{BlockId, MAX_SLOTS};
 use super::pool::Pool;
+use super::prefix_cache::BlockHash;
 
 /// Caller-chosen sequence id. A plain alias, not a newtype: it is an opaque hash-map key that
 /// is never converted or used as an index, so a newtype would remove no cast, only add
@@ -96,8 +98,13 @@ pub(crate) struct Seq {
     pub pending: usize,
     /// Committed token ids, while known (prefix caching only).
     pub tokens: Option<Vec<i64>>,
-    /// Chained hashes of the leading full committed blocks (prefix caching only).
-    pub hashes: Vec<u64>,
+    /// Content hashes of the leading full blocks registered (or found) in the prefix cache.
+    pub hashes: Vec<BlockHash>,
+    /// Leading committed tokens whose K/V is known to be written (`<= len`): only blocks
+    /// inside this prefix may be registered.
+    pub computed: usize,
+    /// Per-request salt and extra key, hashed into every block of the sequence.
+    pub cache_salt: Arc<[u8]>,
     pub extra_key: u64,
 }
 
@@ -264,6 +271,8 @@ impl BlockManager {
                 pending: 0,
                 tokens: None,
                 hashes: vec![],
+                computed: num_tokens,
+                cache_salt: Arc::from(&[][..]),
                 extra_key: 0,
             },
         );
@@ -329,7 +338,9 @@ impl BlockManager {
 
     /// Append `n` committed slots to `seq`, copying its shared (or cached) partial tail first.
     /// `tokens` (length `n`) keep the sequence's blocks hashable for the prefix cache;
-    /// without them the sequence stops registering blocks.
+    /// without them the sequence stops registering blocks. The caller writes the new slots'
+    /// K/V after this call, so they are registered only after `mark_computed` (or the next
+    /// commit), not here.
     pub fn append_slots(
         &mut self,
         seq: SeqId,
@@ -463,6 +474,7 @@ impl BlockManager {
         let bs = self.block_size;
         let s = self.seqs.get_mut(&seq).unwrap();
         s.len = len;
+        s.computed = s.computed.min(len);
         if let Some(t) = &mut s.tokens {
             t.truncate(len);
         }

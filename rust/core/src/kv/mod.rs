@@ -1,6 +1,6 @@
 //! Paged KV-cache bookkeeping: a pool of fixed-size blocks with refcounts and an O(1) LRU
 //! free queue, per-sequence block tables, copy-on-write of a shared partial tail, tentative
-//! draft-tree slots with commit moves, beam reordering and a chained-hash prefix cache.
+//! draft-tree slots with commit moves, beam reordering and a SHA-256 content-hashed prefix cache.
 //!
 //! Slot ids are `block * block_size + offset` (i32, so they index a flattened
 //! `[num_blocks * block_size, ...]` tensor directly). The manager owns no tensors: it returns
@@ -21,5 +21,5 @@ mod tree_slots;
 
 pub use error::KvError;
 pub use manager::{Appended, BlockManager, SeqId};
-pub use prefix_cache::block_hash;
+pub use prefix_cache::{block_hash, BlockHash};
 pub use tree_slots::{CommitBatch, ReserveBatch};

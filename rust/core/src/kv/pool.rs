@@ -1,24 +1,27 @@
 //! The block pool: refcounts, an intrusive doubly linked free queue (O(1) push, pop and
 //! removal from the middle) in LRU order, and the prefix cache's hash -> block map.
 
-use rustc_hash::FxHashMap as HashMap;
+use std::collections::HashMap;
 
 use super::ids::BlockId;
+use super::prefix_cache::BlockHash;
 
 const NIL: BlockId = BlockId::NIL;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Pool {
     refcount: Vec<u32>,
-    /// Chained hash of a full cached block (prefix caching), if registered.
-    hash: Vec<Option<u64>>,
+    /// Content hash of a full cached block (prefix caching), if registered.
+    hash: Vec<Option<BlockHash>>,
     prev: Vec<BlockId>,
     next: Vec<BlockId>,
     head: BlockId,
     tail: BlockId,
     num_free: usize,
-    /// Hash -> the block registered under it.
-    cached: HashMap<u64, BlockId>,
+    /// Hash -> the block registered under it. Std's randomly keyed SipHash, not Fx: the
+    /// keys derive from (possibly adversarial) prompts, and a fixed hash would let one grind
+    /// prompts whose digests all fall into one bucket.
+    cached: HashMap<BlockHash, BlockId>,
 }
 
 impl Pool {
@@ -36,7 +39,7 @@ impl Pool {
             head: link(Some(0)),
             tail: link(num_blocks.checked_sub(1)),
             num_free: num_blocks,
-            cached: HashMap::default(),
+            cached: HashMap::new(),
         }
     }
 
@@ -62,8 +65,8 @@ impl Pool {
 
     /// The block registered under hash `h`, if any (held, or free but not yet reused).
     #[inline]
-    pub fn cached_block(&self, h: u64) -> Option<BlockId> {
-        self.cached.get(&h).copied()
+    pub fn cached_block(&self, h: &BlockHash) -> Option<BlockId> {
+        self.cached.get(h).copied()
     }
 
     /// Blocks registered in the prefix cache.
@@ -78,7 +81,7 @@ impl Pool {
 
     /// Register full block `b` under hash `h`, unless `b` already carries a hash or another
     /// block holds `h` (the same content in another block stays private).
-    pub fn register(&mut self, b: BlockId, h: u64) {
+    pub fn register(&mut self, b: BlockId, h: BlockHash) {
         if self.hash[b.index()].is_none() && !self.cached.contains_key(&h) {
             self.hash[b.index()] = Some(h);
             self.cached.insert(h, b);

@@ -223,8 +223,12 @@ impl BlockManager {
             self.pool.decref(b);
         }
         s.blocks.truncate(keep);
+        // The step's forward read the whole committed prefix and wrote the kept nodes: all
+        // of the sequence's K/V exists now, so its full blocks may be registered.
+        s.computed = s.len;
         if s.tokens.is_some() {
             self.extend_tokens(seq, tokens);
+            self.register_full_blocks(seq);
         }
     }
 
