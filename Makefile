@@ -30,3 +30,11 @@ bench:
 .PHONY: soak
 soak:
 	$(PYTHON) tests/soak.py --steps 100000
+
+# Not in CI (tests/test_fuzz.py is the short version): hypothesis over every Python entry
+# point, FUZZ_EXAMPLES inputs each, plus the Rust proptest suites at high case counts.
+FUZZ_EXAMPLES ?= 1000000
+.PHONY: fuzz
+fuzz:
+	PROPTEST_CASES=100000 cargo test --release -p specdec-core --tests
+	$(PYTHON) tests/fuzz.py --examples $(FUZZ_EXAMPLES)

@@ -425,8 +425,10 @@ def test_huge_sizes_are_errors_not_aborts():
     t = specdec.build_ddtree(lp, ids, 2)
     with pytest.raises(TreeError, match="int32"):
         t.padded(2**40)
-    with pytest.raises(TreeError, match="cannot be allocated"):
+    with pytest.raises(TreeError, match="over 2 GiB"):  # refused before any allocation
         t.attention_mask(2**62)
+    with pytest.raises(TreeError, match="over 2 GiB"):
+        t.attention_mask(2**30, kind="additive")
 
 
 def test_edited_arrays_are_errors_not_panics():
