@@ -413,7 +413,8 @@ fn fill_tree_bitmask<'py>(
 
 /// Grammar-aware DDTree: ranks restricted to the tokens each node's grammar state allows.
 #[pyfunction]
-#[pyo3(signature = (logprobs, token_ids, budget, matcher, root_token=-1, min_logprob=None))]
+#[pyo3(signature = (logprobs, token_ids, budget, matcher, root_token=-1, min_logprob=None, check_duplicates=true))]
+#[allow(clippy::too_many_arguments)]
 fn build_ddtree_constrained<'py>(
     py: Python<'py>,
     logprobs: PyReadonlyArray2<'py, f32>,
@@ -422,6 +423,7 @@ fn build_ddtree_constrained<'py>(
     matcher: &Matcher,
     root_token: i64,
     min_logprob: Option<f64>,
+    check_duplicates: bool,
 ) -> PyResult<TreeArrays> {
     let (l, k) = check_single_build(&logprobs, &token_ids, root_token, min_logprob).or_raise()?;
     let (lp, ids) = (as_slice(&logprobs), as_slice(&token_ids));
@@ -431,7 +433,7 @@ fn build_ddtree_constrained<'py>(
             if budget <= 0 {
                 return Err(TreeError::Budget(budget));
             }
-            let marg = Marginals::all_columns(&lp, &ids, l, k)?;
+            let marg = Marginals::all_columns_with(&lp, &ids, l, k, check_duplicates)?;
             let cap = max_nodes(budget as usize, l, k);
             check_tree_size(cap)?;
             let mut filter = GrammarFilter::new(m, cap);

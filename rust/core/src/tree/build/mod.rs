@@ -4,6 +4,7 @@
 
 mod branches;
 mod ddtree;
+mod distinct;
 mod marginals;
 mod min_heap;
 mod one_heap;
@@ -60,9 +61,10 @@ pub fn build_ddtree(
     ddtree::build(m, budget, root_token, min_logprob)
 }
 
-/// Validate and build in one call (what the bindings use). Token ids are range-checked
-/// where the tree uses them: an id outside [0, 2^31) that enters the tree is an error,
-/// one in a column the tree never reaches is not read.
+/// Validate and build in one call. Token ids are range-checked where the tree uses them:
+/// an id outside [0, 2^31) that enters the tree is an error, one in a column the tree never
+/// reaches is not range-checked. A token id repeated among a row's finite entries in the
+/// first min(budget, K) columns is an error ([`TreeError::DuplicateToken`]).
 pub fn build_checked(
     logprobs: &[f32],
     token_ids: &[i64],
@@ -72,8 +74,42 @@ pub fn build_checked(
     root_token: i64,
     min_logprob: Option<f64>,
 ) -> Result<BuiltTree, TreeError> {
+    build_checked_with(
+        logprobs,
+        token_ids,
+        depth,
+        width,
+        budget,
+        root_token,
+        min_logprob,
+        true,
+    )
+}
+
+/// As [`build_checked`] (what the bindings use); `check_duplicates: false` skips the
+/// duplicate-id check (a pass over every id the build may read, unlike the range check),
+/// for callers whose ids are distinct by construction, such as a top-K's indices.
+#[allow(clippy::too_many_arguments)]
+pub fn build_checked_with(
+    logprobs: &[f32],
+    token_ids: &[i64],
+    depth: usize,
+    width: usize,
+    budget: i64,
+    root_token: i64,
+    min_logprob: Option<f64>,
+    check_duplicates: bool,
+) -> Result<BuiltTree, TreeError> {
     let used = marginals::budget_columns(width, budget)?;
-    let m = Marginals::with_columns(logprobs, token_ids, depth, width, used, false)?;
+    let m = Marginals::with_columns(
+        logprobs,
+        token_ids,
+        depth,
+        width,
+        used,
+        false,
+        check_duplicates,
+    )?;
     check_tree_size(max_nodes(budget as usize, depth, m.used_width()))?;
     if let Some(v) = min_logprob {
         if v.is_nan() {
