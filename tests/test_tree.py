@@ -373,25 +373,28 @@ def test_token_ids_are_checked_where_the_tree_uses_them():
         specdec.build_ddtree_batch(lp[None], ids[None], [3])
 
 
-def test_duplicate_token_ids_in_a_row_are_rejected_where_the_build_reads():
-    lp = np.array([[-0.1, -0.2, -0.3], [-0.1, -0.2, -0.3], [-0.1, -0.2, NEG_INF]], np.float32)
+def test_duplicate_token_ids_are_rejected_when_they_give_one_parent_two_children():
+    lp = np.array([[-0.01, -5, -6], [-0.1, -0.2, -0.3], [-0.1, -0.2, NEG_INF]], np.float32)
     ids = np.array([[1, 2, 3], [4, 5, 4], [7, 8, 7]], dtype=np.int64)
     msg = r"token_ids\[1, 2\] = 4 repeats token_ids\[1, 0\]"
+    # At budget 8 node 1 gets all three row-1 entries as children: ids 4 twice.
     with pytest.raises(TreeError, match=msg):
-        specdec.build_ddtree(lp, ids, 3)
-    # Budget 2 reads columns 0 and 1 only; the -inf entry of row 2 never enters the tree.
-    assert specdec.build_ddtree(lp, ids, 2).num_drafted == 2
+        specdec.build_ddtree(lp, ids, 8)
+    # At budget 5 no parent reaches row 1's column 2, and row 2's id 7 (column 0) goes to two
+    # different parents: the tree is the one repeat-free ids would give.
+    t = specdec.build_ddtree(lp, ids, 5)
+    assert t.tokens.tolist() == [-1, 1, 4, 5, 7, 7] and t.parents.tolist() == [-1, 0, 1, 1, 2, 3]
     ok = ids.copy()
     ok[1, 2] = 6
-    assert specdec.build_ddtree(lp, ok, 3).num_drafted == 3
+    assert specdec.build_ddtree(lp, ok, 8).num_drafted == 8
     # The opt-out builds the tree from the same marginals.
-    assert specdec.build_ddtree(lp, ids, 3, check_duplicates=False).num_drafted == 3
+    assert specdec.build_ddtree(lp, ids, 8, check_duplicates=False).num_drafted == 8
     with pytest.raises(TypeError, match="check_duplicates"):
-        specdec.build_ddtree(lp, ids, 3, check_duplicates=1)  # type: ignore[arg-type]
+        specdec.build_ddtree(lp, ids, 8, check_duplicates=1)  # type: ignore[arg-type]
     # The batch names the request.
     with pytest.raises(TreeError, match="request 1: " + msg):
-        specdec.build_ddtree_batch(np.stack([lp, lp]), np.stack([ok, ids]), [3, 3])
-    assert len(specdec.build_ddtree_batch(lp[None], ids[None], [3], check_duplicates=False)) == 1
+        specdec.build_ddtree_batch(np.stack([lp, lp]), np.stack([ok, ids]), [8, 8])
+    assert len(specdec.build_ddtree_batch(lp[None], ids[None], [8], check_duplicates=False)) == 1
     # A top-K's ids are distinct: ddtree_from_logits builds without the check.
     t = specdec.ddtree_from_logits(torch.randn(3, 50), 16)
     assert isinstance(t, specdec.DraftTree) and t.num_drafted == 16

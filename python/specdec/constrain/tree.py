@@ -51,8 +51,8 @@ def build_ddtree_constrained(
     each node's candidate ranks restricted to the tokens its grammar state allows (the root's
     state is the matcher's), so the whole budget goes to valid prefixes. Unlike the plain
     builder, all K columns are read: the grammar may reject any number of top-ranked tokens,
-    so pass as wide a top-K as the constraint may need. Duplicate token ids are checked in
-    all K columns (``check_duplicates=False`` skips that)."""
+    so pass as wide a top-K as the constraint may need. A token id repeated in a row raises
+    when it gives one parent two children (``check_duplicates=False`` skips that)."""
     lp = as_array(logprobs, np.float32, "logprobs", 2, exact=True)
     ids = as_array(token_ids, np.int64, "token_ids", 2, exact=False)
     arrays = _core.build_ddtree_constrained(

@@ -11,7 +11,9 @@ use rayon::prelude::*;
 use specdec_core::constrain::{
     self as core, CompiledRegex, Constraint, GrammarError, GrammarFilter, RegexLimits,
 };
-use specdec_core::tree::{build_ddtree_filtered, check_tree_size, max_nodes, Marginals, TreeError};
+use specdec_core::tree::{
+    build_ddtree_filtered, check_sibling_tokens, check_tree_size, max_nodes, Marginals, TreeError,
+};
 
 use crate::arrays::{as_slice, read, vec1};
 use crate::errors::OrRaise;
@@ -433,17 +435,16 @@ fn build_ddtree_constrained<'py>(
             if budget <= 0 {
                 return Err(TreeError::Budget(budget));
             }
-            let marg = Marginals::all_columns_with(&lp, &ids, l, k, check_duplicates)?;
+            let marg = Marginals::all_columns(&lp, &ids, l, k)?;
             let cap = max_nodes(budget as usize, l, k);
             check_tree_size(cap)?;
             let mut filter = GrammarFilter::new(m, cap);
-            Ok::<_, TreeError>(build_ddtree_filtered(
-                &marg,
-                budget as usize,
-                root_token,
-                min_logprob,
-                &mut filter,
-            ))
+            let built =
+                build_ddtree_filtered(&marg, budget as usize, root_token, min_logprob, &mut filter);
+            if check_duplicates {
+                check_sibling_tokens(&built.tree, &marg)?;
+            }
+            Ok::<_, TreeError>(built)
         })
         .or_raise()?;
     TreeArrays::built(py, built)

@@ -1,11 +1,9 @@
 use super::check_token;
-use super::distinct::check_distinct;
 use crate::tree::TreeError;
 
 /// Validated per-depth drafter marginals: `L` rows of `K` log-probs sorted descending,
 /// with their token ids (range-checked too, except through `build_checked`, which checks
-/// the ids its tree holds, and distinct within each row's read columns unless that check
-/// is skipped), both row-major.
+/// the ids its tree holds), both row-major.
 #[derive(Debug, Clone, Copy)]
 pub struct Marginals<'a> {
     logprobs: &'a [f32],
@@ -19,7 +17,7 @@ pub struct Marginals<'a> {
 impl<'a> Marginals<'a> {
     /// Validate `[depth, width]` arrays for an unconstrained build of `budget` drafted nodes:
     /// only the first min(budget, K) columns can enter the tree (Lemma 1), so only those are
-    /// read and checked, duplicate token ids within a row included.
+    /// read and checked.
     pub fn new(
         logprobs: &'a [f32],
         token_ids: &'a [i64],
@@ -27,29 +25,8 @@ impl<'a> Marginals<'a> {
         width: usize,
         budget: i64,
     ) -> Result<Self, TreeError> {
-        Self::new_with(logprobs, token_ids, depth, width, budget, true)
-    }
-
-    /// As [`new`](Self::new); `check_duplicates: false` skips the duplicate-id check, for
-    /// callers whose ids are distinct by construction (a top-K's indices).
-    pub fn new_with(
-        logprobs: &'a [f32],
-        token_ids: &'a [i64],
-        depth: usize,
-        width: usize,
-        budget: i64,
-        check_duplicates: bool,
-    ) -> Result<Self, TreeError> {
         let used = budget_columns(width, budget)?;
-        Self::with_columns(
-            logprobs,
-            token_ids,
-            depth,
-            width,
-            used,
-            true,
-            check_duplicates,
-        )
+        Self::with_columns(logprobs, token_ids, depth, width, used, true)
     }
 
     /// Validate every column: a constrained build may skip any number of disallowed
@@ -60,33 +37,13 @@ impl<'a> Marginals<'a> {
         depth: usize,
         width: usize,
     ) -> Result<Self, TreeError> {
-        Self::all_columns_with(logprobs, token_ids, depth, width, true)
-    }
-
-    /// As [`all_columns`](Self::all_columns), with the duplicate-id check optional.
-    pub fn all_columns_with(
-        logprobs: &'a [f32],
-        token_ids: &'a [i64],
-        depth: usize,
-        width: usize,
-        check_duplicates: bool,
-    ) -> Result<Self, TreeError> {
-        Self::with_columns(
-            logprobs,
-            token_ids,
-            depth,
-            width,
-            width,
-            true,
-            check_duplicates,
-        )
+        Self::with_columns(logprobs, token_ids, depth, width, width, true)
     }
 
     /// Validate the first `used` columns; `check_ids: false` skips the token-id range scan,
     /// for `build_checked`, which checks the ids the tree actually holds after the build
     /// (the scan would read every `i64` id, most of the validation's memory traffic, for
-    /// ids that mostly never enter the tree). `check_dups` rejects a token id repeated
-    /// among a row's finite entries in those columns (see `distinct.rs`).
+    /// ids that mostly never enter the tree).
     pub(super) fn with_columns(
         logprobs: &'a [f32],
         token_ids: &'a [i64],
@@ -94,7 +51,6 @@ impl<'a> Marginals<'a> {
         width: usize,
         used: usize,
         check_ids: bool,
-        check_dups: bool,
     ) -> Result<Self, TreeError> {
         if depth == 0 || width == 0 {
             return Err(TreeError::Shape(format!(
@@ -128,9 +84,6 @@ impl<'a> Marginals<'a> {
                 &token_ids[d * width..d * width + used],
             );
             return Err(Self::first_error(row, ids, d));
-        }
-        if check_dups {
-            check_distinct(logprobs, token_ids, width, used)?;
         }
         Ok(Marginals {
             logprobs,

@@ -10,6 +10,7 @@ mod min_heap;
 mod one_heap;
 
 pub use branches::tree_from_branches;
+pub use distinct::check_sibling_tokens;
 pub use marginals::Marginals;
 pub use one_heap::build_ddtree_filtered;
 
@@ -63,8 +64,10 @@ pub fn build_ddtree(
 
 /// Validate and build in one call. Token ids are range-checked where the tree uses them:
 /// an id outside [0, 2^31) that enters the tree is an error, one in a column the tree never
-/// reaches is not range-checked. A token id repeated among a row's finite entries in the
-/// first min(budget, K) columns is an error ([`TreeError::DuplicateToken`]).
+/// reaches is not read. A parent given two children with the same token id is an error
+/// ([`TreeError::DuplicateToken`], naming the row and both columns); an id repeated where
+/// it never gives one parent two children is accepted, as the tree is then the one the
+/// repeat-free marginals give (see `distinct.rs`).
 pub fn build_checked(
     logprobs: &[f32],
     token_ids: &[i64],
@@ -87,8 +90,8 @@ pub fn build_checked(
 }
 
 /// As [`build_checked`] (what the bindings use); `check_duplicates: false` skips the
-/// duplicate-id check (a pass over every id the build may read, unlike the range check),
-/// for callers whose ids are distinct by construction, such as a top-K's indices.
+/// duplicate-id check on the built tree, for callers whose ids are distinct by
+/// construction, such as a top-K's indices.
 #[allow(clippy::too_many_arguments)]
 pub fn build_checked_with(
     logprobs: &[f32],
@@ -101,15 +104,7 @@ pub fn build_checked_with(
     check_duplicates: bool,
 ) -> Result<BuiltTree, TreeError> {
     let used = marginals::budget_columns(width, budget)?;
-    let m = Marginals::with_columns(
-        logprobs,
-        token_ids,
-        depth,
-        width,
-        used,
-        false,
-        check_duplicates,
-    )?;
+    let m = Marginals::with_columns(logprobs, token_ids, depth, width, used, false)?;
     check_tree_size(max_nodes(budget as usize, depth, m.used_width()))?;
     if let Some(v) = min_logprob {
         if v.is_nan() {
@@ -120,6 +115,9 @@ pub fn build_checked_with(
     let drafted = &built.tree.tokens[1..];
     if drafted.iter().fold(0u64, |acc, &t| acc | t as u64) >> 31 != 0 {
         return Err(out_of_range_token(&built.tree, token_ids, width));
+    }
+    if check_duplicates {
+        distinct::check_prefix_children(&built.tree, &m)?;
     }
     Ok(built)
 }
