@@ -21,6 +21,7 @@ from specdec import (
     NoAllowedTokens,
     RegexGrammar,
     SpecdecTypeError,
+    TreeError,
     Vocabulary,
     allocate_token_bitmask,
     apply_token_bitmask,
@@ -227,6 +228,21 @@ def test_constrained_ddtree_reaches_allowed_tokens_below_rank_budget() -> None:
     tree = build_ddtree_constrained(lp, ids, 4, m)
     assert tree.num_drafted == 4 and set(tree.tokens[1:].tolist()) <= {10, 11, 12, 13}
     assert brute_force_tree(lp, ids, 4, m)[0][1] == (10,)
+
+
+def test_constrained_ddtree_rejects_duplicate_ids_given_to_one_parent() -> None:
+    v = Vocabulary.from_bytes([b"1", b"2", b"3", b"4", None], eos_ids=[4])
+    lp = np.log(np.array([[0.6, 0.3, 0.05, 0.05]] * 2, dtype=np.float32))
+    ids = np.array([[0, 1, 2, 3], [0, 1, 2, 1]], dtype=np.int64)
+    # Budget 12 gives node 1 the row-1 entries at columns 1 and 3, both id 1.
+    with pytest.raises(TreeError, match=r"token_ids\[1, 3\] = 1 repeats token_ids\[1, 1\]"):
+        build_ddtree_constrained(lp, ids, 12, Matcher(RegexGrammar(v, "[0-9]+")))
+    # Budget 10 never gives one parent both: accepted.
+    ok = build_ddtree_constrained(lp, ids, 10, Matcher(RegexGrammar(v, "[0-9]+")))
+    assert ok.num_drafted == 10
+    m = Matcher(RegexGrammar(v, "[0-9]+"))
+    tree = build_ddtree_constrained(lp, ids, 12, m, check_duplicates=False)
+    assert tree.num_drafted == 12 and m.num_accepted == 0
 
 
 # ---- apply_token_bitmask ------------------------------------------------------------------

@@ -373,6 +373,33 @@ def test_token_ids_are_checked_where_the_tree_uses_them():
         specdec.build_ddtree_batch(lp[None], ids[None], [3])
 
 
+def test_duplicate_token_ids_are_rejected_when_they_give_one_parent_two_children():
+    lp = np.array([[-0.01, -5, -6], [-0.1, -0.2, -0.3], [-0.1, -0.2, NEG_INF]], np.float32)
+    ids = np.array([[1, 2, 3], [4, 5, 4], [7, 8, 7]], dtype=np.int64)
+    msg = r"token_ids\[1, 2\] = 4 repeats token_ids\[1, 0\]"
+    # At budget 8 node 1 gets all three row-1 entries as children: ids 4 twice.
+    with pytest.raises(TreeError, match=msg):
+        specdec.build_ddtree(lp, ids, 8)
+    # At budget 5 no parent reaches row 1's column 2, and row 2's id 7 (column 0) goes to two
+    # different parents: the tree is the one repeat-free ids would give.
+    t = specdec.build_ddtree(lp, ids, 5)
+    assert t.tokens.tolist() == [-1, 1, 4, 5, 7, 7] and t.parents.tolist() == [-1, 0, 1, 1, 2, 3]
+    ok = ids.copy()
+    ok[1, 2] = 6
+    assert specdec.build_ddtree(lp, ok, 8).num_drafted == 8
+    # The opt-out builds the tree from the same marginals.
+    assert specdec.build_ddtree(lp, ids, 8, check_duplicates=False).num_drafted == 8
+    with pytest.raises(TypeError, match="check_duplicates"):
+        specdec.build_ddtree(lp, ids, 8, check_duplicates=1)  # type: ignore[arg-type]
+    # The batch names the request.
+    with pytest.raises(TreeError, match="request 1: " + msg):
+        specdec.build_ddtree_batch(np.stack([lp, lp]), np.stack([ok, ids]), [8, 8])
+    assert len(specdec.build_ddtree_batch(lp[None], ids[None], [8], check_duplicates=False)) == 1
+    # A top-K's ids are distinct: ddtree_from_logits builds without the check.
+    t = specdec.ddtree_from_logits(torch.randn(3, 50), 16)
+    assert isinstance(t, specdec.DraftTree) and t.num_drafted == 16
+
+
 def test_bad_budgets_and_other_input():
     lp, ids = _ok()
     for b in (0, -3):
@@ -417,7 +444,7 @@ def test_huge_sizes_are_errors_not_aborts():
     lp, ids = _ok()
     # Two possible prefixes: a budget far past them builds them all, allocating for 3 nodes.
     assert specdec.build_ddtree(lp, ids, 10**15).tokens[1:].tolist() == [3, 4]
-    wide = np.full((16, 8), -1.0, np.float32), np.ones((16, 8), np.int64)
+    wide = np.full((16, 8), -1.0, np.float32), np.tile(np.arange(8, dtype=np.int64), (16, 1))
     with pytest.raises(TreeError, match="int32"):
         specdec.build_ddtree(*wide, 2**40)
     with pytest.raises(TreeError, match="cannot be allocated"):

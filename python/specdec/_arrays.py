@@ -89,6 +89,14 @@ def check_float(x: Any, name: str, error: type[SpecdecError] = TreeError) -> flo
     return float(x)
 
 
+def check_bool(x: Any, name: str) -> bool:
+    """``x`` as a bool (numpy bools accepted; ints refused, as a flag that is not a bool is
+    usually a misplaced positional argument)."""
+    if not isinstance(x, (bool, np.bool_)):
+        raise SpecdecTypeError(f"{name} must be a bool, got {type(x).__name__}")
+    return bool(x)
+
+
 def token_tensor(tokens: Any, name: str, device: Any) -> Any:
     """``tokens`` (ints, a numpy array or a tensor) as a 1-D int64 torch tensor on ``device``;
     floats and other types refused."""

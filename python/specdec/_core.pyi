@@ -104,6 +104,7 @@ def build_ddtree(
     budget: int,
     root_token: int = -1,
     min_logprob: float | None = None,
+    check_duplicates: bool = True,
 ) -> TreeArrays:
     """The best-first DDTree of at most ``budget`` drafted nodes from ``[L, K]`` marginals."""
 
@@ -113,6 +114,7 @@ def build_ddtree_batch(
     budgets: npt.NDArray[np.int64],
     root_tokens: npt.NDArray[np.int64] | None = None,
     min_logprob: float | None = None,
+    check_duplicates: bool = True,
 ) -> list[TreeArrays]:
     """R DDTrees from ``[R, L, K]`` marginals, in parallel with the GIL released."""
 
@@ -365,5 +367,6 @@ def build_ddtree_constrained(
     matcher: Matcher,
     root_token: int = -1,
     min_logprob: float | None = None,
+    check_duplicates: bool = True,
 ) -> TreeArrays:
     """The DDTree over grammar-valid prefixes only (all K columns read)."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _core
-from .._arrays import as_array, check_float, check_int
+from .._arrays import as_array, check_bool, check_float, check_int
 from ..errors import GrammarError, SpecdecTypeError
 from ..tree import DraftTree
 from .bitmask import bitmask_rows
@@ -45,12 +45,14 @@ def build_ddtree_constrained(
     matcher: Matcher,
     root_token: int = -1,
     min_logprob: float | None = None,
+    check_duplicates: bool = True,
 ) -> DraftTree:
     """Grammar-aware DDTree: as :func:`specdec.build_ddtree` over ``[L, K]`` marginals, with
     each node's candidate ranks restricted to the tokens its grammar state allows (the root's
     state is the matcher's), so the whole budget goes to valid prefixes. Unlike the plain
     builder, all K columns are read: the grammar may reject any number of top-ranked tokens,
-    so pass as wide a top-K as the constraint may need."""
+    so pass as wide a top-K as the constraint may need. A token id repeated in a row raises
+    when it gives one parent two children (``check_duplicates=False`` skips that)."""
     lp = as_array(logprobs, np.float32, "logprobs", 2, exact=True)
     ids = as_array(token_ids, np.int64, "token_ids", 2, exact=False)
     arrays = _core.build_ddtree_constrained(
@@ -60,5 +62,6 @@ def build_ddtree_constrained(
         _check_matcher(matcher)._m,
         check_int(root_token, "root_token"),
         None if min_logprob is None else check_float(min_logprob, "min_logprob"),
+        check_bool(check_duplicates, "check_duplicates"),
     )
     return DraftTree._from_core(arrays)

@@ -3,9 +3,9 @@
 use proptest::prelude::*;
 use specdec_core::testing::{all_prefixes, ancestors, naive_walk, Lcg};
 use specdec_core::tree::{
-    attention_mask, build_checked, build_ddtree, build_ddtree_filtered, check_tree_size, max_nodes,
-    pad_tree, retrieve_indices, tree_from_branches, walk, AllowAll, ChildLinks, Marginals,
-    TreeError,
+    attention_mask, build_checked, build_checked_with, build_ddtree, build_ddtree_filtered,
+    check_sibling_tokens, check_tree_size, max_nodes, pad_tree, retrieve_indices,
+    tree_from_branches, walk, AllowAll, ChildLinks, Marginals, TreeError,
 };
 
 fn marginals() -> impl Strategy<Value = (usize, usize, Vec<f32>, Vec<i64>, usize)> {
@@ -150,6 +150,84 @@ proptest! {
     }
 
     #[test]
+    fn duplicate_ids_are_rejected_exactly_when_one_parent_gets_both(
+        (l, k, lp, mut ids, b) in marginals(),
+        (row, a, c) in (0usize..4, 0usize..5, 0usize..5),
+        thr in prop::option::of(-4.0f64..0.0),
+    ) {
+        // Plant one repeat: column `j` of row `d` takes the id of column `i < j`.
+        let (d, i, j) = (row % l, a.min(c) % k, a.max(c) % k);
+        prop_assume!(i < j);
+        let token = ids[d * k + i];
+        ids[d * k + j] = token;
+        let expected = TreeError::DuplicateToken { depth: d, rank: j, first_rank: i, token };
+        // The tree without the check: fast and one-heap builders agree.
+        let m = Marginals::new(&lp, &ids, l, k, b as i64).unwrap();
+        let fast = build_ddtree(&m, b, 3, thr).tree;
+        let heap = build_ddtree_filtered(&m, b, 3, thr, &mut AllowAll).tree;
+        prop_assert_eq!(&fast, &heap);
+        let all = Marginals::all_columns(&lp, &ids, l, k).unwrap();
+        prop_assert_eq!(&build_ddtree_filtered(&all, b, 3, thr, &mut AllowAll).tree, &heap);
+        // Brute-force oracle: two children of one parent share a token.
+        let n = fast.len();
+        let shared = (1..n).any(|x| {
+            (1..x).any(|y| fast.parents[x] == fast.parents[y] && fast.tokens[x] == fast.tokens[y])
+        });
+        // The prefix claim: that happens iff some depth-d parent has more than j children.
+        let widest = (0..n)
+            .filter(|&p| fast.depths[p] as usize == d)
+            .map(|p| fast.parents.iter().filter(|&&q| q == p as i32).count())
+            .max()
+            .unwrap_or(0);
+        prop_assert_eq!(shared, j < widest);
+        match build_checked(&lp, &ids, l, k, b as i64, 3, thr) {
+            Err(e) => prop_assert!(shared && e == expected, "{:?}", e),
+            Ok(t) => {
+                prop_assert!(!shared);
+                prop_assert_eq!(&t.tree, &fast);
+            }
+        }
+        let want = if shared { Err(expected) } else { Ok(()) };
+        prop_assert_eq!(check_sibling_tokens(&fast, &m), want.clone());
+        prop_assert_eq!(check_sibling_tokens(&heap, &all), want);
+        let unchecked = build_checked_with(&lp, &ids, l, k, b as i64, 3, thr, false).unwrap();
+        prop_assert_eq!(&unchecked.tree, &fast);
+    }
+
+    #[test]
+    fn duplicate_check_agrees_with_brute_force_on_large_ids(
+        (l, k, lp, ids, b) in large_marginals(),
+        plants in proptest::collection::vec((0usize..16, 0usize..96, 0usize..96), 0..4),
+        big in any::<bool>(),
+    ) {
+        // In-range ids past the stamp array's range take the sorting fallback.
+        let mut ids: Vec<i64> = if big { ids.iter().map(|&t| t + (1 << 24)).collect() } else { ids };
+        for &(row, a, c) in &plants {
+            let (d, i, j) = (row % l, a % k, c % k);
+            ids[d * k + j] = ids[d * k + i];
+        }
+        let m = Marginals::new(&lp, &ids, l, k, b as i64).unwrap();
+        let tree = build_ddtree(&m, b, 0, None).tree;
+        // Oracle: M_d, the most children of a depth-d node, by brute force; then the first
+        // row, then the first column, repeating an earlier one among its first M_d columns.
+        let expected = (0..l).find_map(|d| {
+            let widest = (0..tree.len())
+                .filter(|&p| tree.depths[p] as usize == d)
+                .map(|p| tree.parents.iter().filter(|&&q| q == p as i32).count())
+                .max()
+                .unwrap_or(0);
+            (0..widest).find_map(|r| {
+                (0..r).find(|&q| ids[d * k + q] == ids[d * k + r]).map(|q| {
+                    TreeError::DuplicateToken { depth: d, rank: r, first_rank: q, token: ids[d * k + r] }
+                })
+            })
+        });
+        let got = build_checked(&lp, &ids, l, k, b as i64, 0, None).err();
+        prop_assert_eq!(&got, &expected);
+        prop_assert_eq!(check_sibling_tokens(&tree, &m).err(), expected);
+    }
+
+    #[test]
     fn min_logprob_stops_at_threshold((l, k, lp, ids, b) in marginals(), thr in -4.0f64..0.0) {
         let m = Marginals::new(&lp, &ids, l, k, b as i64).unwrap();
         let full = build_ddtree(&m, b, -1, None).tree;
@@ -287,6 +365,53 @@ fn bad_input_is_an_error_not_a_panic() {
 }
 
 #[test]
+fn duplicate_ids_name_depth_token_and_both_columns() {
+    let lp = [
+        -0.01f32,
+        -5.0,
+        -6.0,
+        -0.1,
+        -0.2,
+        -0.3,
+        -0.1,
+        -0.2,
+        f32::NEG_INFINITY,
+    ];
+    let ids = [1i64, 2, 3, 4, 5, 4, 7, 8, 7];
+    // Budget 8: node 1 gets all three row-1 entries, id 4 twice.
+    let err = build_checked(&lp, &ids, 3, 3, 8, -1, None).unwrap_err();
+    assert_eq!(
+        err,
+        TreeError::DuplicateToken {
+            depth: 1,
+            rank: 2,
+            first_rank: 0,
+            token: 4
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "token_ids[1, 2] = 4 repeats token_ids[1, 0]: the candidates of one depth must be \
+         distinct tokens"
+    );
+    // Budget 5: no parent reaches row 1's column 2, and row 2's id 7 at column 0 goes to two
+    // different parents (its repeat at -inf never enters): the tree is built.
+    let t = build_checked(&lp, &ids, 3, 3, 5, -1, None).unwrap().tree;
+    assert_eq!(t.tokens, [-1, 1, 4, 5, 7, 7]);
+    assert_eq!(t.parents, [-1, 0, 1, 1, 2, 3]);
+    let no_row1 = [1i64, 2, 3, 4, 5, 6, 7, 8, 7];
+    assert!(build_checked(&lp, &no_row1, 3, 3, 8, -1, None).is_ok());
+    // The opt-out builds the tree anyway.
+    assert!(build_checked_with(&lp, &ids, 3, 3, 8, -1, None, false).is_ok());
+    // Many calls on one thread wrap the 16-bit stamp: repeats are still found, and distinct
+    // rows are still accepted after the stamp array is cleared.
+    for _ in 0..70_000 / 3 {
+        assert!(build_checked(&lp, &no_row1, 3, 3, 8, -1, None).is_ok());
+    }
+    assert!(build_checked(&lp, &ids, 3, 3, 8, -1, None).is_err());
+}
+
+#[test]
 fn budgets_past_what_the_marginals_hold_allocate_nothing_extra_or_are_refused() {
     // max_nodes against a plain count of the prefixes.
     for (budget, rows, k) in [
@@ -307,7 +432,8 @@ fn budgets_past_what_the_marginals_hold_allocate_nothing_extra_or_are_refused() 
     assert_eq!(t.tree.tokens, vec![-1, 3, 4]);
     // 8^16 possible prefixes: a tree past int32 indices, or one whose 2^59-byte ancestor
     // bitmap cannot be allocated, is an error (not an abort).
-    let (lp, ids) = (vec![-1.0f32; 16 * 8], vec![1i64; 16 * 8]);
+    let lp = vec![-1.0f32; 16 * 8];
+    let ids: Vec<i64> = (0..16 * 8).map(|i| i % 8).collect();
     for budget in [1i64 << 40, i32::MAX as i64 - 1] {
         let err = build_checked(&lp, &ids, 16, 8, budget, -1, None).unwrap_err();
         assert!(matches!(err, TreeError::TooLarge(_)), "{err:?}");

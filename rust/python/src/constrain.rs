@@ -11,7 +11,9 @@ use rayon::prelude::*;
 use specdec_core::constrain::{
     self as core, CompiledRegex, Constraint, GrammarError, GrammarFilter, RegexLimits,
 };
-use specdec_core::tree::{build_ddtree_filtered, check_tree_size, max_nodes, Marginals, TreeError};
+use specdec_core::tree::{
+    build_ddtree_filtered, check_sibling_tokens, check_tree_size, max_nodes, Marginals, TreeError,
+};
 
 use crate::arrays::{as_slice, read, vec1};
 use crate::errors::OrRaise;
@@ -413,7 +415,8 @@ fn fill_tree_bitmask<'py>(
 
 /// Grammar-aware DDTree: ranks restricted to the tokens each node's grammar state allows.
 #[pyfunction]
-#[pyo3(signature = (logprobs, token_ids, budget, matcher, root_token=-1, min_logprob=None))]
+#[pyo3(signature = (logprobs, token_ids, budget, matcher, root_token=-1, min_logprob=None, check_duplicates=true))]
+#[allow(clippy::too_many_arguments)]
 fn build_ddtree_constrained<'py>(
     py: Python<'py>,
     logprobs: PyReadonlyArray2<'py, f32>,
@@ -422,6 +425,7 @@ fn build_ddtree_constrained<'py>(
     matcher: &Matcher,
     root_token: i64,
     min_logprob: Option<f64>,
+    check_duplicates: bool,
 ) -> PyResult<TreeArrays> {
     let (l, k) = check_single_build(&logprobs, &token_ids, root_token, min_logprob).or_raise()?;
     let (lp, ids) = (as_slice(&logprobs), as_slice(&token_ids));
@@ -435,13 +439,12 @@ fn build_ddtree_constrained<'py>(
             let cap = max_nodes(budget as usize, l, k);
             check_tree_size(cap)?;
             let mut filter = GrammarFilter::new(m, cap);
-            Ok::<_, TreeError>(build_ddtree_filtered(
-                &marg,
-                budget as usize,
-                root_token,
-                min_logprob,
-                &mut filter,
-            ))
+            let built =
+                build_ddtree_filtered(&marg, budget as usize, root_token, min_logprob, &mut filter);
+            if check_duplicates {
+                check_sibling_tokens(&built.tree, &marg)?;
+            }
+            Ok::<_, TreeError>(built)
         })
         .or_raise()?;
     TreeArrays::built(py, built)

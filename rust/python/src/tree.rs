@@ -416,7 +416,7 @@ pub(crate) fn check_single_build(
 
 /// Build one DDTree from `[L, K]` marginals.
 #[pyfunction]
-#[pyo3(signature = (logprobs, token_ids, budget, root_token=-1, min_logprob=None))]
+#[pyo3(signature = (logprobs, token_ids, budget, root_token=-1, min_logprob=None, check_duplicates=true))]
 fn build_ddtree(
     py: Python<'_>,
     logprobs: PyReadonlyArray2<'_, f32>,
@@ -424,16 +424,27 @@ fn build_ddtree(
     budget: i64,
     root_token: i64,
     min_logprob: Option<f64>,
+    check_duplicates: bool,
 ) -> PyResult<TreeArrays> {
     let (l, k) = check_single_build(&logprobs, &token_ids, root_token, min_logprob).or_raise()?;
     let (lp, ids) = (as_slice(&logprobs), as_slice(&token_ids));
-    let built = core::build_checked(&lp, &ids, l, k, budget, root_token, min_logprob).or_raise()?;
+    let built = core::build_checked_with(
+        &lp,
+        &ids,
+        l,
+        k,
+        budget,
+        root_token,
+        min_logprob,
+        check_duplicates,
+    )
+    .or_raise()?;
     TreeArrays::built(py, built)
 }
 
 /// Build R trees from `[R, L, K]` marginals in parallel, each with its own budget.
 #[pyfunction]
-#[pyo3(signature = (logprobs, token_ids, budgets, root_tokens=None, min_logprob=None))]
+#[pyo3(signature = (logprobs, token_ids, budgets, root_tokens=None, min_logprob=None, check_duplicates=true))]
 fn build_ddtree_batch(
     py: Python<'_>,
     logprobs: PyReadonlyArray3<'_, f32>,
@@ -441,6 +452,7 @@ fn build_ddtree_batch(
     budgets: PyReadonlyArray1<'_, i64>,
     root_tokens: Option<PyReadonlyArray1<'_, i64>>,
     min_logprob: Option<f64>,
+    check_duplicates: bool,
 ) -> PyResult<Vec<TreeArrays>> {
     let (ls, ts) = (shape(&logprobs), shape(&token_ids));
     let budgets = as_slice(&budgets);
@@ -477,7 +489,7 @@ fn build_ddtree_batch(
                 .into_par_iter()
                 .map(|i| {
                     let span = i * stride..(i + 1) * stride;
-                    core::build_checked(
+                    core::build_checked_with(
                         &lp[span.clone()],
                         &ids[span],
                         l,
@@ -485,6 +497,7 @@ fn build_ddtree_batch(
                         budgets[i],
                         roots[i],
                         min_logprob,
+                        check_duplicates,
                     )
                     .map_err(|e| match e {
                         TreeError::Shape(m) => TreeError::Shape(format!("request {i}: {m}")),

@@ -24,6 +24,17 @@ pub enum TreeError {
         prev: f32,
         next: f32,
     },
+    /// Two columns of one row the build may read hold the same token id.
+    #[error(
+        "token_ids[{depth}, {rank}] = {token} repeats token_ids[{depth}, {first_rank}]: the \
+         candidates of one depth must be distinct tokens"
+    )]
+    DuplicateToken {
+        depth: usize,
+        rank: usize,
+        first_rank: usize,
+        token: i64,
+    },
     #[error("token id {token} at {location} is outside [0, 2^31)")]
     TokenOutOfRange { token: i64, location: String },
     #[error("{0}")]

@@ -13,8 +13,8 @@ mod error;
 pub mod walk;
 
 pub use build::{
-    build_checked, build_ddtree, build_ddtree_filtered, max_nodes, tree_from_branches, AllowAll,
-    Marginals, TokenFilter,
+    build_checked, build_checked_with, build_ddtree, build_ddtree_filtered, check_sibling_tokens,
+    max_nodes, tree_from_branches, AllowAll, Marginals, TokenFilter,
 };
 pub use contract::{
     ancestor_bits, attention_mask, check_alloc, check_tree_size, child_links, pad_tree,

@@ -4,11 +4,13 @@
 
 mod branches;
 mod ddtree;
+mod distinct;
 mod marginals;
 mod min_heap;
 mod one_heap;
 
 pub use branches::tree_from_branches;
+pub use distinct::check_sibling_tokens;
 pub use marginals::Marginals;
 pub use one_heap::build_ddtree_filtered;
 
@@ -60,9 +62,12 @@ pub fn build_ddtree(
     ddtree::build(m, budget, root_token, min_logprob)
 }
 
-/// Validate and build in one call (what the bindings use). Token ids are range-checked
-/// where the tree uses them: an id outside [0, 2^31) that enters the tree is an error,
-/// one in a column the tree never reaches is not read.
+/// Validate and build in one call. Token ids are range-checked where the tree uses them:
+/// an id outside [0, 2^31) that enters the tree is an error, one in a column the tree never
+/// reaches is not read. A parent given two children with the same token id is an error
+/// ([`TreeError::DuplicateToken`], naming the row and both columns); an id repeated where
+/// it never gives one parent two children is accepted, as the tree is then the one the
+/// repeat-free marginals give (see `distinct.rs`).
 pub fn build_checked(
     logprobs: &[f32],
     token_ids: &[i64],
@@ -71,6 +76,32 @@ pub fn build_checked(
     budget: i64,
     root_token: i64,
     min_logprob: Option<f64>,
+) -> Result<BuiltTree, TreeError> {
+    build_checked_with(
+        logprobs,
+        token_ids,
+        depth,
+        width,
+        budget,
+        root_token,
+        min_logprob,
+        true,
+    )
+}
+
+/// As [`build_checked`] (what the bindings use); `check_duplicates: false` skips the
+/// duplicate-id check on the built tree, for callers whose ids are distinct by
+/// construction, such as a top-K's indices.
+#[allow(clippy::too_many_arguments)]
+pub fn build_checked_with(
+    logprobs: &[f32],
+    token_ids: &[i64],
+    depth: usize,
+    width: usize,
+    budget: i64,
+    root_token: i64,
+    min_logprob: Option<f64>,
+    check_duplicates: bool,
 ) -> Result<BuiltTree, TreeError> {
     let used = marginals::budget_columns(width, budget)?;
     let m = Marginals::with_columns(logprobs, token_ids, depth, width, used, false)?;
@@ -84,6 +115,9 @@ pub fn build_checked(
     let drafted = &built.tree.tokens[1..];
     if drafted.iter().fold(0u64, |acc, &t| acc | t as u64) >> 31 != 0 {
         return Err(out_of_range_token(&built.tree, token_ids, width));
+    }
+    if check_duplicates {
+        distinct::check_prefix_children(&built.tree, &m)?;
     }
     Ok(built)
 }
