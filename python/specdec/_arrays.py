@@ -57,7 +57,9 @@ def tensor_to_numpy(t: Any, name: str) -> np.ndarray:
     """A torch tensor's values as a numpy array (copied to the host if needed); tensors
     without data (the meta device) or with dtypes numpy lacks are refused."""
     try:
-        out: np.ndarray = t.detach().cpu().numpy()
+        # A CPU tensor without grad is viewed as is (no detach, no copy).
+        cpu = t.device.type == "cpu" and not t.requires_grad
+        out: np.ndarray = t.numpy() if cpu else t.detach().cpu().numpy()
     except (RuntimeError, TypeError, NotImplementedError) as e:
         raise SpecdecTypeError(
             f"{name} cannot be read as an array ({t.dtype} on {t.device}): {e}"

@@ -4,6 +4,7 @@ O(1) fork and rollback, filling allowed-token bitmasks (the
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +76,8 @@ class Matcher:
         # into Rust, and numpy's borrow checks (writable, no aliasing) apply.
         if type(bitmask) is np.ndarray and bitmask.dtype is I32 and bitmask.ndim == 2:
             arr = bitmask
+        elif _is_cpu_int32_tensor(bitmask):
+            arr = bitmask.numpy()  # type: ignore[union-attr]  # a view; Rust checks the rest
         else:
             arr = bitmask_rows(bitmask)
         self._m.fill_next_token_bitmask(arr, row)
@@ -85,6 +88,17 @@ class Matcher:
         bm = allocate_token_bitmask(1, v)
         self.fill_next_token_bitmask(bm)
         return np.flatnonzero(unpack_bitmask(bm, v)[0])
+
+
+def _is_cpu_int32_tensor(x: Any) -> bool:
+    # torch is looked up, not imported: without it loaded, no tensor can exist.
+    torch = sys.modules.get("torch")
+    return (
+        torch is not None
+        and type(x) is torch.Tensor
+        and x.dtype is torch.int32
+        and x.device.type == "cpu"
+    )
 
 
 def _check_matcher(m: Any) -> Matcher:

@@ -41,6 +41,15 @@ impl Lcg {
 
 /// Random parent arrays: each parent before its child, about one node in 16 an extra root
 /// (a forest, as padded trees are).
+/// A proptest suite's case count: `default`, or `PROPTEST_CASES` when it is set (`make fuzz`
+/// raises it; the explicit counts of the suites would otherwise override the variable).
+pub fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 pub fn random_parents(n: usize, seed: u64) -> Vec<i32> {
     let mut rng = Lcg::new(seed);
     (0..n)

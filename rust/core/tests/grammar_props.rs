@@ -10,6 +10,7 @@ use specdec_core::constrain::{
     fill_tree_bitmask, CompiledRegex, Constraint, GrammarError, Matcher, RegexLimits, Vocabulary,
     DEAD,
 };
+use specdec_core::testing;
 
 const PATTERNS: &[&str] = &[
     "(ab|ba)*c?",
@@ -53,7 +54,7 @@ fn allowed(mask: &[u32], n: usize) -> Vec<usize> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
+    #![proptest_config(ProptestConfig::with_cases(testing::cases(200)))]
 
     #[test]
     fn masks_equal_brute_force(

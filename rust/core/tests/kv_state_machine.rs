@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use specdec_core::kv::{BlockManager, KvError, SeqId};
-use specdec_core::testing::{kv_snapshot as snapshot, Lcg};
+use specdec_core::testing::{self, kv_snapshot as snapshot, Lcg};
 
 const NUM_SEQ_IDS: u64 = 8;
 
@@ -486,7 +486,7 @@ fn op() -> impl Strategy<Value = Op> {
 const OPS_PER_CASE: usize = 200;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: testing::cases(256), ..ProptestConfig::default() })]
 
     /// 256 cases x up to 200 operations (~5 * 10^4 operations), small pools so that
     /// sharing, copy-on-write, eviction and out-of-blocks all happen often.

@@ -1,7 +1,7 @@
 //! Property tests of the DDTree builder and the verifier contract against brute force.
 
 use proptest::prelude::*;
-use specdec_core::testing::{all_prefixes, ancestors, naive_walk, Lcg};
+use specdec_core::testing::{self, all_prefixes, ancestors, naive_walk, Lcg};
 use specdec_core::tree::{
     attention_mask, build_checked, build_checked_with, build_ddtree, build_ddtree_filtered,
     check_sibling_tokens, check_tree_size, max_nodes, pad_tree, retrieve_indices,
@@ -63,7 +63,7 @@ fn large_marginals() -> impl Strategy<Value = (usize, usize, Vec<f32>, Vec<i64>,
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(400))]
+    #![proptest_config(ProptestConfig::with_cases(testing::cases(400)))]
 
     #[test]
     fn builder_is_optimal_prefix_closed_and_ordered((l, k, lp, ids, b) in marginals()) {

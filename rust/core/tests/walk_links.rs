@@ -2,7 +2,7 @@
 //! exactly as a bounded reference does or refuses the links as an invalid tree.
 
 use proptest::prelude::*;
-use specdec_core::testing::naive_walk;
+use specdec_core::testing::{self, naive_walk};
 use specdec_core::tree::{child_links, walk, ChildLinks, TreeError, WalkOutcome};
 
 /// Reference semantics with an explicit step cap (so it ends even on cyclic links): follow
@@ -74,7 +74,7 @@ fn arbitrary_tree() -> impl Strategy<Value = (Vec<i64>, Vec<i32>, Vec<i64>)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #![proptest_config(ProptestConfig::with_cases(testing::cases(2000)))]
 
     #[test]
     fn edited_links_walk_or_are_refused((tokens, links, chosen) in arbitrary_links()) {

@@ -1,6 +1,7 @@
 //! numpy helpers: borrow contiguous input without copying, hand vectors out without copying.
 
 use std::borrow::Cow;
+use std::sync::Mutex;
 
 use numpy::ndarray::Array2;
 use numpy::{
@@ -8,6 +9,7 @@ use numpy::{
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
 /// The array's data as one slice: borrowed when C-contiguous, else gathered once.
 pub fn as_slice<'a, T: Element + Copy, D: numpy::ndarray::Dimension>(
@@ -60,4 +62,39 @@ pub fn read<'py, T: Element, D: numpy::ndarray::Dimension>(
 ) -> PyResult<PyReadonlyArray<'py, T, D>> {
     a.try_readonly()
         .map_err(|e| PyValueError::new_err(format!("array in use: {e}")))
+}
+
+/// A result array built on first access: the vector moves into numpy (no copy) only if the
+/// caller reads it, so a named result with fields a caller ignores costs no array for them.
+pub struct LazyArray<T> {
+    data: Mutex<Option<Vec<T>>>,
+    /// Columns of a 2-D array (None: 1-D).
+    cols: Option<usize>,
+    array: PyOnceLock<Py<PyAny>>,
+}
+
+impl<T: Element + Send> LazyArray<T> {
+    pub fn new(v: Vec<T>, cols: Option<usize>) -> Self {
+        LazyArray {
+            data: Mutex::new(Some(v)),
+            cols,
+            array: PyOnceLock::new(),
+        }
+    }
+
+    pub fn get(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let array = self.array.get_or_try_init(py, || {
+            // Taken once, under the once-lock: a poisoned mutex still holds the data.
+            let v =
+                (self.data.lock().unwrap_or_else(|e| e.into_inner()).take()).unwrap_or_default();
+            Ok::<_, PyErr>(match self.cols {
+                None => vec1(py, v).into_any().unbind(),
+                Some(c) => {
+                    let rows = v.len() / c.max(1);
+                    vec2(py, v, rows, c)?.unbind()
+                }
+            })
+        })?;
+        Ok(array.clone_ref(py))
+    }
 }

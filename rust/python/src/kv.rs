@@ -7,76 +7,90 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 use specdec_core::kv::{self as core, KvError};
 
-use crate::arrays::{as_slice, vec1, vec2};
+use crate::arrays::{as_slice, vec1, LazyArray};
 use crate::errors::{kv_arg, raise, Class, OrRaise};
 
 type Arr<'py> = Bound<'py, PyAny>;
-
-fn pairs<'py>(py: Python<'py>, p: impl IntoIterator<Item = (i32, i32)>) -> PyResult<Arr<'py>> {
-    let flat: Vec<i32> = p.into_iter().flat_map(|(a, b)| [a, b]).collect();
-    let rows = flat.len() / 2;
-    vec2(py, flat, rows, 2)
-}
-
-fn block_pairs<'py>(
-    py: Python<'py>,
-    p: impl IntoIterator<Item = (u32, u32)>,
-) -> PyResult<Arr<'py>> {
-    pairs(py, p.into_iter().map(|(a, b)| (a as i32, b as i32)))
-}
 
 /// Tentative or appended slots of one call, single or batched: `slots` (int32, sequence i's
 /// are `slots[offsets[i]:offsets[i+1]]`), `offsets` (int64, one more than sequences) and
 /// `cow`, the `[k, 2]` int32 `(src_block, dst_block)` copies to run before writing a slot.
 #[pyclass(frozen, module = "specdec._core", name = "Reservation")]
 pub struct Reservation {
-    #[pyo3(get)]
-    slots: Py<PyAny>,
-    #[pyo3(get)]
-    offsets: Py<PyAny>,
-    #[pyo3(get)]
-    cow: Py<PyAny>,
+    slots: LazyArray<i32>,
+    offsets: LazyArray<i64>,
+    cow: LazyArray<i32>,
 }
 
 impl Reservation {
-    fn from_batch(py: Python<'_>, b: core::ReserveBatch) -> PyResult<Self> {
+    fn from_batch(b: core::ReserveBatch) -> Self {
         let offsets: Vec<i64> = b.offsets.iter().map(|&o| o as i64).collect();
-        Ok(Reservation {
-            slots: vec1(py, b.slots).into_any().unbind(),
-            offsets: vec1(py, offsets).into_any().unbind(),
-            cow: block_pairs(py, b.cow)?.unbind(),
-        })
+        Reservation {
+            slots: LazyArray::new(b.slots, None),
+            offsets: LazyArray::new(offsets, None),
+            cow: LazyArray::new(flat_pairs(b.cow), Some(2)),
+        }
     }
 
-    fn single(py: Python<'_>, a: core::Appended) -> PyResult<Self> {
-        let n = a.slots.len();
-        Self::from_batch(
-            py,
-            core::ReserveBatch {
-                slots: a.slots,
-                offsets: vec![0, n],
-                cow: a.cow.into_iter().collect(),
-            },
-        )
+    fn single(a: core::Appended) -> Self {
+        let n = a.slots.len() as i64;
+        Reservation {
+            slots: LazyArray::new(a.slots, None),
+            offsets: LazyArray::new(vec![0, n], None),
+            cow: LazyArray::new(flat_pairs(a.cow), Some(2)),
+        }
     }
+}
+
+#[pymethods]
+impl Reservation {
+    #[getter]
+    fn slots(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.slots.get(py)
+    }
+    #[getter]
+    fn offsets(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.offsets.get(py)
+    }
+    #[getter]
+    fn cow(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.cow.get(py)
+    }
+}
+
+/// `(src_block, dst_block)` pairs as a row-major int32 vector.
+fn flat_pairs(p: impl IntoIterator<Item = (u32, u32)>) -> Vec<i32> {
+    p.into_iter()
+        .flat_map(|(a, b)| [a as i32, b as i32])
+        .collect()
 }
 
 /// Commit moves of one call, single or batched: copy slot `src[i]` to `dst[i]` for all i
 /// (gather all, then scatter; int32).
 #[pyclass(frozen, module = "specdec._core", name = "CommitMoves")]
 pub struct CommitMoves {
-    #[pyo3(get)]
-    src: Py<PyAny>,
-    #[pyo3(get)]
-    dst: Py<PyAny>,
+    src: LazyArray<i32>,
+    dst: LazyArray<i32>,
 }
 
 impl CommitMoves {
-    fn new(py: Python<'_>, b: core::CommitBatch) -> Self {
+    fn new(b: core::CommitBatch) -> Self {
         CommitMoves {
-            src: vec1(py, b.src).into_any().unbind(),
-            dst: vec1(py, b.dst).into_any().unbind(),
+            src: LazyArray::new(b.src, None),
+            dst: LazyArray::new(b.dst, None),
         }
+    }
+}
+
+#[pymethods]
+impl CommitMoves {
+    #[getter]
+    fn src(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.src.get(py)
+    }
+    #[getter]
+    fn dst(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.dst.get(py)
     }
 }
 
@@ -193,7 +207,7 @@ impl BlockManager {
         let c = to_counts(&c, what).or_raise()?;
         let m = &mut self.0;
         let b = py.detach(|| reserve(m, &seqs, &c)).or_raise()?;
-        Reservation::from_batch(py, b)
+        Ok(Reservation::from_batch(b))
     }
 }
 
@@ -344,14 +358,13 @@ impl BlockManager {
     #[pyo3(signature = (seq, n, tokens=None))]
     fn append_slots<'py>(
         &mut self,
-        py: Python<'py>,
         #[pyo3(from_py_with = kv_arg)] seq: u64,
         #[pyo3(from_py_with = kv_arg)] n: usize,
         #[pyo3(from_py_with = kv_arg)] tokens: Option<PyReadonlyArray1<'py, i64>>,
     ) -> PyResult<Reservation> {
         let t = tokens.as_ref().map(as_slice);
         let a = self.0.append_slots(seq, n, t.as_deref()).or_raise()?;
-        Reservation::single(py, a)
+        Ok(Reservation::single(a))
     }
     /// Keep only the first `length` committed tokens (outside a step).
     fn truncate(
@@ -376,20 +389,18 @@ impl BlockManager {
         self.0.free(seq).or_raise()
     }
     /// Reserve `n` tentative slots for a tree's nodes.
-    fn reserve_tree<'py>(
+    fn reserve_tree(
         &mut self,
-        py: Python<'py>,
         #[pyo3(from_py_with = kv_arg)] seq: u64,
         #[pyo3(from_py_with = kv_arg)] n: usize,
     ) -> PyResult<Reservation> {
         let a = self.0.reserve_tree(seq, n).or_raise()?;
-        Reservation::single(py, a)
+        Ok(Reservation::single(a))
     }
     /// Keep the accepted nodes (indices into the step's nodes); returns the slot moves.
     #[pyo3(signature = (seq, accepted, tokens=None))]
     fn commit<'py>(
         &mut self,
-        py: Python<'py>,
         #[pyo3(from_py_with = kv_arg)] seq: u64,
         #[pyo3(from_py_with = kv_arg)] accepted: PyReadonlyArray1<'py, i64>,
         #[pyo3(from_py_with = kv_arg)] tokens: Option<PyReadonlyArray1<'py, i64>>,
@@ -400,7 +411,7 @@ impl BlockManager {
             .commit(seq, &as_slice(&accepted), t.as_deref())
             .or_raise()?;
         let (src, dst) = moves.into_iter().unzip();
-        Ok(CommitMoves::new(py, core::CommitBatch { src, dst }))
+        Ok(CommitMoves::new(core::CommitBatch { src, dst }))
     }
     fn rollback(&mut self, #[pyo3(from_py_with = kv_arg)] seq: u64) -> PyResult<()> {
         self.0.rollback(seq).or_raise()
@@ -439,7 +450,7 @@ impl BlockManager {
         let b = py
             .detach(|| m.commit_batch(&seqs, &acc, &off, t))
             .or_raise()?;
-        Ok(CommitMoves::new(py, b))
+        Ok(CommitMoves::new(b))
     }
     /// `append_slots` for many sequences; all or nothing.
     fn append_slots_batch<'py>(
