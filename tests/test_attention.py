@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.errors import VerifyError
+from specdec.testing import ancestor_path, reference_tree_mask
 from specdec.tree import batch_tree_inputs, build_ddtree, tree_from_branches
 from specdec.verify.attention import attend, tree_attention
 
@@ -36,23 +37,6 @@ def rope_interleaved(x: torch.Tensor, positions: torch.Tensor, base: float = 10_
     sin = torch.repeat_interleave(ang.sin(), 2, -1)
     rot = torch.stack((-x[..., 1::2], x[..., 0::2]), -1).flatten(-2)
     return x * cos + rot * sin
-
-
-def ancestor_path(node: int, parents: list[int]) -> list[int]:
-    path = []
-    while node != -1:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]
-
-
-def ref_mask(parents: list[int], p: int) -> torch.Tensor:
-    n = len(parents)
-    m = torch.zeros(n, p + n, dtype=torch.bool)
-    m[:, :p] = True
-    for i in range(n):
-        m[i, [p + j for j in ancestor_path(i, parents)]] = True
-    return m
 
 
 def branch_reference(q, bk, bv, ck, cv, parents):  # type: ignore[no-untyped-def]
@@ -96,7 +80,7 @@ def test_notes_experiment(backend: str) -> None:
     p = 2
     q_raw, bk_raw, bv, ck_raw, cv = note_inputs()
     mask, pos = library_tree_mask_and_positions(p)
-    assert torch.equal(mask, ref_mask(NOTE_PARENTS, p))
+    assert torch.equal(mask, reference_tree_mask(NOTE_PARENTS, p))
     assert mask.sum(-1).tolist() == [3, 3, 4, 4, 4, 5, 5, 5]
     assert pos.tolist() == [2, 2, 3, 3, 3, 4, 4, 4]  # P + depth - 1, not the packed index
 
@@ -126,7 +110,7 @@ def test_notes_mask_matches_reference_from_raw_parents() -> None:
     parents = [-1] + [pp + 1 if pp >= 0 else 0 for pp in NOTE_PARENTS]
     tree = DraftTree([3, *NOTE_TOKENS], parents)
     full = torch.from_numpy(tree.attention_mask(4))
-    assert torch.equal(full, ref_mask(parents, 4))
+    assert torch.equal(full, reference_tree_mask(parents, 4))
 
 
 def random_tree(seed: int, budget: int):

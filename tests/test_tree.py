@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 
 import numpy as np
@@ -14,61 +12,14 @@ from hypothesis import strategies as st
 
 import specdec
 from specdec import TreeError
+from specdec.testing import (
+    ancestor_set,
+    brute_force_scores,
+    naive_walk,
+    reference_ddtree,
+)
 
 NEG_INF = float("-inf")
-
-
-# ---- oracles ------------------------------------------------------------------------------
-def reference_heap(lp: np.ndarray, ids: np.ndarray, budget: int, min_logprob=None):
-    """Algorithm 1 written plainly: heap of (-score, push counter, rank tuple, parent node).
-    Scores are parent score + marginal, in float64, sibling pushed before child."""
-    depth, width = lp.shape
-    k = min(budget, width)
-    tok, par, dep, score = [-1], [-1], [0], [0.0]
-    heap: list = []
-    counter = itertools.count()
-
-    def push(base, ranks, parent):
-        d = len(ranks) - 1
-        v = float(lp[d, ranks[-1]])
-        if v != NEG_INF:
-            heapq.heappush(heap, (-(base + v), next(counter), base, ranks, parent))
-
-    push(0.0, (0,), 0)
-    while heap and len(tok) <= budget:
-        neg, _, base, ranks, parent = heapq.heappop(heap)
-        if min_logprob is not None and -neg < min_logprob:
-            break
-        node = len(tok)
-        tok.append(int(ids[len(ranks) - 1, ranks[-1]]))
-        par.append(parent)
-        dep.append(len(ranks))
-        score.append(-neg)
-        if ranks[-1] + 1 < k:
-            push(base, ranks[:-1] + (ranks[-1] + 1,), parent)
-        if len(ranks) < depth:
-            push(-neg, ranks + (0,), node)
-    return tok, par, dep, score
-
-
-def brute_force_scores(lp: np.ndarray) -> list[float]:
-    """Scores of every finite prefix over all ranks, best first."""
-    depth, width = lp.shape
-    out = []
-    for d in range(1, depth + 1):
-        for ranks in itertools.product(range(width), repeat=d):
-            s = sum(float(lp[i, r]) for i, r in enumerate(ranks))
-            if s != NEG_INF:
-                out.append(s)
-    return sorted(out, reverse=True)
-
-
-def ancestors(parents, i):
-    out = set()
-    while i >= 0:
-        out.add(i)
-        i = parents[i]
-    return out
 
 
 @st.composite
@@ -94,7 +45,7 @@ def marginals(draw, max_l=4, max_k=5, max_b=40):
 def test_builder_matches_reference_heap_and_brute_force(case):
     lp, ids, b = case
     t = specdec.build_ddtree(lp, ids, b, root_token=9)
-    tok, par, dep, score = reference_heap(lp, ids, b)
+    tok, par, dep, score = reference_ddtree(lp, ids, b)
     assert t.tokens.tolist() == [9] + tok[1:]
     assert t.parents.tolist() == par
     assert t.depths.tolist() == dep
@@ -121,7 +72,7 @@ def test_builder_matches_reference_heap_and_brute_force(case):
 def test_min_logprob_matches_reference(case, thr):
     lp, ids, b = case
     t = specdec.build_ddtree(lp, ids, b, min_logprob=thr)
-    tok, par, _, score = reference_heap(lp, ids, b, min_logprob=thr)
+    tok, par, _, score = reference_ddtree(lp, ids, b, min_logprob=thr)
     assert t.parents.tolist() == par and t.logprobs.tolist() == score
     assert all(s >= thr for s in t.logprobs)
 
@@ -140,7 +91,7 @@ def test_contract_masks_positions_links_retrieve(case, prefix):
     assert dense.shape == (n, prefix + n) and dense.dtype == np.bool_
     assert add.dtype == np.float32
     for i in range(n):
-        anc = ancestors(par, i)
+        anc = ancestor_set(par, i)
         for j in range(n):
             bit = (int(bits[i, j // 64]) >> (j % 64)) & 1
             assert bit == (j in anc)
@@ -185,16 +136,6 @@ def test_batch_equals_single(cases, data):
         assert t.tokens.tolist() == one.tokens.tolist()
         assert t.parents.tolist() == one.parents.tolist()
         assert np.array_equal(t.ancestor_bits(), one.ancestor_bits())
-
-
-def naive_walk(tokens, parents, chosen):
-    node, acc = 0, []
-    while True:
-        kids = [j for j in range(len(tokens)) if parents[j] == node and tokens[j] == chosen[node]]
-        if not kids:
-            return acc, int(chosen[node])
-        acc.append(kids[0])
-        node = kids[0]
 
 
 @settings(max_examples=100, deadline=None)

@@ -5,6 +5,7 @@ drafters with known behaviour. Nothing here is on a hot path."""
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -18,6 +19,12 @@ __all__ = [
     "SCALES",
     "synthetic_marginals",
     "python_ddtree",
+    "reference_ddtree",
+    "brute_force_scores",
+    "ancestor_path",
+    "ancestor_set",
+    "reference_tree_mask",
+    "naive_walk",
     "RandomDrafter",
     "OracleDrafter",
     "AdversarialDrafter",
@@ -86,6 +93,90 @@ def python_ddtree(
         visible[i, i] = True
     positions = np.asarray(depths, dtype=np.int64) + prefix_len
     return tokens, parents, visible, positions
+
+
+# -- oracles: plain versions of what Rust does fast -----------------------------------------
+def reference_ddtree(
+    lp: np.ndarray, ids: np.ndarray, budget: int, min_logprob: float | None = None
+) -> tuple[list[int], list[int], list[int], list[float]]:
+    """Algorithm 1 written plainly: heap of (-score, push counter, rank tuple, parent node).
+    Scores are parent score + marginal, in float64, sibling pushed before child."""
+    depth, width = lp.shape
+    k = min(budget, width)
+    tok, par, dep, score = [-1], [-1], [0], [0.0]
+    heap: list[tuple[float, int, float, tuple[int, ...], int]] = []
+    counter = itertools.count()
+
+    def push(base: float, ranks: tuple[int, ...], parent: int) -> None:
+        d = len(ranks) - 1
+        v = float(lp[d, ranks[-1]])
+        if v != -np.inf:
+            heapq.heappush(heap, (-(base + v), next(counter), base, ranks, parent))
+
+    push(0.0, (0,), 0)
+    while heap and len(tok) <= budget:
+        neg, _, base, ranks, parent = heapq.heappop(heap)
+        if min_logprob is not None and -neg < min_logprob:
+            break
+        node = len(tok)
+        tok.append(int(ids[len(ranks) - 1, ranks[-1]]))
+        par.append(parent)
+        dep.append(len(ranks))
+        score.append(-neg)
+        if ranks[-1] + 1 < k:
+            push(base, ranks[:-1] + (ranks[-1] + 1,), parent)
+        if len(ranks) < depth:
+            push(-neg, ranks + (0,), node)
+    return tok, par, dep, score
+
+
+def brute_force_scores(lp: np.ndarray) -> list[float]:
+    """Scores of every finite prefix over all ranks, best first."""
+    depth, width = lp.shape
+    out = []
+    for d in range(1, depth + 1):
+        for ranks in itertools.product(range(width), repeat=d):
+            s = sum(float(lp[i, r]) for i, r in enumerate(ranks))
+            if s != -np.inf:
+                out.append(s)
+    return sorted(out, reverse=True)
+
+
+def ancestor_path(node: int, parents: Sequence[int]) -> list[int]:
+    """Node indices from the root to ``node`` (walking the parents)."""
+    path = []
+    while node != -1:
+        path.append(int(node))
+        node = int(parents[node])
+    return path[::-1]
+
+
+def ancestor_set(parents: Sequence[int], i: int) -> set[int]:
+    """``i`` and its ancestors."""
+    return set(ancestor_path(i, parents))
+
+
+def reference_tree_mask(parents: Sequence[int], p: int) -> torch.Tensor:
+    """``[n, p + n]`` bool: every node sees the prefix, itself and its ancestors."""
+    n = len(parents)
+    m = torch.zeros(n, p + n, dtype=torch.bool)
+    m[:, :p] = True
+    for i in range(n):
+        m[i, [p + j for j in ancestor_path(i, parents)]] = True
+    return m
+
+
+def naive_walk(
+    tokens: Sequence[int], parents: Sequence[int], chosen: Sequence[int]
+) -> tuple[list[int], int]:
+    """The verifier walk by scanning every node for a matching child."""
+    node, acc = 0, list[int]()
+    while True:
+        kids = [j for j in range(len(tokens)) if parents[j] == node and tokens[j] == chosen[node]]
+        if not kids:
+            return acc, int(chosen[node])
+        acc.append(kids[0])
+        node = kids[0]
 
 
 # -- drafters with known behaviour -----------------------------------------------------------
