@@ -15,7 +15,11 @@ from ..errors import GrammarError, SpecdecTypeError
 if TYPE_CHECKING:
     from .regex import RegexGrammar
 
-__all__ = ["Vocabulary"]
+__all__ = ["Vocabulary", "MAX_VOCAB_SIZE"]
+
+# Real vocabularies hold up to about a million tokens; a larger size is a mistake that would
+# allocate gigabytes of per-token tables.
+MAX_VOCAB_SIZE = 1 << 24
 
 
 def _bytes_to_unicode() -> dict[str, int]:
@@ -82,6 +86,8 @@ class Vocabulary:
             )
         toks = [None if t is None else bytes(t) for t in tokens]
         size = None if vocab_size is None else check_int(vocab_size, "vocab_size", 1, GrammarError)
+        if size is not None and size > MAX_VOCAB_SIZE:
+            raise GrammarError(f"vocab_size {size} is over the supported {MAX_VOCAB_SIZE}")
         return cls(_core.Vocabulary(toks, _ids(eos_ids), size))
 
     @classmethod

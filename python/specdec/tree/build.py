@@ -132,6 +132,8 @@ def ddtree_from_logits(
         )
     if not logits.is_floating_point():
         raise SpecdecTypeError(f"logits must be floating point, got {logits.dtype}")
+    if logits.device.type == "meta":
+        raise SpecdecTypeError("logits on the meta device hold no values")
     temperature = check_float(temperature, "temperature")
     if not temperature > 0:
         raise TreeError(f"temperature must be > 0, got {temperature}")
