@@ -1,5 +1,5 @@
-"""Packed tree attention against a per-branch reference (the design notes' experiment) and
-across backends, GQA and padded batches."""
+"""Packed tree attention against a per-branch reference and across backends, GQA and padded
+batches."""
 
 from __future__ import annotations
 

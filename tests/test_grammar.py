@@ -1,4 +1,4 @@
-"""Matcher API, the design notes' FSM example, tree masks, grammar-aware DDTree (against
+"""Matcher API, a small FSM example, tree masks, grammar-aware DDTree (against
 brute force), apply_token_bitmask, vocabulary constructors and bad input."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def tekken() -> Vocabulary:
     return Vocabulary.from_tekken()
 
 
-# ---- the design notes' FSM example ---------------------------------------------------------
+# ---- a small FSM example ---------------------------------------------------------------------
 def test_fsm_example_yields_a_c_eos() -> None:
     v = Vocabulary.from_bytes([b"A", b"B", b"C", None], eos_ids=[3])
     m = Matcher(RegexGrammar(v, "A(B|C)"))
