@@ -145,7 +145,7 @@ def ddtree_from_logits(
         budgets = [check_int(b, "budget") for b in budget]
     else:
         raise SpecdecTypeError(f"budget must be an int or one int per request, got {budget!r}")
-    if len(budgets) != x.shape[0] or min(budgets) <= 0:
+    if not budgets or len(budgets) != x.shape[0] or min(budgets) <= 0:
         raise TreeError(
             f"need one budget >= 1 per request, got {budgets} for {x.shape[0]} requests"
         )
