@@ -162,3 +162,31 @@ def test_prefix_cache_hit_through_the_model(model: LlamaModel) -> None:
         ):
             assert torch.equal(x[:, :16], z[:, :16]), "a hit is the very K/V computed for A"
             torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_speculative_steps_register_generated_blocks(model: LlamaModel) -> None:
+    """Tree steps commit with the kept tokens' ids, so a later request that repeats the
+    prompt and the generated text hits the generated tokens' full blocks too, with the K/V a
+    dense prefill of the same text gives."""
+    bs = 4
+    pool = PagedKVPool(
+        CFG.num_hidden_layers, CFG.num_key_value_heads, CFG.head_dim or 0, 64, bs,
+        prefix_caching=True,
+    )  # fmt: skip
+    gen = SpeculativeGenerator(model, OracleDrafter(model, miss=0.3, seed=2), budget=6, depth=4)
+    first = pool.sequence(PROMPT)
+    out = gen.generate(PROMPT, 24, cache=first).tokens
+    text = PROMPT + out
+    # The cache holds the text but its last token (the next root): full blocks of it can hit.
+    held = first.committed_len
+    assert held == len(text) - 1
+    first.free()
+    again = pool.sequence(text + [1])
+    hit = again.committed_len
+    assert hit > len(PROMPT) - len(PROMPT) % bs, "generated blocks were registered"
+    assert hit == (held // bs) * bs
+    dense = DenseKVCache(CFG.num_hidden_layers, CFG.num_key_value_heads, CFG.head_dim or 0, 128)
+    Verifier(model).prefill(text, dense)
+    for layer in range(CFG.num_hidden_layers):
+        for x, y in zip(again.committed_kv(layer), dense.committed_kv(layer), strict=True):
+            torch.testing.assert_close(x, y[:, :hit], rtol=1e-5, atol=1e-5)

@@ -172,6 +172,12 @@ class KVCache(ABC):
         to learn the ids, since only the caller knows what was fed."""
         self.commit(range(fed.numel()))
 
+    def commit_tree(self, keep: np.ndarray, tokens: np.ndarray) -> None:
+        """Keep the nodes ``keep`` of a tree step (``WalkResult.kept_nodes()``), whose tokens
+        are ``tokens``. Same as ``commit(keep)``; a cache that keys blocks by their tokens
+        overrides it, so the accepted path's full blocks can be reused by later requests."""
+        self.commit(keep)
+
     @abstractmethod
     def rollback(self) -> None:
         """Release every tentative token of the current step."""

@@ -224,6 +224,11 @@ class PagedKVCache(StepCache):
         full blocks may enter the prefix cache."""
         self.commit(torch.arange(fed.numel()), tokens=_as_i64(fed))
 
+    def commit_tree(self, keep: np.ndarray, tokens: np.ndarray) -> None:
+        """Keep a tree step's root and accepted nodes, registering the full blocks they fill
+        (their K/V was written by the step's forward)."""
+        self.commit(keep, tokens=tokens)
+
     def rollback(self) -> None:
         self.pool.manager.rollback(self.seq)
         self._pending = 0

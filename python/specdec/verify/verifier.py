@@ -132,7 +132,8 @@ class Verifier:
             w = walk(tree, chosen)
             t4 = time.perf_counter()
             timings["walk"] = t4 - t3
-            cache.commit(w.kept_nodes())
+            kept = w.kept_nodes()
+            cache.commit_tree(kept, tree.tokens[kept])
         except BaseException:
             if cache.pending:
                 cache.rollback()
@@ -182,8 +183,8 @@ class Verifier:
             # All or nothing: every cache checks its commit before any of them commits.
             for cache, keep in zip(caches, keeps, strict=True):
                 cache.check_commit(keep)
-            for cache, keep in zip(caches, keeps, strict=True):
-                cache.commit(keep)
+            for cache, keep, tree in zip(caches, keeps, trees, strict=True):
+                cache.commit_tree(keep, tree.tokens[keep])
         except BaseException:
             for cache in caches:
                 if cache.pending:
