@@ -65,7 +65,7 @@ def arrays(
     elif kind == 1:
         a.flags.writeable = False
     elif kind == 2:
-        return torch.from_numpy(np.ascontiguousarray(a)) if a.dtype != np.uint64 else a
+        return torch.from_numpy(np.array(a)) if a.dtype != np.uint64 else a
     elif kind == 3:
         return torch.empty(a.shape, device="meta")
     elif kind == 4:
@@ -209,7 +209,7 @@ def fuzz_ddtree_from_logits(t: Tally, deadline: float) -> Callable[..., None]:
     )
     def run(logits: Any, budget: Any, temperature: Any) -> None:
         x = (
-            torch.from_numpy(np.ascontiguousarray(logits))
+            torch.from_numpy(np.array(logits))
             if isinstance(logits, np.ndarray) and logits.dtype != np.uint64
             else logits
         )
@@ -517,7 +517,7 @@ def fuzz_apply_bitmask(t: Tally, deadline: float) -> Callable[..., None]:
         from specdec.constrain import numpy as cnp
 
         if as_torch and isinstance(logits, np.ndarray) and logits.dtype != np.uint64:
-            x = torch.from_numpy(np.ascontiguousarray(logits))
+            x = torch.from_numpy(np.array(logits))
             guarded(t, lambda: specdec.apply_token_bitmask(x, bitmask), deadline)
         else:
             guarded(
