@@ -47,7 +47,8 @@ def apply_token_bitmask_inplace(
     ``vocab_size`` limits the columns considered (default ``V``). Raises
     :class:`~specdec.NoAllowedTokens` (logits untouched) if a row allows no token."""
     if isinstance(bitmask, np.ndarray):
-        bitmask = torch.from_numpy(bitmask)
+        # torch warns on read-only numpy memory even when only reading it: copy that case.
+        bitmask = torch.from_numpy(bitmask if bitmask.flags.writeable else bitmask.copy())
     if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32:
         raise SpecdecTypeError("bitmask must be an int32 numpy array or torch tensor")
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
