@@ -17,6 +17,9 @@
 //! 6. *Commit* ([`kv`]): the accepted nodes' slots become committed tokens; the rest are
 //!    released.
 //!
+//! A drafter that needs no model can also hand over a whole tree: [`draft::SuffixIndex`]
+//! proposes the most frequent continuations of the context as a scored tree.
+//!
 //! The `testing` module (cargo feature `testing`, on for this crate's own tests, benches and
 //! examples) holds the seeded generator and brute-force oracles they share.
 //!
@@ -99,6 +102,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 pub mod constrain;
+pub mod draft;
 pub mod kv;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
