@@ -29,6 +29,7 @@ from .errors import (
     CheckpointError,
     ConfigError,
     DoubleFree,
+    DraftError,
     GrammarError,
     KVCacheError,
     NoAllowedTokens,
@@ -40,7 +41,15 @@ from .errors import (
     UnknownSequence,
     VerifyError,
 )
-from .protocols import Constraint, Drafter, DraftRequest, KVCache, Target, TreeShape
+from .protocols import (
+    Constraint,
+    Drafter,
+    DraftRequest,
+    KVCache,
+    Target,
+    TreeDrafter,
+    TreeShape,
+)
 from .tree import (
     ChainShape,
     DDTreeShape,
@@ -101,6 +110,7 @@ __all__ = [
     "DDTreeShape",
     "DenseKVCache",
     "DoubleFree",
+    "DraftError",
     "Drafter",
     "DraftRequest",
     "DraftTree",
@@ -130,6 +140,7 @@ __all__ = [
     "tree_from_branches",
     "tree_shape",
     "TreeBatch",
+    "TreeDrafter",
     "TreeError",
     "TreeShape",
     "TreeTensors",

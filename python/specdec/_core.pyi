@@ -2,9 +2,10 @@
 ``make lint``). The public API is the Python package; these are its building blocks.
 
 Every refusal raises a :class:`specdec.SpecdecError` subclass (``TreeError``,
-``KVCacheError`` and its subclasses, ``GrammarError``, ``SpecdecTypeError``) and changes
-nothing."""
+``KVCacheError`` and its subclasses, ``GrammarError``, ``DraftError``, ``SpecdecTypeError``)
+and changes nothing."""
 
+from collections.abc import Sequence
 from typing import final
 
 import numpy as np
@@ -126,6 +127,34 @@ def walk(tree: TreeArrays, chosen: npt.NDArray[np.int64]) -> WalkOutcome:
 
 def walk_batch(trees: list[TreeArrays], chosen: npt.NDArray[np.int64]) -> list[WalkOutcome]:
     """:func:`walk` for R trees; row i of ``[R, n_max]`` ``chosen`` belongs to tree i."""
+
+# ---- draft --------------------------------------------------------------------------------
+@final
+class SuffixIndex:
+    """A suffix index over the request's own tokens and a corpus of earlier outputs: for each
+    context length up to ``max_match``, the occurrences of every m-gram. Bad input raises
+    ``DraftError`` (``TreeError`` for budgets and token ids) and changes nothing."""
+
+    def __new__(cls, max_match: int = 8) -> Self: ...
+    @property
+    def max_match(self) -> int: ...
+    @property
+    def num_corpus(self) -> int: ...
+    def __len__(self) -> int: ...
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append tokens to the request's own sequence."""
+
+    def add_corpus(self, tokens: Sequence[int]) -> int:
+        """Add an earlier output to the corpus; returns its id."""
+
+    def remove_corpus(self, id: int) -> None:
+        """Drop a corpus sequence."""
+
+    def propose(
+        self, context: Sequence[int], max_depth: int, budget: int, min_prob: float = 0.0
+    ) -> TreeArrays:
+        """The tree of the ``budget`` most frequent continuations of ``context`` (root: its last
+        token), best-first by path probability, ``logprobs`` = log path probabilities."""
 
 # ---- kv -----------------------------------------------------------------------------------
 @final

@@ -19,6 +19,7 @@ __all__ = [
     "SlotNotReserved",
     "GrammarError",
     "NoAllowedTokens",
+    "DraftError",
 ]
 
 
@@ -77,3 +78,8 @@ class GrammarError(SpecdecError, ValueError):
 
 class NoAllowedTokens(GrammarError):
     """A constraint state allows no token at all (never softmax over all -inf)."""
+
+
+class DraftError(SpecdecError, ValueError):
+    """Invalid drafter input or state: a bad n-gram or match length, a probability outside
+    [0, 1], an unknown corpus id, an empty context."""

@@ -5,6 +5,8 @@
     draft (Drafter) -> build tree (TreeShape) -> mask (Constraint) -> verify (Target over a
     KVCache) -> walk -> commit (KVCache)
 
+(a TreeDrafter drafts and builds in one call).
+
 A new drafter, tree shape, constraint, cache or target implements one of these and lives in
 one new file beside its siblings (``specdec/draft/``, ``specdec/tree/``, ``specdec/constrain/``,
 ``specdec/cache/``, ``specdec/models/``). Protocols are structural: implementations need not
@@ -26,7 +28,15 @@ if TYPE_CHECKING:
 
     from .tree import DraftTree
 
-__all__ = ["Target", "Drafter", "DraftRequest", "TreeShape", "KVCache", "Constraint"]
+__all__ = [
+    "Target",
+    "Drafter",
+    "DraftRequest",
+    "TreeDrafter",
+    "TreeShape",
+    "KVCache",
+    "Constraint",
+]
 
 
 # -- draft -----------------------------------------------------------------------------------
@@ -51,6 +61,16 @@ class Drafter(Protocol):
     ``draft_one(context, depth) -> [depth, V]`` into this."""
 
     def draft(self, requests: Sequence[DraftRequest], depth: int) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class TreeDrafter(Protocol):
+    """Proposes whole draft trees instead of per-depth marginals (suffix and n-gram lookup
+    drafters, whose proposals are a scored trie or a chain): one tree per request, at most
+    ``budget`` drafted nodes, its root the request's last context token. A generator given
+    one skips the tree shape: draft and build are one call."""
+
+    def propose(self, requests: Sequence[DraftRequest], budget: int) -> list[DraftTree]: ...
 
 
 # -- build tree ------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -25,6 +26,7 @@ __all__ = [
     "ancestor_set",
     "reference_tree_mask",
     "naive_walk",
+    "reference_suffix_proposal",
     "RandomDrafter",
     "OracleDrafter",
     "AdversarialDrafter",
@@ -177,6 +179,51 @@ def naive_walk(
             return acc, int(chosen[node])
         acc.append(kids[0])
         node = kids[0]
+
+
+def reference_suffix_proposal(
+    sequences: Sequence[Sequence[int]],
+    context: Sequence[int],
+    *,
+    max_match: int,
+    max_depth: int,
+    budget: int,
+    min_prob: float = 0.0,
+) -> list[tuple[list[int], float]]:
+    """What :meth:`specdec._core.SuffixIndex.propose` drafts, from scratch: the drafted paths
+    (root excluded) in node order with their log path probabilities.
+
+    ``sequences`` are the indexed sequences in the order their tokens entered the index (a
+    corpus added, then the request's own tokens, ...; valid as long as no two sequences grew
+    interleaved). The longest suffix of ``context`` (at most ``max_match`` tokens) that
+    occurs somewhere with a token after it is matched; every such occurrence, in order,
+    contributes its next ``max_depth`` tokens. Each distinct prefix of those continuations
+    is counted and scored count / occurrences; the first ``budget`` prefixes of probability
+    >= ``min_prob``, sorted by count descending then first appearance (occurrence, then
+    length), are the tree."""
+    ctx = list(context)
+    for m in range(min(max_match, len(ctx)), 0, -1):
+        suffix = ctx[len(ctx) - m :]
+        conts = [
+            list(seq[end : end + max_depth])
+            for seq in sequences
+            for end in range(m, len(seq))
+            if list(seq[end - m : end]) == suffix
+        ]
+        if not conts or max_depth == 0:
+            continue
+        first: dict[tuple[int, ...], tuple[int, int]] = {}
+        count: dict[tuple[int, ...], int] = {}
+        for i, c in enumerate(conts):
+            for length in range(1, len(c) + 1):
+                key = tuple(c[:length])
+                first.setdefault(key, (i, length))
+                count[key] = count.get(key, 0) + 1
+        total = len(conts)
+        ranked = sorted(count, key=lambda k: (-count[k], first[k]))
+        kept = [k for k in ranked if count[k] >= min_prob * total][:budget]
+        return [(list(k), math.log(count[k] / total)) for k in kept]
+    return []
 
 
 # -- drafters with known behaviour -----------------------------------------------------------

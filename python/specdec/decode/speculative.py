@@ -2,6 +2,8 @@
 
     logits = drafter.draft([DraftRequest(context)], depth)[0]  # draft: marginals [L, V]
     tree   = shape.build(logits, root_token=context[-1])      # DDTree (best-first) or chain
+    # or, for a TreeDrafter (suffix, n-gram lookup), both at once:
+    tree   = drafter.propose([DraftRequest(context)], budget)[0]
     result = verifier.step(tree, cache)                        # mask, forward, rule, walk, commit
     context += result.tokens                                   # accepted tokens + bonus token
 
@@ -19,7 +21,7 @@ import torch
 
 from .._arrays import check_int
 from ..errors import ConfigError, SpecdecTypeError, VerifyError
-from ..protocols import Drafter, DraftRequest, KVCache, Target, TreeShape
+from ..protocols import Drafter, DraftRequest, KVCache, Target, TreeDrafter, TreeShape
 from ..tree import DraftTree, tree_shape
 from ..verify import STAGES, DecodingRule, StepResult, Verifier
 from .common import GenerationResult, emit, prompt_ids
@@ -30,7 +32,9 @@ __all__ = ["SpeculativeGenerator"]
 class SpeculativeGenerator:
     """Draft -> build tree -> verify (mask, forward, rule, walk, commit), repeated.
 
-    ``drafter``: a :class:`~specdec.protocols.Drafter` asked for ``depth`` drafted positions;
+    ``drafter``: a :class:`~specdec.protocols.Drafter` asked for ``depth`` drafted positions,
+    or a :class:`~specdec.protocols.TreeDrafter` asked for trees of ``budget`` drafted nodes
+    (used in preference when a drafter is both; ``tree`` is then not used);
     ``tree``: a :class:`~specdec.protocols.TreeShape`, or ``"ddtree"`` (the best-first tree of
     ``budget`` drafted nodes) or ``"chain"`` (the drafter's argmax path of ``depth`` tokens,
     DFlash-style single path). ``pad_to_budget`` pads every tree to the shape's most nodes
@@ -39,7 +43,7 @@ class SpeculativeGenerator:
     def __init__(
         self,
         target: Target,
-        drafter: Drafter,
+        drafter: Drafter | TreeDrafter,
         *,
         rule: DecodingRule | None = None,
         tree: Literal["ddtree", "chain"] | TreeShape = "ddtree",
@@ -52,14 +56,20 @@ class SpeculativeGenerator:
         self.shape = tree_shape(tree, budget=budget, depth=self.depth)
         if not isinstance(self.shape, TreeShape):
             raise SpecdecTypeError(f"tree must be a TreeShape, got {type(tree).__name__}")
-        if not isinstance(drafter, Drafter):
+        self.tree_drafter = drafter if isinstance(drafter, TreeDrafter) else None
+        if self.tree_drafter is None and not isinstance(drafter, Drafter):
             raise SpecdecTypeError(
-                f"drafter must follow specdec.protocols.Drafter, got {type(drafter).__name__}"
+                "drafter must follow specdec.protocols.Drafter or TreeDrafter, got "
+                f"{type(drafter).__name__}"
             )
         self.target = target
         self.drafter = drafter
         self.verifier = Verifier(target, rule, generator=generator)
-        self.budget = self.shape.max_drafted
+        self.budget = (
+            self.shape.max_drafted
+            if self.tree_drafter is None
+            else check_int(budget, "budget", 1, ConfigError)
+        )
         self.pad_to_budget = pad_to_budget
 
     @property
@@ -68,7 +78,18 @@ class SpeculativeGenerator:
 
     def draft(self, context: Sequence[int]) -> torch.Tensor:
         """The drafter's per-depth logits ``[depth, V]`` for the tokens after ``context``."""
+        if self.tree_drafter is not None or not isinstance(self.drafter, Drafter):
+            raise ConfigError("a TreeDrafter proposes trees, not logits: use draft_tree")
         return self.drafter.draft([DraftRequest(context)], self.depth)[0]
+
+    def propose(self, context: Sequence[int]) -> DraftTree:
+        """A TreeDrafter's tree for the tokens after ``context`` (padded when
+        ``pad_to_budget``)."""
+        assert self.tree_drafter is not None
+        tree = self.tree_drafter.propose([DraftRequest(context)], self.budget)[0]
+        if self.pad_to_budget and tree.num_drafted < self.budget:
+            tree = tree.padded(self.budget)
+        return tree
 
     def build(self, logits: torch.Tensor, root_token: int) -> DraftTree:
         """The tree from draft logits (padded to the budget when ``pad_to_budget``)."""
@@ -79,6 +100,8 @@ class SpeculativeGenerator:
 
     def draft_tree(self, context: Sequence[int]) -> DraftTree:
         """Draft and build the tree for the tokens after ``context`` (root = its last token)."""
+        if self.tree_drafter is not None:
+            return self.propose(context)
         return self.build(self.draft(context), context[-1])
 
     def step(self, context: Sequence[int], cache: KVCache) -> StepResult:
@@ -89,10 +112,14 @@ class SpeculativeGenerator:
                 f"minus its last token ({len(context) - 1})"
             )
         t0 = time.perf_counter()
-        logits = self.draft(context)
-        t1 = time.perf_counter()
-        tree = self.build(logits, context[-1])
-        t2 = time.perf_counter()
+        if self.tree_drafter is not None:  # draft and build in one call, timed as draft
+            tree = self.propose(context)
+            t1 = t2 = time.perf_counter()
+        else:
+            logits = self.draft(context)
+            t1 = time.perf_counter()
+            tree = self.build(logits, context[-1])
+            t2 = time.perf_counter()
         res = self.verifier.step(tree, cache)
         res.timings["draft"] = t1 - t0
         res.timings["build"] = t2 - t1

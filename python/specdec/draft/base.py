@@ -11,7 +11,7 @@ from .._arrays import check_int
 from ..errors import ConfigError, SpecdecTypeError
 from ..protocols import DraftRequest
 
-__all__ = ["SequenceDrafter"]
+__all__ = ["SequenceDrafter", "check_requests"]
 
 
 class SequenceDrafter(ABC):
@@ -26,9 +26,17 @@ class SequenceDrafter(ABC):
     def draft(self, requests: Sequence[DraftRequest], depth: int) -> torch.Tensor:
         """``[R, depth, V]``: :meth:`draft_one` for each request."""
         depth = check_int(depth, "depth", 1, ConfigError)
-        if not requests:
-            raise ConfigError("draft needs at least one request")
-        for r in requests:
-            if not isinstance(r, DraftRequest):
-                raise SpecdecTypeError(f"requests must be DraftRequest, got {type(r).__name__}")
+        check_requests(requests)
         return torch.stack([self.draft_one(r.context, depth) for r in requests])
+
+
+def check_requests(requests: Sequence[DraftRequest]) -> None:
+    """At least one request, each a :class:`~specdec.protocols.DraftRequest` with a context of
+    at least one token (its last token is the root of the next tree)."""
+    if not requests:
+        raise ConfigError("draft needs at least one request")
+    for r in requests:
+        if not isinstance(r, DraftRequest):
+            raise SpecdecTypeError(f"requests must be DraftRequest, got {type(r).__name__}")
+        if len(r.context) == 0:
+            raise ConfigError("a request's context needs at least one token")

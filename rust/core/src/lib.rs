@@ -17,6 +17,9 @@
 //! 6. *Commit* ([`kv`]): the accepted nodes' slots become committed tokens; the rest are
 //!    released.
 //!
+//! A drafter that needs no model can also hand over a whole tree: [`draft::SuffixIndex`]
+//! proposes the most frequent continuations of the context as a scored tree.
+//!
 //! The `testing` module (cargo feature `testing`, on for this crate's own tests, benches and
 //! examples) holds the seeded generator and brute-force oracles they share.
 //!
@@ -82,6 +85,20 @@
 //! assert_eq!(kv.seq_len(1).unwrap(), (9, 0));
 //! ```
 //!
+//! ## Draft a tree without a model: the suffix index
+//!
+//! ```
+//! use specdec_core::draft::SuffixIndex;
+//!
+//! let mut index = SuffixIndex::new(4).unwrap(); // match suffixes of up to 4 tokens
+//! index.extend(&[1, 2, 3, 1, 2, 4, 1, 2]).unwrap(); // the request's own tokens
+//! let built = index.propose(&[1, 2], 2, 3, 0.0).unwrap();
+//! // "1 2" was followed by "3 1" and "4 1": each once, in order of appearance.
+//! assert_eq!(built.tree.tokens, [2, 3, 1, 4]);
+//! assert_eq!(built.tree.parents, [-1, 0, 1, 0]);
+//! assert!((built.tree.logprobs[1].exp() - 0.5).abs() < 1e-12);
+//! ```
+//!
 //! ## Walk the verifier's choices
 //!
 //! ```
@@ -99,6 +116,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 pub mod constrain;
+pub mod draft;
 pub mod kv;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 use specdec_core::constrain::GrammarError;
+use specdec_core::draft::DraftError;
 use specdec_core::kv::KvError;
 use specdec_core::tree::TreeError;
 
@@ -21,9 +22,10 @@ pub enum Class {
     SlotNotReserved,
     Grammar,
     Type,
+    Draft,
 }
 
-const CLASS_NAMES: [&str; 8] = [
+const CLASS_NAMES: [&str; 9] = [
     "TreeError",
     "KVCacheError",
     "OutOfBlocks",
@@ -32,6 +34,7 @@ const CLASS_NAMES: [&str; 8] = [
     "SlotNotReserved",
     "GrammarError",
     "SpecdecTypeError",
+    "DraftError",
 ];
 
 static CLASSES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
@@ -61,6 +64,7 @@ pub enum Error {
     Tree(TreeError),
     Kv(KvError),
     Grammar(GrammarError),
+    Draft(DraftError),
 }
 
 impl From<TreeError> for Error {
@@ -72,6 +76,15 @@ impl From<TreeError> for Error {
 impl From<GrammarError> for Error {
     fn from(e: GrammarError) -> Self {
         Error::Grammar(e)
+    }
+}
+
+impl From<DraftError> for Error {
+    fn from(e: DraftError) -> Self {
+        match e {
+            DraftError::Tree(e) => Error::Tree(e),
+            e => Error::Draft(e),
+        }
     }
 }
 
@@ -96,6 +109,7 @@ impl From<Error> for PyErr {
                 e.to_string(),
             ),
             Error::Grammar(e) => (Class::Grammar, e.to_string()),
+            Error::Draft(e) => (Class::Draft, e.to_string()),
         };
         raise(class, message)
     }
@@ -135,6 +149,7 @@ fn expected<T>() -> &'static str {
         _ if array => "a numpy array",
         _ if name.starts_with("alloc::vec::Vec") => "a list of ints",
         _ if name == "bool" => "a bool",
+        _ if name == "f64" => "a float",
         _ if name.starts_with('u') => "an int >= 0",
         _ => "an int",
     }
@@ -148,6 +163,25 @@ where
     T: FromPyObject<'a, 'py>,
     T::Error: Into<PyErr>,
 {
+    typed_arg(ob, Class::KvCache)
+}
+
+/// `#[pyo3(from_py_with = draft_arg)]`: [`kv_arg`] for drafter arguments (`DraftError`).
+pub fn draft_arg<'a, 'py, T>(ob: &'a Bound<'py, PyAny>) -> PyResult<T>
+where
+    T: FromPyObject<'a, 'py>,
+    T::Error: Into<PyErr>,
+{
+    typed_arg(ob, Class::Draft)
+}
+
+/// Extract an argument, reporting bad values as `value` and wrong types as
+/// `SpecdecTypeError`, both naming what was expected and what came.
+fn typed_arg<'a, 'py, T>(ob: &'a Bound<'py, PyAny>, value: Class) -> PyResult<T>
+where
+    T: FromPyObject<'a, 'py>,
+    T::Error: Into<PyErr>,
+{
     ob.extract::<T>().map_err(|e| {
         let py = ob.py();
         let got = ob
@@ -156,6 +190,6 @@ where
         let got: String = got.chars().take(80).collect();
         let e: PyErr = e.into();
         let detail = format!("expected {}, got {got} ({})", expected::<T>(), e.value(py));
-        conversion_error(py, PyErr::from_type(e.get_type(py), detail), Class::KvCache)
+        conversion_error(py, PyErr::from_type(e.get_type(py), detail), value)
     })
 }

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 mod arrays;
 mod constrain;
+mod draft;
 mod errors;
 mod kv;
 mod tree;
@@ -18,5 +19,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tree::register(m)?;
     kv::register(m)?;
     constrain::register(m)?;
+    draft::register(m)?;
     Ok(())
 }

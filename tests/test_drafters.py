@@ -1,0 +1,188 @@
+"""Drafters that need no model: the suffix index (Rust) against a plain-Python reference,
+prompt lookup, and lossless greedy generation with both on a tiny random Llama."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from specdec import _core
+from specdec.decode import SpeculativeGenerator, autoregressive_generate
+from specdec.draft import NgramDrafter, SuffixDrafter
+from specdec.errors import ConfigError, DraftError, SpecdecError, SpecdecTypeError, TreeError
+from specdec.models import LlamaConfig, LlamaModel
+from specdec.protocols import Drafter, DraftRequest, TreeDrafter
+from specdec.testing import reference_suffix_proposal
+
+
+def paths(arrays: _core.TreeArrays) -> list[tuple[list[int], float]]:
+    """The drafted paths of a tree in node order, with their log-probs."""
+    tokens, parents = arrays.tokens.tolist(), arrays.parents.tolist()
+    out: list[list[int]] = [[]]
+    for i in range(1, len(tokens)):
+        out.append([*out[parents[i]], tokens[i]])
+    return list(zip(out[1:], arrays.logprobs.tolist()[1:], strict=True))
+
+
+def test_suffix_index_matches_the_reference() -> None:
+    rng = random.Random(0)
+    for case in range(300):
+        vocab = rng.choice([2, 3, 5])
+        corpus = [[rng.randrange(vocab) for _ in range(rng.randrange(12))] for _ in range(3)]
+        live = [rng.randrange(vocab) for _ in range(rng.randrange(1, 16))]
+        max_match, depth = rng.randrange(1, 5), rng.randrange(0, 6)
+        budget, min_prob = rng.randrange(1, 14), rng.choice([0.0, 0.2, 0.5])
+        index = _core.SuffixIndex(max_match)
+        for c in corpus:
+            index.add_corpus(c)
+        index.extend(live[: len(live) // 2])
+        index.extend(live[len(live) // 2 :])
+        context = live if case % 2 else [rng.randrange(vocab) for _ in range(3)]
+        got = paths(index.propose(context, depth, budget, min_prob))
+        want = reference_suffix_proposal(
+            [*corpus, live],
+            context,
+            max_match=max_match,
+            max_depth=depth,
+            budget=budget,
+            min_prob=min_prob,
+        )
+        assert [p for p, _ in got] == [p for p, _ in want], case
+        np.testing.assert_allclose([lp for _, lp in got], [lp for _, lp in want], atol=1e-12)
+
+
+def test_suffix_index_updates_and_corpus() -> None:
+    index = _core.SuffixIndex(2)
+    index.extend([5, 6])
+    assert len(index.propose([5, 6], 3, 4).tokens) == 1  # nothing followed "5 6" yet
+    index.extend([7, 5, 6])
+    assert index.propose([5, 6], 3, 4).tokens.tolist() == [6, 7, 5, 6]
+    cid = index.add_corpus([5, 6, 9])
+    tree = index.propose([5, 6], 1, 4)
+    assert tree.tokens.tolist() == [6, 7, 9] and index.num_corpus == 1
+    assert np.allclose(np.exp(tree.logprobs[1:]), [0.5, 0.5])
+    index.remove_corpus(cid)
+    assert index.propose([5, 6], 1, 4).tokens.tolist() == [6, 7]
+    assert len(index) == 5 and index.max_match == 2
+
+
+def test_suffix_drafter_follows_the_context() -> None:
+    d = SuffixDrafter(max_match=4, max_depth=3)
+    assert isinstance(d, TreeDrafter)
+    tree = d.propose_tree([1, 2, 3, 4, 1, 2], budget=4)
+    assert tree.tokens.tolist() == [2, 3, 4, 1]
+    # The same request one step later: the index appends, it does not start over.
+    tree = d.propose_tree([1, 2, 3, 4, 1, 2, 3, 4, 1], budget=2)
+    assert tree.tokens.tolist() == [1, 2, 3]
+    # A corpus output is matched by every request, old and new.
+    cid = d.add_corpus([7, 8, 9])
+    assert d.propose_tree([0, 7], budget=2).tokens.tolist() == [7, 8, 9]
+    d.remove_corpus(cid)
+    assert d.propose_tree([0, 7], budget=2).num_drafted == 0
+    with pytest.raises(DraftError):
+        d.remove_corpus(cid)
+
+
+def test_suffix_drafter_remembers_outputs() -> None:
+    d = SuffixDrafter(remember_outputs=True)
+    d.propose_tree([3, 4, 5, 6], budget=4)
+    # A different request: the first one's tokens joined the corpus.
+    assert d.propose_tree([9, 4], budget=2).tokens.tolist() == [4, 5, 6]
+    assert d.num_corpus == 1
+
+
+def test_ngram_lookup() -> None:
+    d = NgramDrafter(16, max_n=3, min_n=1, num_tokens=3)
+    assert isinstance(d, Drafter) and isinstance(d, TreeDrafter)
+    # "2 3" recurs: the most recent earlier occurrence is followed by 9 2 3.
+    assert d.lookup([1, 2, 3, 4, 2, 3, 9, 2, 3]) == [9, 2, 3]
+    assert d.lookup([1, 2, 5]) == []
+    tree = d.propose([DraftRequest([1, 2, 3, 1, 2])], budget=2)[0]
+    assert tree.tokens.tolist() == [2, 3, 1] and tree.parents.tolist() == [-1, 0, 1]
+    assert d.propose([DraftRequest([1, 2])], budget=2)[0].num_drafted == 0
+    logits = d.draft([DraftRequest([1, 2, 3, 1, 2])], 4)[0]
+    assert logits.argmax(-1)[:3].tolist() == [3, 1, 2]
+    assert torch.isinf(logits[0]).sum() == 15 and (logits[3] == 0).all()
+
+
+def test_bad_input_raises_specdec_errors() -> None:
+    index = _core.SuffixIndex(2)
+    cases = [
+        (lambda: _core.SuffixIndex(0), DraftError),
+        (lambda: index.propose([1], 2, 0), TreeError),
+        (lambda: index.propose([1, -1], 2, 1), TreeError),
+        (lambda: index.propose([], 2, 1), DraftError),
+        (lambda: index.propose([1], 2, 1, 1.5), DraftError),
+        (lambda: index.propose([1], 2, 1, float("nan")), DraftError),
+        (lambda: index.extend([-3]), TreeError),
+        (lambda: index.extend("ab"), SpecdecTypeError),
+        (lambda: index.add_corpus([2**40]), TreeError),
+        (lambda: index.remove_corpus(7), DraftError),
+        (lambda: index.remove_corpus(-1), DraftError),
+        (lambda: SuffixDrafter(max_match=0), DraftError),
+        (lambda: SuffixDrafter(min_prob=2.0), DraftError),
+        (lambda: SuffixDrafter().propose_tree([1, 2], 0), DraftError),
+        (lambda: SuffixDrafter().propose_tree([], 2), ConfigError),
+        (lambda: SuffixDrafter().propose_tree([1, -2], 2), TreeError),
+        (lambda: SuffixDrafter().add_corpus([-1]), TreeError),
+        (lambda: SuffixDrafter().propose([object()], 2), SpecdecTypeError),  # type: ignore[list-item]
+        (lambda: NgramDrafter(8, min_n=3, max_n=2), DraftError),
+        (lambda: NgramDrafter(8).propose([DraftRequest([1])], 0), DraftError),
+        (lambda: NgramDrafter(4).draft_one([9, 9], 2), DraftError),
+    ]
+    for i, (call, cls) in enumerate(cases):
+        with pytest.raises(cls) as info:
+            call()
+        assert isinstance(info.value, SpecdecError), i
+    assert len(index) == 0 and index.num_corpus == 0  # refused calls changed nothing
+
+
+@pytest.fixture(scope="module")
+def target() -> LlamaModel:
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    return LlamaModel(cfg).double().init_random(0)
+
+
+PROMPTS = [
+    [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3],
+    [7, 8, 9, 7, 8, 9, 7, 8, 9, 10, 7, 8],
+]
+
+
+@pytest.mark.parametrize("name", ["suffix", "ngram", "ngram-marginals"])
+def test_lossless_greedy(target: LlamaModel, name: str) -> None:
+    accepted = 0
+    for prompt in PROMPTS:
+        ref = autoregressive_generate(target, prompt, 40).tokens
+        if name == "suffix":
+            gen = SpeculativeGenerator(target, SuffixDrafter(max_depth=6), budget=8)
+        elif name == "ngram":
+            gen = SpeculativeGenerator(target, NgramDrafter(64, num_tokens=6), budget=6)
+        else:  # the one-hot marginals through a chain shape (a plain Drafter)
+            gen = SpeculativeGenerator(
+                target, _OnlyMarginals(NgramDrafter(64, num_tokens=6)), tree="chain", depth=6
+            )
+        out = gen.generate(prompt, 40)
+        assert out.tokens == ref
+        accepted += sum(out.accepted)
+    assert accepted > 0
+
+
+class _OnlyMarginals:
+    """An n-gram drafter seen only through the marginals protocol."""
+
+    def __init__(self, inner: NgramDrafter) -> None:
+        self.inner = inner
+
+    def draft(self, requests: list[DraftRequest], depth: int) -> torch.Tensor:
+        return self.inner.draft(requests, depth)
