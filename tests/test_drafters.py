@@ -170,7 +170,7 @@ def test_lossless_greedy(target: LlamaModel, name: str) -> None:
             gen = SpeculativeGenerator(target, NgramDrafter(64, num_tokens=6), budget=6)
         else:  # the one-hot marginals through a chain shape (a plain Drafter)
             gen = SpeculativeGenerator(
-                target, _OnlyMarginals(NgramDrafter(64, num_tokens=6)), tree="chain", depth=6
+                target, _OnlyMarginals(NgramDrafter(64, num_tokens=6)), strategy="chain", depth=6
             )
         out = gen.generate(prompt, 40)
         assert out.tokens == ref

@@ -509,7 +509,7 @@ def test_decode_and_draft_bad_inputs(model: LlamaModel) -> None:
         ),  # type: ignore[arg-type]
         (
             "tree shape",
-            lambda: SpeculativeGenerator(model, drafter, tree="beam"),
+            lambda: SpeculativeGenerator(model, drafter, strategy="beam"),
             errors.ConfigError,
         ),  # type: ignore[arg-type]
         ("drafter", lambda: SpeculativeGenerator(model, object()), errors.SpecdecTypeError),  # type: ignore[arg-type]

@@ -154,7 +154,7 @@ def test_greedy_speculative_matches_transformers_generate(ours, hf_model, tree) 
                 torch.tensor([ids]), do_sample=False, max_new_tokens=16, eos_token_id=2
             )[0, len(ids) :].tolist()
         drafter = OracleDrafter(ours.model, miss=0.3, seed=i)
-        gen = SpeculativeGenerator(ours.model, drafter, tree=tree, budget=8, depth=4)
+        gen = SpeculativeGenerator(ours.model, drafter, strategy=tree, budget=8, depth=4)
         res = gen.generate(ids, 16, eos_token_id=ours.eos_token_id)
         assert res.tokens == ref, (ours.tokenizer.decode(res.tokens), ours.tokenizer.decode(ref))
         assert res.steps < len(ref)  # some drafted tokens were accepted

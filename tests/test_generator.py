@@ -1,0 +1,370 @@
+"""The batched, continuous SpeculativeGenerator: every request's output equals the target's
+own autoregressive output (greedy), whatever the strategy, drafter, budget, cache, batch
+composition or arrival order; streaming, stop tokens, cancellation, prefix-cache starts,
+constraints, the adaptive budget against a brute-force choice, and bad input."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import specdec
+from specdec.decode import AdaptiveBudget, CostModel, SpeculativeGenerator, autoregressive_generate
+from specdec.draft import NgramDrafter, SuffixDrafter
+from specdec.errors import ConfigError, KVCacheError, SpecdecTypeError, VerifyError
+from specdec.models import LlamaConfig, LlamaModel
+from specdec.testing import OracleDrafter
+
+VOCAB = 32
+CFG = LlamaConfig(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=160,
+)
+
+
+@pytest.fixture(scope="module")
+def target() -> LlamaModel:
+    return LlamaModel(CFG).double().init_random(3)
+
+
+def reference(target: LlamaModel, prompt: list[int], n: int, stop: int | None = None) -> list[int]:
+    return autoregressive_generate(target, prompt, n, eos_token_id=stop).tokens
+
+
+def prompts(seed: int, count: int) -> list[list[int]]:
+    """Prompts with repeats in them, so suffix and n-gram drafters find matches."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        base = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 6))]
+        out.append((base * rng.randrange(1, 4))[: rng.randrange(1, 14)] or [1])
+    return out
+
+
+def drafter_for(name: str, target: LlamaModel) -> object:
+    if name == "suffix":
+        return SuffixDrafter(max_depth=5)
+    if name == "ngram":
+        return NgramDrafter(VOCAB, num_tokens=5)
+    return OracleDrafter(target, miss=0.3, seed=1)
+
+
+FAST_COST = CostModel([1, 64], [1.0, 1.1])  # a GPU-like target: trees are nearly free
+SLOW_COST = CostModel([1, 2, 64], [1.0, 3.0, 200.0])  # every extra token costs double
+
+
+@pytest.mark.parametrize(
+    ("strategy", "drafter", "cache", "budget"),
+    [
+        ("ddtree", "suffix", "dense", 8),
+        ("ddtree", "suffix", "paged", "auto"),
+        ("chain", "suffix", "dense", 8),
+        ("ddtree", "ngram", "paged", 6),
+        ("ddtree", "oracle", "dense", 10),
+        ("chain", "oracle", "paged", 10),
+        ("ddtree", "oracle", "paged", "auto"),
+        ("ar", "suffix", "dense", 8),
+    ],
+)
+def test_batched_generate_is_lossless(target, strategy, drafter, cache, budget) -> None:  # type: ignore[no-untyped-def]
+    ps = prompts(len(str(strategy + drafter + cache + str(budget))), 5)
+    gen = SpeculativeGenerator(
+        target,
+        drafter_for(drafter, target),  # type: ignore[arg-type]
+        strategy=strategy,
+        budget=budget,
+        depth=5,
+        cache=cache,
+        max_batch=3,
+        cost_model=FAST_COST,
+        kv_tokens=1024,
+        block_size=4,
+    )
+    results = gen.generate(ps, 20)
+    assert [r.request_id for r in results] == sorted(r.request_id for r in results)
+    for p, r in zip(ps, results, strict=True):
+        assert r.tokens == reference(target, p, 20), p
+        assert r.finish_reason == "length" and r.steps == len(r.accepted) == len(r.tree_sizes)
+        assert len(r.tokens) == 20 and r.prompt_len == len(p)
+        assert sum(r.accepted) + r.steps >= len(r.tokens)
+    if strategy == "ar":
+        assert all(sum(r.accepted) == 0 and r.steps == 20 for r in results)
+    else:  # the drafters' repeats really get accepted
+        assert sum(sum(r.accepted) for r in results) > 0
+    if cache == "paged":
+        m = gen._pool.manager
+        assert not m.sequences()  # every request freed its sequence
+        m.check_invariants()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    seed=st.integers(0, 10_000),
+    arrivals=st.lists(st.integers(0, 4), min_size=1, max_size=6),
+    max_batch=st.integers(1, 3),
+    cancel=st.booleans(),
+)
+def test_continuous_batching_streams_committed_tokens(
+    target: LlamaModel, seed: int, arrivals: list[int], max_batch: int, cancel: bool
+) -> None:
+    """Requests arrive between steps (``arrivals[i]`` steps after the previous one), the
+    batch is capped, one may be cancelled: every finished request equals its AR output, what
+    was streamed is exactly its tokens, and the pool ends empty."""
+    rng = random.Random(seed)
+    gen = SpeculativeGenerator(
+        target, SuffixDrafter(max_depth=4), budget=6, cache="paged", max_batch=max_batch,
+        kv_tokens=640, block_size=4,
+    )  # fmt: skip
+    ps = prompts(seed, len(arrivals))
+    lengths = [rng.randrange(1, 14) for _ in ps]
+    streamed: dict[int, list[int]] = {}
+    finished: dict[int, specdec.decode.GenerationResult] = {}
+    rids: list[int] = []
+    cancelled = None
+    pending = list(zip(arrivals, ps, lengths, strict=True))
+    wait = pending[0][0] if pending else 0
+    while pending or gen.has_unfinished():
+        while pending and wait == 0:
+            _, p, n = pending.pop(0)
+            rids.append(gen.submit(p, n))
+            wait = pending[0][0] if pending else 0
+        wait = max(wait - 1, 0)
+        if cancel and cancelled is None and gen.num_running and len(rids) > 1:
+            cancelled = rids[0]
+            if cancelled not in finished:
+                res = gen.cancel(cancelled)
+                assert res.finish_reason == "cancelled"
+                assert res.tokens == streamed.get(cancelled, [])
+                finished[cancelled] = res
+        for out in gen.step():
+            assert out.request_id not in finished
+            streamed.setdefault(out.request_id, []).extend(out.new_tokens)
+            if out.finished:
+                assert out.result is not None
+                finished[out.request_id] = out.result
+        assert gen.num_running <= max_batch
+    for rid, p, n in zip(rids, ps, lengths, strict=True):
+        res = finished[rid]
+        assert res.tokens == streamed.get(rid, [])
+        want = reference(target, p, n)
+        if res.finish_reason == "cancelled":
+            assert res.tokens == want[: len(res.tokens)]
+        else:
+            assert res.tokens == want
+    assert not gen._pool.manager.sequences()
+    gen._pool.manager.check_invariants()
+
+
+def test_stop_tokens_and_zero_tokens(target: LlamaModel) -> None:
+    p = [3, 4, 5, 3, 4, 5, 3]
+    ref = reference(target, p, 30)
+    stop = ref[7]
+    gen = SpeculativeGenerator(target, SuffixDrafter(), budget=8)
+    res = gen.generate([p, p], 30, stop_tokens=[stop])
+    for r in res:
+        assert r.tokens == ref[: ref.index(stop) + 1] and r.finish_reason == "stop"
+    assert gen.generate(p, 0).tokens == []
+    assert gen.generate(p, 0).finish_reason == "length"
+
+
+def test_prefix_cache_start(target: LlamaModel) -> None:
+    """A second request with the same prompt starts from the first one's cached blocks (a
+    different cache_salt does not) and still equals the AR output."""
+    p = prompts(7, 1)[0] * 3 + [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    gen = SpeculativeGenerator(
+        target, SuffixDrafter(), budget=6, cache="paged", kv_tokens=512, block_size=4
+    )
+    first = gen.generate(p, 10)
+    second = gen.generate(p, 10)
+    assert first.prefix_hit == 0 and second.prefix_hit >= (len(p) - 1) // 4 * 4 > 0
+    assert first.tokens == second.tokens == reference(target, p, 10)
+    rid = gen.submit(p, 10, cache_salt="tenant-b")
+    while gen.has_unfinished():
+        gen.step()
+    salted = gen._finished.pop(rid)
+    assert salted.prefix_hit == 0 and salted.tokens == first.tokens
+
+
+def test_hf_target_without_forward_batch(target: LlamaModel) -> None:
+    """A target without ``forward_batch`` runs the batch's rows one forward each."""
+    from specdec.models.hf import HFTarget
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(cfg).double().eval()
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.normal_(0.0, 0.3)
+    hf = HFTarget(model)
+    ps = prompts(11, 3)
+    out = SpeculativeGenerator(hf, SuffixDrafter(), budget=6).generate(ps, 12)
+    for p, r in zip(ps, out, strict=True):
+        assert r.tokens == autoregressive_generate(hf, p, 12).tokens
+
+
+def test_constrained_generation_matches_constrained_greedy(target: LlamaModel) -> None:
+    """With a regex constraint every request's output is the greedy decoding of the masked
+    target (the reference masks the AR logits token by token with its own matcher)."""
+    vocab = specdec.Vocabulary.from_bytes(
+        [bytes([c]) for c in b"abcdefghijklmnopqrstuvwxyz01234"] + [None], eos_ids=[VOCAB - 1]
+    )
+    grammar = vocab.regex(r"(ab|cd|[0-4])+x?")
+    stop = VOCAB - 1
+
+    def constrained_greedy(prompt: list[int], n: int) -> list[int]:
+        m = grammar.matcher()
+        cache = target.new_cache(200)
+        ver = specdec.Verifier(target)
+        out: list[int] = []
+        if len(prompt) > 1:
+            ver.prefill(prompt[:-1], cache)
+        last = prompt[-1]
+        while len(out) < n:
+            tree = specdec.DraftTree([last], [-1])
+            step = ver.step(tree, cache, constraint=m)
+            last = step.bonus_token
+            out.append(last)
+            m.accept_token(last)
+            if last == stop or m.is_terminated():
+                break
+        return out
+
+    ps = prompts(5, 4)
+    for strategy, drafter in (("ddtree", OracleDrafter(target, miss=0.3)), ("ddtree", None)):
+        gen = SpeculativeGenerator(
+            target,
+            drafter,
+            strategy=strategy,
+            budget=8,
+            depth=4,
+            constraint=grammar,  # type: ignore[arg-type]
+        )
+        res = gen.generate(ps, 16, stop_tokens=[stop])
+        for p, r in zip(ps, res, strict=True):
+            want = constrained_greedy(p, 16)
+            assert r.tokens == want
+            m = grammar.matcher()
+            assert all(m.accept_token(t) for t in r.tokens)  # every token obeys the grammar
+
+
+def test_constraint_with_no_allowed_token_is_an_error(target: LlamaModel) -> None:
+    vocab = specdec.Vocabulary.from_bytes([bytes([97 + i]) for i in range(VOCAB)], eos_ids=[])
+    gen = SpeculativeGenerator(target, strategy="ar", constraint=vocab.regex("ab"))
+    with pytest.raises(specdec.NoAllowedTokens, match="allows no token"):
+        gen.generate([1, 2], 5)
+
+
+# -- the adaptive budget --------------------------------------------------------------------
+def brute_force_choice(cost: CostModel, values: list[np.ndarray], max_b: int) -> int:
+    best, best_rate = 0, -1.0
+    for b in range(max_b + 1):
+        tokens = sum(1 + float(v[:b].sum()) for v in values)
+        rate = tokens / cost(len(values) * (b + 1))
+        if rate > best_rate + 1e-12:
+            best, best_rate = b, rate
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    rows=st.integers(1, 4),
+    max_b=st.integers(1, 24),
+    steep=st.floats(0.0, 2.0),
+)
+def test_adaptive_choice_is_the_brute_force_optimum(
+    seed: int, rows: int, max_b: int, steep: float
+) -> None:
+    rng = np.random.default_rng(seed)
+    cost = CostModel([1, 8, 32, 128], [1.0, 1.0 + 7 * steep, 1.0 + 31 * steep, 1.0 + 127 * steep])
+    trees, values = [], []
+    for _ in range(rows):
+        lp = -np.sort(rng.exponential(1.0, size=(5, 6)), axis=1).astype(np.float32)
+        tree = specdec.build_ddtree(lp, np.tile(np.arange(6), (5, 1)), int(rng.integers(1, 30)))
+        trees.append(tree)
+        values.append(np.exp(tree.logprobs[1:]))
+    choice = AdaptiveBudget(cost, max_b).choose(trees)
+    assert choice.nodes == brute_force_choice(cost, values, max_b)
+
+
+def test_adaptive_budget_follows_the_hardware() -> None:
+    lp = np.log(np.full((6, 4), 0.9, dtype=np.float32))
+    lp[:, 1:] = np.log(0.03)
+    tree = specdec.build_ddtree(lp, np.tile(np.arange(4), (6, 1)), 32)
+    assert AdaptiveBudget(FAST_COST, 32).choose([tree]).nodes >= 6  # GPU-like: the chain and more
+    assert AdaptiveBudget(SLOW_COST, 32).choose([tree]).nodes == 0  # no tree pays
+    # Unscored trees (explicit branches) use the measured per-depth acceptance.
+    chain = specdec.tree_from_branches([[1, 2, 3, 4]], root_token=0)
+    ab = AdaptiveBudget(CostModel([1, 5], [1.0, 1.2]), 4)
+    for _ in range(20):
+        ab.observe([chain], [0], 0.0)  # never accepted
+    assert ab.choose([chain]).nodes == 0
+    for _ in range(200):
+        ab.observe([chain], [4], 0.0)  # always accepted
+    assert ab.choose([chain]).nodes == 4
+
+
+def test_cost_model_calibrates_on_the_target(target: LlamaModel) -> None:
+    cm = CostModel.calibrate(target, sizes=[1, 4, 16], prefix=16, repeats=1)
+    assert cm.tokens == [1, 4, 16] and all(s > 0 for s in cm.seconds)
+    assert cm.seconds == sorted(cm.seconds)  # monotone by construction
+    assert math.isclose(cm(1), cm.seconds[0]) and cm(32) >= cm(16)
+
+
+def test_auto_budget_with_measured_costs_is_lossless(target: LlamaModel) -> None:
+    ps = prompts(3, 3)
+    gen = SpeculativeGenerator(target, SuffixDrafter(), budget="auto", max_budget=12)
+    res = gen.generate(ps, 12)
+    assert gen.adaptive is not None and len(gen.adaptive.cost.tokens) > 2
+    for p, r in zip(ps, res, strict=True):
+        assert r.tokens == reference(target, p, 12)
+        assert max(r.tree_sizes) <= 12
+
+
+# -- bad input ---------------------------------------------------------------------------------
+def test_bad_input(target: LlamaModel) -> None:
+    gen = SpeculativeGenerator(target, SuffixDrafter(), budget=4)
+    cases = [
+        (lambda: gen.generate([], 4), VerifyError, "at least one token"),
+        (lambda: gen.generate([[1, 2], []], 4), VerifyError, "at least one token"),
+        (lambda: gen.generate([1] * 150, 20), VerifyError, "do not fit"),
+        (lambda: gen.generate([1, VOCAB], 4), VerifyError, "token ids"),
+        (lambda: SpeculativeGenerator(target, budget=0), ConfigError, "budget"),
+        (lambda: SpeculativeGenerator(target, strategy="beam"), ConfigError, "beam"),  # type: ignore[arg-type]
+        (lambda: SpeculativeGenerator(target, cache="disk"), ConfigError, "cache"),  # type: ignore[arg-type]
+        (
+            lambda: SpeculativeGenerator(target, NgramDrafter(VOCAB + 1)),
+            ConfigError,
+            "vocabulary",
+        ),
+        (lambda: SpeculativeGenerator(target, object()), SpecdecTypeError, "drafter"),  # type: ignore[arg-type]
+        (lambda: gen.cancel(12345), ConfigError, "12345"),
+        (lambda: gen.generate([1, 2], 4, stop_tokens="x"), SpecdecTypeError, "stop_tokens"),  # type: ignore[arg-type]
+    ]
+    for call, exc, words in cases:
+        with pytest.raises(exc, match=words):
+            call()
+    with pytest.raises(SpecdecTypeError, match="constraint"):
+        SpeculativeGenerator(target, constraint=3).generate([1, 2], 2)
+    assert not gen.has_unfinished()  # refused requests were never queued
+    tiny = SpeculativeGenerator(
+        target, SuffixDrafter(), budget=4, cache="paged", kv_tokens=32, block_size=4
+    )
+    with pytest.raises(KVCacheError, match="kv_tokens"):
+        tiny.generate([1, 2, 3], 60)
+    assert not tiny.has_unfinished()
