@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--prompts", type=int, default=None, help="prompts per kind (default: all)")
     d.add_argument("--budgets", default="4,8,16,32", help="DDTree budgets, comma-separated")
     d.add_argument("--threads", type=int, default=None, help="torch threads (both sides)")
+    d.add_argument("--repeats", type=int, default=1, help="runs per engine; fastest counts")
     d.add_argument("--quick", action="store_true", help="1 prompt per kind, 48 tokens, B=8")
     d.add_argument("--plot", metavar="DIR", help="write PNG plots here")
     d.add_argument("--json", metavar="FILE", help="write every figure here")
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
             prompts_per_kind=1 if quick else args.prompts,
             budgets=[8] if quick else [int(b) for b in args.budgets.split(",")],
             threads=args.threads,
+            repeats=args.repeats,
             plot_dir=args.plot,
             json_path=args.json,
         )

@@ -90,7 +90,7 @@ def _engines(
     ]
 
     def ddtree(b: int) -> Callable[[Any], Any]:
-        return lambda t: SpeculativeGenerator(t, SuffixDrafter(max_depth=16), budget=b)
+        return lambda t: SpeculativeGenerator(t, SuffixDrafter(max_depth=32), budget=b)
 
     for b in budgets:
         out.append((f"suffix ddtree B={b}", b, ddtree(b)))
@@ -116,11 +116,14 @@ def run_demo(
     prompts_per_kind: int | None = None,
     budgets: Sequence[int] = (4, 8, 16, 32),
     threads: int | None = None,
+    repeats: int = 1,
     plot_dir: str | None = None,
     json_path: str | None = None,
     log: Callable[[str], None] = print,
 ) -> list[DemoRun]:
-    """Run the comparison; returns every run (and prints the tables)."""
+    """Run the comparison; returns every run (and prints the tables). With ``repeats`` > 1
+    every engine runs that many times per prompt, interleaved with the others, and its
+    fastest run counts (timing noise only ever slows a run down)."""
     from .decode import CostModel
     from .models import smollm2
     from .models.gguf import smollm2_path
@@ -151,29 +154,22 @@ def run_demo(
     for kind, texts in PROMPTS.items():
         for i, text in enumerate(texts[:prompts_per_kind]):
             ids = lm.encode_chat([{"role": "user", "content": text}])
-            ref, hf_runs = _run_hf(hf, ids, tokens, eos, kind, i)
-            runs += hf_runs
-            for name, budget, make in engines:
-                gen = make(target)
-                t1 = time.perf_counter()
-                res = gen.generate(ids, tokens, stop_tokens=[eos] if eos is not None else None)
-                dt = time.perf_counter() - t1
-                host = sum(v for k, v in res.timings.items() if k not in ("forward", "prefill"))
-                runs.append(
-                    DemoRun(
-                        kind,
-                        i,
-                        name,
-                        len(res.tokens),
-                        dt,
-                        res.tokens == ref,
-                        accept_len=res.acceptance_length,
-                        budget=budget,
-                        host_share=host / max(res.timings.get("forward", 0.0), 1e-12),
-                        steps=res.steps,
-                        tokens_per_step=[a + 1 for a in res.accepted],
-                    )  # fmt: skip
-                )
+            best: dict[str, DemoRun] = {}
+            for _ in range(repeats):  # interleaved; each engine's fastest run counts
+                ref, hf_runs = _run_hf(hf, ids, tokens, eos, kind, i)
+                fresh = hf_runs + [
+                    _run_specdec(make(target), ids, tokens, eos, ref, kind, i, name, budget)
+                    for name, budget, make in engines
+                ]
+                for r in fresh:
+                    old = best.get(r.engine)
+                    r.identical = r.identical and (old is None or old.identical)
+                    if old is None or r.seconds < old.seconds:
+                        best[r.engine] = r
+                    elif not r.identical:
+                        old.identical = False
+            hf_runs = [best["transformers AR"]]
+            runs += best.values()
             base = hf_runs[0].tok_s
             for r in runs:
                 if r.kind == kind and r.prompt == i:
@@ -198,6 +194,29 @@ def run_demo(
         for f in _plot(runs, Path(plot_dir)):
             log(f"wrote {f}")
     return runs
+
+
+def _run_specdec(
+    gen: Any,
+    ids: list[int],
+    tokens: int,
+    eos: int | None,
+    ref: list[int],
+    kind: str,
+    i: int,
+    name: str,
+    budget: int | None,
+) -> DemoRun:
+    t0 = time.perf_counter()
+    res = gen.generate(ids, tokens, stop_tokens=[eos] if eos is not None else None)
+    dt = time.perf_counter() - t0
+    host = sum(v for k, v in res.timings.items() if k not in ("forward", "prefill"))
+    return DemoRun(
+        kind, i, name, len(res.tokens), dt, res.tokens == ref,
+        accept_len=res.acceptance_length, budget=budget,
+        host_share=host / max(res.timings.get("forward", 0.0), 1e-12),
+        steps=res.steps, tokens_per_step=[a + 1 for a in res.accepted],
+    )  # fmt: skip
 
 
 def _run_hf(

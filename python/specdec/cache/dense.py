@@ -53,10 +53,15 @@ class DenseKVCache(StepCache):
     def commit(self, keep: Sequence[int] | np.ndarray | torch.Tensor) -> None:
         idx = check_keep(keep, self._pending)
         m = len(idx)
-        src = (idx + self._len).to(self.k.device)
-        # Advanced indexing gathers into a new tensor first, so overlapping moves are safe.
-        self.k[:, :, self._len : self._len + m] = self.k[:, :, src]
-        self.v[:, :, self._len : self._len + m] = self.v[:, :, src]
+        # Kept tokens already in place (a prefill, a one-token step, the root and a chain's
+        # accepted head) need no copy: move only from the first one out of place.
+        first = m if m == 0 or int(idx[-1]) == m - 1 else int((idx != torch.arange(m)).to(torch.uint8).argmax())
+        if first < m:
+            src = (idx[first:] + self._len).to(self.k.device)
+            dst = slice(self._len + first, self._len + m)
+            # Advanced indexing gathers into a new tensor first: overlapping moves are safe.
+            self.k[:, :, dst] = self.k[:, :, src]
+            self.v[:, :, dst] = self.v[:, :, src]
         self._len += m
         self._pending = 0
 

@@ -101,6 +101,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in at least float32 (as the reference implementation does) for bf16/fp16.
+        if x.dtype == torch.float32:  # the fused kernel: same math, one call
+            return nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dt = torch.promote_types(x.dtype, torch.float32)
         h = x.to(dt)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -305,8 +307,10 @@ class LlamaModel(nn.Module):
             )
         t_new = input_ids.shape[0]
         prefix = cache.committed_len
-        if mask is None:
+        if mask is None and t_new > 1:
             mask = causal_mask(prefix, t_new, self.device)
+        elif mask is not None and t_new == 1 and bool(mask.all()):
+            mask = None  # one token seeing everything: attention needs no mask
         cache.begin(t_new)
         try:
             return self._run(input_ids, position_ids, cache, mask)
@@ -315,7 +319,7 @@ class LlamaModel(nn.Module):
             raise
 
     def _run(
-        self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, mask: torch.Tensor
+        self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, mask: torch.Tensor | None
     ) -> torch.Tensor:
         c = self.config
         hd = c.head_dim or 0
@@ -332,7 +336,9 @@ class LlamaModel(nn.Module):
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             k_all, v_all = cache.append(i, k, v)
-            o = attend(q[None], k_all[None], v_all[None], mask, backend=self.backend)[0]
+            o = attend(
+                q[None], k_all[None], v_all[None], mask, backend=self.backend, checked=i > 0
+            )[0]
             x = x + a.o_proj(o.transpose(0, 1).reshape(t_new, a.h * hd))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.model.norm(x)

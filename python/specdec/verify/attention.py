@@ -182,12 +182,15 @@ def attend(
     *,
     scale: float | None = None,
     backend: Backend = "auto",
+    checked: bool = False,
 ) -> torch.Tensor:
     """Attention of ``q [B, Hq, N, D]`` over already concatenated ``k, v [B, Hkv, S, D]``
     with a bool ``mask`` ``[N, S]`` / ``[B, N, S]`` (True = visible) or ``None`` (all
-    visible). GQA when ``Hkv < Hq``. Returns ``[B, Hq, N, D]``."""
+    visible). GQA when ``Hkv < Hq``. Returns ``[B, Hq, N, D]``. ``checked=True`` skips the
+    argument checks (a model whose forward checked its inputs once, not per layer)."""
     global _flex_failed
-    _check_attend(q, k, v, mask)
+    if not checked:
+        _check_attend(q, k, v, mask)
     sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if backend == "math":
         return _math(q, k, v, mask, sc)
