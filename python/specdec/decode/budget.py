@@ -111,7 +111,9 @@ class AdaptiveBudget:
     cost: CostModel
     max_budget: int
     host_seconds: float = 0.0  # per-step work besides the forward, learnt as the run goes
-    _predicted: float = 1.0
+    # Prior pseudo-counts: drafters' own probabilities (suffix frequencies above all) run
+    # optimistic, so the calibration starts at one half until steps say otherwise.
+    _predicted: float = 2.0
     _realised: float = 1.0
     # Acceptance per depth for trees without probabilities: reached[d] / tried[d].
     _tried: list[float] = field(default_factory=list)
@@ -122,7 +124,7 @@ class AdaptiveBudget:
 
     @property
     def calibration(self) -> float:
-        """Accepted over predicted tokens so far (1.0 before any step)."""
+        """Accepted over predicted tokens so far (0.5 before any step)."""
         return min(max(self._realised / self._predicted, 0.05), 2.0)
 
     def node_values(self, tree: DraftTree) -> np.ndarray:
