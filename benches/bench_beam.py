@@ -152,7 +152,7 @@ def main() -> None:
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--new", type=int, default=32, help="max_new_tokens")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=2, help="best of this many runs")
+    ap.add_argument("--repeats", type=int, default=3, help="best of this many runs")
     ap.add_argument("--prompt", choices=sorted(PROMPTS), default="doc-qa")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

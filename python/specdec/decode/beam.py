@@ -340,7 +340,11 @@ def beam_search(
     :class:`~specdec.RegexGrammar` or a matcher whose state each prompt starts from (each
     beam follows its own fork, disallowed tokens get ``-inf`` after the processors).
     ``share_kv=False`` gives every beam a private copy of its K/V, re-copied on every
-    reorder (the baseline the benchmark compares with); the results are the same."""
+    reorder (the baseline the benchmark compares with); the results are the same.
+
+    ``num_beams=1`` is beam search with one beam: transformers' ``generate`` switches to
+    greedy decoding there instead, which can differ when a length penalty or
+    ``early_stopping="never"`` lets the search continue past an EOS."""
     cfg = _check_config(
         model,
         num_beams,
