@@ -554,6 +554,23 @@ def test_beam_search_bad_inputs(model: LlamaModel) -> None:
         ("block size", lambda: beams(block_size=0), errors.ConfigError),
     ]
     check(cases)
+    pool, other = PagedKVPool(1, 1, 8, 8, 4), PagedKVPool(1, 1, 8, 8, 4)
+    seq = pool.sequence()
+    one, zero = torch.tensor([1]), torch.tensor([0])
+    fp = model.forward_paged
+    dense = DenseKVCache(1, 1, 8, 4)
+    paged: list[Case] = [
+        ("paged rows", lambda: fp(torch.tensor([1, 2]), zero, [seq]), errors.VerifyError),
+        ("paged dense", lambda: fp(one, zero, [dense]), errors.SpecdecTypeError),  # type: ignore[list-item]
+        ("paged token", lambda: fp(torch.tensor([16]), zero, [seq]), errors.VerifyError),
+        ("paged position", lambda: fp(one, torch.tensor([64]), [seq]), errors.VerifyError),
+        ("paged float ids", lambda: fp(one.float(), zero, [seq]), errors.SpecdecTypeError),
+        ("decode other pool", lambda: other.begin_decode([seq]), errors.VerifyError),
+        ("decode nothing", lambda: pool.begin_decode([]), errors.VerifyError),
+        ("decode twice", lambda: pool.begin_decode([seq, seq]), errors.KVCacheError),
+    ]
+    check(paged)
+    assert seq.committed_len == 0 and seq.pending == 0 and pool.manager.num_free_blocks() == 8
 
 
 def test_models_bad_inputs(tmp_path: Path) -> None:
