@@ -18,7 +18,7 @@ from specdec import errors
 from specdec.cache import BlockManager, DenseKVCache, PagedKVCache, PagedKVPool
 from specdec.constrain import numpy as cnp
 from specdec.constrain import torch as ctorch
-from specdec.decode import SpeculativeGenerator, autoregressive_generate
+from specdec.decode import SpeculativeGenerator, autoregressive_generate, beam_search
 from specdec.draft import DraftRequest, ModelDrafter
 from specdec.models import LlamaConfig, LlamaModel, load_checkpoint
 from specdec.testing import RandomDrafter
@@ -523,6 +523,54 @@ def test_decode_and_draft_bad_inputs(model: LlamaModel) -> None:
         ("draft none", lambda: ModelDrafter(model).draft([], 2), errors.ConfigError),
     ]
     check(cases)
+
+
+def test_beam_search_bad_inputs(model: LlamaModel) -> None:
+    def beams(prompts: Any = ([1, 2],), n: Any = 2, new: Any = 4, eos: Any = 3, **kw: Any) -> Any:
+        return beam_search(model, prompts, n, new, eos, **kw)
+
+    cases: list[Case] = [
+        ("num_beams 0", lambda: beams(n=0), errors.ConfigError),
+        ("num_beams float", lambda: beams(n=2.0), errors.SpecdecTypeError),
+        ("return > beams", lambda: beams(num_return_sequences=3), errors.ConfigError),
+        ("return 0", lambda: beams(num_return_sequences=0), errors.ConfigError),
+        ("eos past vocab", lambda: beams(eos=16), errors.ConfigError),
+        ("eos negative", lambda: beams(eos=-1), errors.ConfigError),
+        ("eos list past vocab", lambda: beams(eos=[3, 99]), errors.ConfigError),
+        ("eos str", lambda: beams(eos="3"), errors.SpecdecTypeError),
+        ("past the context", lambda: beams(prompts=[list(range(1, 16)) * 5]), errors.ConfigError),
+        ("new past the context", lambda: beams(new=64), errors.ConfigError),
+        ("new 0", lambda: beams(new=0), errors.ConfigError),
+        ("early stopping", lambda: beams(early_stopping="sometimes"), errors.ConfigError),
+        ("early stopping 1", lambda: beams(early_stopping=1), errors.ConfigError),
+        ("length penalty nan", lambda: beams(length_penalty=float("nan")), errors.ConfigError),
+        ("length penalty inf", lambda: beams(length_penalty=float("inf")), errors.ConfigError),
+        ("no prompts", lambda: beams(prompts=[]), errors.ConfigError),
+        ("empty prompt", lambda: beams(prompts=[[]]), errors.VerifyError),
+        ("prompt past vocab", lambda: beams(prompts=[[1, 99]]), errors.VerifyError),
+        ("prompt str", lambda: beams(prompts="ab"), errors.SpecdecTypeError),
+        ("processor", lambda: beams(logits_processors=[3]), errors.SpecdecTypeError),
+        ("grammar", lambda: beams(grammar="[ab]+"), errors.SpecdecTypeError),
+        ("block size", lambda: beams(block_size=0), errors.ConfigError),
+    ]
+    check(cases)
+    pool, other = PagedKVPool(1, 1, 8, 8, 4), PagedKVPool(1, 1, 8, 8, 4)
+    seq = pool.sequence()
+    one, zero = torch.tensor([1]), torch.tensor([0])
+    fp = model.forward_paged
+    dense = DenseKVCache(1, 1, 8, 4)
+    paged: list[Case] = [
+        ("paged rows", lambda: fp(torch.tensor([1, 2]), zero, [seq]), errors.VerifyError),
+        ("paged dense", lambda: fp(one, zero, [dense]), errors.SpecdecTypeError),  # type: ignore[list-item]
+        ("paged token", lambda: fp(torch.tensor([16]), zero, [seq]), errors.VerifyError),
+        ("paged position", lambda: fp(one, torch.tensor([64]), [seq]), errors.VerifyError),
+        ("paged float ids", lambda: fp(one.float(), zero, [seq]), errors.SpecdecTypeError),
+        ("decode other pool", lambda: other.begin_decode([seq]), errors.VerifyError),
+        ("decode nothing", lambda: pool.begin_decode([]), errors.VerifyError),
+        ("decode twice", lambda: pool.begin_decode([seq, seq]), errors.KVCacheError),
+    ]
+    check(paged)
+    assert seq.committed_len == 0 and seq.pending == 0 and pool.manager.num_free_blocks() == 8
 
 
 def test_models_bad_inputs(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.decode import SpeculativeGenerator
+from specdec.decode import SpeculativeGenerator, beam_search
 from specdec.errors import CheckpointError, ConfigError, SpecdecError, SpecdecTypeError
 from specdec.models import LlamaConfig, LlamaModel, load_gguf, smollm2
 from specdec.models.gguf import (
@@ -158,6 +158,32 @@ def test_greedy_speculative_matches_transformers_generate(ours, hf_model, tree) 
         res = gen.generate(ids, 16, eos_token_id=ours.eos_token_id)
         assert res.tokens == ref, (ours.tokenizer.decode(res.tokens), ours.tokenizer.decode(ref))
         assert res.steps < len(ref)  # some drafted tokens were accepted
+
+
+def test_beam_search_matches_transformers_generate(ours, hf_model) -> None:  # type: ignore[no-untyped-def]
+    prompts = [
+        ours.encode_chat(CHATS[0]),
+        ours.encode_chat([{"role": "user", "content": "List three fruits."}]),
+        ours.tokenizer.encode(TEXTS[0]).ids,
+    ]
+    for ids in prompts:
+        with torch.no_grad():
+            ref = hf_model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                do_sample=False,
+                num_beams=4,
+                num_return_sequences=2,
+                max_new_tokens=8,
+                eos_token_id=2,
+                return_dict_in_generate=True,
+                output_scores=True,
+            )
+        lens = (ref.beam_indices >= 0).sum(1).tolist()
+        want = [ref.sequences[i, len(ids) : len(ids) + n].tolist() for i, n in enumerate(lens)]
+        got = beam_search(ours.model, [ids], 4, 8, ours.eos_token_id, num_return_sequences=2)
+        assert got.sequences[0] == want, [ours.tokenizer.decode(s) for s in got.sequences[0]]
+        assert got.scores[0] == pytest.approx(ref.sequences_scores.tolist(), abs=1e-4)
 
 
 def test_vocabulary_and_regex_constraint_on_real_vocab(ours) -> None:  # type: ignore[no-untyped-def]

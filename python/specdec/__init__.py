@@ -6,7 +6,8 @@ One decode step, one subpackage per stage::
       -> verify (specdec.verify, over specdec.cache) -> walk (specdec.tree)
       -> commit (specdec.cache)
 
-The extension points are in :mod:`specdec.protocols`; :mod:`specdec.decode` runs the loops.
+The extension points are in :mod:`specdec.protocols`; :mod:`specdec.decode` runs the loops
+(speculative, autoregressive, and :func:`beam_search` on shared paged KV blocks).
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ _TORCH_EXPORTS = {
     "PagedKVCache": "cache",
     "SpeculativeGenerator": "decode",
     "autoregressive_generate": "decode",
+    "beam_search": "decode",
+    "BeamHypothesis": "decode",
+    "BeamSearchResult": "decode",
     "GenerationResult": "decode",
 }
 
@@ -98,6 +102,9 @@ __all__ = [
     "apply_token_bitmask_inplace",
     "autoregressive_generate",
     "batch_tree_inputs",
+    "beam_search",
+    "BeamHypothesis",
+    "BeamSearchResult",
     "BlockManager",
     "build_ddtree",
     "build_ddtree_batch",

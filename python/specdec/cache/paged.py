@@ -36,6 +36,7 @@ equal prompts under different salts share no block.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -44,13 +45,26 @@ from .._core import BlockManager
 from ..errors import KVCacheError, VerifyError
 from .base import StepCache, check_keep
 
-__all__ = ["BlockManager", "PagedKVPool", "PagedKVCache"]
+__all__ = ["BlockManager", "PagedDecodeStep", "PagedKVPool", "PagedKVCache"]
 
 
 def _as_i64(x: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
     return np.ascontiguousarray(np.asarray(x, dtype=np.int64).reshape(-1))
+
+
+@dataclass(frozen=True)
+class PagedDecodeStep:
+    """Where a batched one-token step reads and writes (:meth:`PagedKVPool.begin_decode`).
+
+    ``new_slots`` ``[R]``: the slot of each row's new token; ``table`` ``[R, S]``: the slots
+    of each row's committed prefix and then its new token, padded with slot 0; ``mask``
+    ``[R, S]`` bool: which columns of ``table`` are real (True) rather than padding."""
+
+    new_slots: torch.Tensor
+    table: torch.Tensor
+    mask: torch.Tensor
 
 
 class PagedKVPool:
@@ -125,6 +139,54 @@ class PagedKVPool:
         for b, n in zip(beams, lens, strict=True):
             b._len = n
             b._committed_slots = None
+
+    def begin_decode(self, caches: Sequence[PagedKVCache]) -> PagedDecodeStep:
+        """Start a one-token step on every cache (sequences of this pool, none inside a
+        step) with one Rust call: a shared partial tail is copied first (copy-on-write), so
+        beams that share their prefix blocks each write their own tail. The step stays
+        pending until :meth:`commit_decode` or :meth:`rollback_decode`."""
+        if not caches:
+            raise VerifyError("begin_decode needs at least one sequence")
+        for c in caches:
+            if c.pool is not self:
+                raise VerifyError(f"sequence {c.seq} belongs to another pool")
+            if c._pending:
+                raise VerifyError(f"sequence {c.seq} is inside a step; commit or roll back first")
+        seqs = np.fromiter((c.seq for c in caches), dtype=np.uint64, count=len(caches))
+        res = self.manager.reserve_tree_batch(seqs, np.ones(len(caches), dtype=np.int64))
+        self.copy_blocks(res.cow)
+        lens = [c._len + 1 for c in caches]
+        table = np.zeros((len(caches), max(lens)), dtype=np.int64)
+        for i, (c, n) in enumerate(zip(caches, lens, strict=True)):
+            c._pending = 1
+            c._step_slots = None
+            table[i, :n] = self.manager.slot_mapping(c.seq, 0, n)
+        ends = np.asarray(lens, dtype=np.int64)
+        mask = np.arange(table.shape[1])[None, :] < ends[:, None]
+        return PagedDecodeStep(
+            new_slots=self._index(table[np.arange(len(caches)), ends - 1]),
+            table=self._index(table),
+            mask=torch.from_numpy(mask).to(self.device),
+        )
+
+    def commit_decode(self, caches: Sequence[PagedKVCache]) -> None:
+        """Keep every cache's one token of a :meth:`begin_decode` step (one Rust call; a
+        single kept token never moves, so there is no tensor work)."""
+        n = len(caches)
+        seqs = np.fromiter((c.seq for c in caches), dtype=np.uint64, count=n)
+        self.manager.commit_batch(
+            seqs, np.zeros(n, dtype=np.int64), np.arange(n + 1, dtype=np.int64)
+        )
+        for c in caches:
+            c._len += 1
+            c._pending = 0
+            c._committed_slots = None
+
+    def rollback_decode(self, caches: Sequence[PagedKVCache]) -> None:
+        """Drop the pending token of every cache of a :meth:`begin_decode` step."""
+        for c in caches:
+            if c._pending:
+                c.rollback()
 
 
 class PagedKVCache(StepCache):

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..cache.dense import DenseKVCache
+from ..cache.paged import PagedDecodeStep, PagedKVCache
 from ..errors import CheckpointError, ConfigError, SpecdecTypeError, VerifyError
 from ..protocols import KVCache, Target
 from ..verify.attention import Backend, attend, check_bool_mask
@@ -426,6 +427,91 @@ class LlamaModel(nn.Module):
             x = x + a.o_proj(o.transpose(1, 2).reshape(r, t_new, a.h * hd))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.model.norm(x)
+        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        out: torch.Tensor = x @ w.T
+        return out
+
+    @torch.no_grad()
+    def forward_paged(
+        self, input_ids: Tensor, position_ids: Tensor, caches: Sequence[PagedKVCache]
+    ) -> Tensor:
+        """One new token for each of R sequences of one :class:`~specdec.cache.PagedKVPool`
+        (beams, or independent requests) in one forward: ``input_ids`` / ``position_ids``
+        ``[R]``, row r attending to ``caches[r]``'s committed prefix and its own token.
+        Every layer does one scatter of the new K/V and one gather by the rows' block
+        tables, whatever R is. Returns logits ``[R, vocab]``; each cache's step stays
+        pending (``pool.commit_decode(caches)`` or ``pool.rollback_decode(caches)``)."""
+        for name, t in (("input_ids", input_ids), ("position_ids", position_ids)):
+            if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int64, torch.int32):
+                raise SpecdecTypeError(f"{name} must be an int64/int32 torch.Tensor")
+            if t.dim() != 1 or t.device != self.device:
+                raise VerifyError(f"{name} must be 1-D [R] on {self.device}")
+        r = input_ids.shape[0]
+        if r == 0 or position_ids.shape[0] != r or len(caches) != r:
+            raise VerifyError(
+                f"need one token, position and cache per row: {r} tokens, "
+                f"{position_ids.shape[0]} positions, {len(caches)} caches"
+            )
+        if any(not isinstance(c, PagedKVCache) for c in caches):
+            raise SpecdecTypeError("forward_paged takes PagedKVCache sequences")
+        c = self.config
+        pool = caches[0].pool
+        if (pool.num_layers, pool.num_kv_heads, pool.head_dim) != (
+            c.num_hidden_layers,
+            c.num_key_value_heads,
+            c.head_dim,
+        ):
+            raise VerifyError("the pool's layout does not match the model's")
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= c.vocab_size:
+            raise VerifyError(f"token ids must be in [0, {c.vocab_size}), got [{lo}, {hi}]")
+        pmin, pmax = int(position_ids.min()), int(position_ids.max())
+        if pmin < 0 or pmax >= c.max_position_embeddings:
+            raise VerifyError(
+                f"positions must be in [0, {c.max_position_embeddings}), got [{pmin}, {pmax}]"
+            )
+        step = pool.begin_decode(caches)
+        try:
+            return self._run_paged(input_ids, position_ids, pool.k_slots, pool.v_slots, step)
+        except BaseException:
+            pool.rollback_decode(caches)
+            raise
+
+    def _run_paged(
+        self,
+        ids: Tensor,
+        pos: Tensor,
+        k_slots: Tensor,
+        v_slots: Tensor,
+        step: PagedDecodeStep,
+    ) -> Tensor:
+        c = self.config
+        hd = c.head_dim or 0
+        r = ids.shape[0]
+        x = self.model.embed_tokens(ids.long())[:, None]  # [R, 1, hidden]
+        cos, sin = rope_cos_sin(pos, hd, c.rope_theta, x.dtype)
+        cos, sin = cos.view(r, 1, 1, hd), sin.view(r, 1, 1, hd)
+        mask = step.mask[:, None]  # [R, 1, S]
+        flat = step.table.reshape(-1)
+        for i, layer in enumerate(self.model.decoder_layers()):
+            a = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = a.q_proj(h).view(r, 1, a.h, hd).transpose(1, 2)
+            k = a.k_proj(h).view(r, 1, a.hkv, hd).transpose(1, 2)
+            v = a.v_proj(h).view(r, 1, a.hkv, hd).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            ks, vs = k_slots[i], v_slots[i]
+            ks[step.new_slots] = k[:, :, 0].to(ks.dtype)
+            vs[step.new_slots] = v[:, :, 0].to(vs.dtype)
+            # [R, S, Hkv, D] -> [R, Hkv, S, D]: beams sharing a prefix block read the same slots
+            # (index_select: one flat gather, cheaper than advanced indexing).
+            kk = ks.index_select(0, flat).view(r, -1, a.hkv, hd).transpose(1, 2)
+            vv = vs.index_select(0, flat).view(r, -1, a.hkv, hd).transpose(1, 2)
+            o = attend(q, kk.to(q.dtype), vv.to(q.dtype), mask, backend=self.backend)
+            x = x + a.o_proj(o.transpose(1, 2).reshape(r, 1, a.h * hd))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = self.model.norm(x[:, 0])
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         out: torch.Tensor = x @ w.T
         return out
