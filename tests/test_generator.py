@@ -298,7 +298,7 @@ def test_adaptive_choice_is_the_brute_force_optimum(
         tree = specdec.build_ddtree(lp, np.tile(np.arange(6), (5, 1)), int(rng.integers(1, 30)))
         trees.append(tree)
         values.append(np.exp(tree.logprobs[1:]))
-    choice = AdaptiveBudget(cost, max_b).choose(trees)
+    choice = AdaptiveBudget(cost, max_b, prior=1.0).choose(trees)
     assert choice.nodes == brute_force_choice(cost, values, max_b)
 
 
@@ -368,3 +368,29 @@ def test_bad_input(target: LlamaModel) -> None:
     with pytest.raises(KVCacheError, match="kv_tokens"):
         tiny.generate([1, 2, 3], 60)
     assert not tiny.has_unfinished()
+
+
+def test_stream_and_progress_bar(target: LlamaModel) -> None:
+    import io
+
+    from specdec.decode.progress import ProgressBar
+
+    ps = prompts(9, 3)
+    gen = SpeculativeGenerator(target, SuffixDrafter(), budget=6, max_batch=2)
+    got: dict[int, list[int]] = {}
+    finished = []
+    for out in gen.stream(ps, 9):
+        got.setdefault(out.request_id, []).extend(out.new_tokens)
+        if out.finished:
+            finished.append(out.request_id)
+    assert sorted(finished) == sorted(got) and len(got) == 3
+    for rid, p in zip(sorted(got), ps, strict=True):
+        assert got[rid] == reference(target, p, 9)
+    buf = io.StringIO()
+    bar = ProgressBar(100, stream=buf, interval=0.0)
+    bar.update(40, 2)
+    bar.close(100)
+    assert "40/100 tokens, 2 running" in buf.getvalue() and buf.getvalue().endswith("\n")
+    quiet = io.StringIO()
+    ProgressBar(100, enabled=False, stream=quiet).close(5)
+    assert quiet.getvalue() == ""

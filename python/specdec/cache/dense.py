@@ -55,7 +55,11 @@ class DenseKVCache(StepCache):
         m = len(idx)
         # Kept tokens already in place (a prefill, a one-token step, the root and a chain's
         # accepted head) need no copy: move only from the first one out of place.
-        first = m if m == 0 or int(idx[-1]) == m - 1 else int((idx != torch.arange(m)).to(torch.uint8).argmax())
+        first = (
+            m
+            if m == 0 or int(idx[-1]) == m - 1
+            else int((idx != torch.arange(m)).to(torch.uint8).argmax())
+        )
         if first < m:
             src = (idx[first:] + self._len).to(self.k.device)
             dst = slice(self._len + first, self._len + m)

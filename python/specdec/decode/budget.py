@@ -111,20 +111,25 @@ class AdaptiveBudget:
     cost: CostModel
     max_budget: int
     host_seconds: float = 0.0  # per-step work besides the forward, learnt as the run goes
-    # Prior pseudo-counts: drafters' own probabilities (suffix frequencies above all) run
-    # optimistic, so the calibration starts at one half until steps say otherwise.
+    # Drafters' own probabilities (suffix frequencies above all) run optimistic, so the
+    # calibration starts at ``prior`` (worth two predicted tokens) until steps say otherwise.
+    prior: float = 0.5
     _predicted: float = 2.0
-    _realised: float = 1.0
+    _realised: float = -1.0  # set from ``prior``
     # Acceptance per depth for trees without probabilities: reached[d] / tried[d].
     _tried: list[float] = field(default_factory=list)
     _reached: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.max_budget = check_int(self.max_budget, "max_budget", 1, ConfigError)
+        if not 0.0 < self.prior <= 2.0:
+            raise ConfigError(f"prior calibration must be in (0, 2], got {self.prior}")
+        if self._realised < 0:
+            self._realised = self._predicted * self.prior
 
     @property
     def calibration(self) -> float:
-        """Accepted over predicted tokens so far (0.5 before any step)."""
+        """Accepted over predicted tokens so far (``prior`` before any step)."""
         return min(max(self._realised / self._predicted, 0.05), 2.0)
 
     def node_values(self, tree: DraftTree) -> np.ndarray:
