@@ -81,6 +81,17 @@ def _engines(
             lambda t: SpeculativeGenerator(t, NgramDrafter(vocab, num_tokens=8), budget=8),
         ),
         (
+            "ngram auto",
+            None,
+            lambda t: SpeculativeGenerator(
+                t,
+                NgramDrafter(vocab, num_tokens=32),
+                budget="auto",
+                max_budget=32,
+                cost_model=cost,
+            ),  # fmt: skip
+        ),
+        (
             "suffix chain 8",
             8,
             lambda t: SpeculativeGenerator(
