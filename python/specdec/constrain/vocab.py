@@ -13,9 +13,13 @@ from .._arrays import check_int
 from ..errors import GrammarError, SpecdecTypeError
 
 if TYPE_CHECKING:
+    from .grammar import CfgGrammar
     from .regex import RegexGrammar
 
 __all__ = ["Vocabulary", "MAX_VOCAB_SIZE"]
+
+# Compiled grammars kept per vocabulary (the oldest is dropped past this many).
+_GRAMMAR_CACHE_SIZE = 32
 
 # Real vocabularies hold up to about a million tokens; a larger size is a mistake that would
 # allocate gigabytes of per-token tables.
@@ -60,10 +64,13 @@ class Vocabulary:
     (``"▁Hi"`` is ``b" Hi"``), as the model sees it.
     """
 
-    __slots__ = ("_v",)
+    __slots__ = ("_v", "_grammars")
 
     def __init__(self, core: _core.Vocabulary) -> None:
         self._v = core
+        # (kind, source, options) -> compiled grammar: compiling is the slow part, and a
+        # compiled grammar is immutable apart from its thread-safe caches, so it is shared.
+        self._grammars: dict[tuple[object, ...], CfgGrammar] = {}
 
     @classmethod
     def from_bytes(
@@ -205,3 +212,20 @@ class Vocabulary:
         from .regex import RegexGrammar
 
         return RegexGrammar(self, pattern, **kwargs)
+
+    def gbnf(
+        self, text: str, *, cache_bytes: int | None = None, max_depth: int | None = None
+    ) -> CfgGrammar:
+        """Compile GBNF text (llama.cpp's format, start rule ``root``) against this
+        vocabulary (see :class:`CfgGrammar`); compiled grammars are cached per vocabulary."""
+        from .grammar import CfgGrammar
+
+        key = ("gbnf", text, cache_bytes, max_depth)
+        hit = self._grammars.get(key)
+        if hit is not None:
+            return hit
+        g = CfgGrammar.from_gbnf(self, text, cache_bytes=cache_bytes, max_depth=max_depth)
+        if len(self._grammars) >= _GRAMMAR_CACHE_SIZE:
+            self._grammars.pop(next(iter(self._grammars)), None)
+        self._grammars[key] = g
+        return g
