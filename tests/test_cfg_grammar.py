@@ -289,3 +289,138 @@ def test_errors() -> None:
         specdec._core.Matcher(object())  # type: ignore[arg-type]
     with pytest.raises(GrammarError, match="invalid regex"):
         CfgGrammar.from_regex(v, "(")
+
+
+# ---- JSON Schema ------------------------------------------------------------------------
+# Properties are declared in sorted order (and extra keys sort after them) so that
+# json.dumps(sort_keys=True) writes any instance in the order the grammar expects.
+SCHEMAS: list[dict[str, object]] = [
+    {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer"},
+            "b": {"type": "array", "items": {"type": "string", "maxLength": 2}, "maxItems": 2},
+        },
+        "required": ["a"],
+    },
+    {
+        "$defs": {
+            "t": {
+                "anyOf": [
+                    {"type": "integer"},
+                    {"type": "array", "items": {"$ref": "#/$defs/t"}, "maxItems": 2},
+                ]
+            }
+        },
+        "$ref": "#/$defs/t",
+    },
+    {"enum": [1, "a", None, [1]]},
+    {
+        "type": "object",
+        "properties": {"a": {"const": 1}, "c": {"type": ["boolean", "null"]}},
+        "additionalProperties": False,
+    },
+    {
+        "type": "array",
+        "prefixItems": [{"type": "integer"}],
+        "items": {"type": "string", "pattern": "^b"},
+        "minItems": 1,
+    },
+    {"type": "string", "pattern": "a.c", "minLength": 3, "maxLength": 5},
+]
+
+_leaf = st.none() | st.booleans() | st.integers(-20, 20) | st.text("abc x", max_size=4)
+_json_values = st.recursive(
+    _leaf,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["a", "b", "c", "x"]), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+_short = st.text("abc x", max_size=3)
+# Per schema, values near its language (mostly valid, some not), beside random ones.
+_near = [
+    st.fixed_dictionaries(
+        {"a": st.integers(-5, 5)},
+        optional={"b": st.lists(_short, max_size=3), "x": _leaf},
+    ),
+    st.recursive(st.integers(0, 9), lambda t: st.lists(t, max_size=3), max_leaves=5),
+    st.sampled_from([1, "a", None, [1], 2, "b", [1, 1], True]),
+    st.fixed_dictionaries(
+        {}, optional={"a": st.sampled_from([1, 1, 2]), "c": st.booleans() | st.none() | _short}
+    ),
+    st.builds(
+        lambda first, rest: [first, *rest],
+        st.integers(0, 3) | _short,
+        st.lists(st.text("bx", max_size=3).map(lambda t: "b" + t) | _short, max_size=3),
+    ),
+    st.builds(lambda p, m, q: p + "a" + m + "c" + q, _short, st.text("abc", max_size=1), _short),
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_json_schema_acceptance_equals_jsonschema(data: st.DataObject) -> None:
+    import jsonschema
+
+    i = data.draw(st.integers(0, len(SCHEMAS) - 1))
+    value = data.draw(_near[i] | _json_values)
+    pretty = data.draw(st.booleans())
+    schema = SCHEMAS[i]
+    g = small_vocab().json_schema(schema)
+    valid = jsonschema.Draft202012Validator(schema).is_valid(value)
+    text = json.dumps(value, sort_keys=True, indent=2 if pretty else None)
+    assert g.matches(text) == valid, (schema, text)
+
+
+def test_json_schema_walks_on_tekken_give_valid_instances(tekken: Vocabulary) -> None:
+    import jsonschema
+
+    rng = random.Random(2)
+    finished = 0
+    for schema in SCHEMAS:
+        g = tekken.json_schema(schema)
+        for _ in range(3):
+            m = g.matcher()
+            text = b""
+            bm = allocate_token_bitmask(1, tekken.vocab_size)
+            for step in range(40):
+                m.fill_next_token_bitmask(bm)
+                if step % 4 == 0:
+                    assert np.array_equal(bm[0].view(np.uint32), g._g.brute_force_mask(text))
+                ids = np.flatnonzero(_unpack(bm[0], tekken.vocab_size)).tolist()
+                eos = [t for t in ids if t in tekken.eos_ids]
+                # End as soon as possible half of the time, so many walks finish.
+                t = eos[0] if eos and rng.random() < 0.5 else rng.choice(ids)
+                assert m.accept_token(t)
+                if m.is_terminated():
+                    instance = json.loads(text)
+                    jsonschema.validate(instance, schema)
+                    finished += 1
+                    break
+                text += tekken.token_bytes(t) or b""
+    assert finished >= 6
+
+
+def test_json_schema_options_and_errors() -> None:
+    v = small_vocab()
+    schema = {"properties": {"a": {"type": "array"}}}
+    compact = v.json_schema(schema, whitespace=False, strict=True)
+    assert compact.matches('{"a": [1, 2]}')
+    assert not compact.matches('{"a":[1,2]}') and not compact.matches('{"a": [], "z": 1}')
+    tight = v.json_schema(schema, whitespace=False, separators=(",", ":"))
+    assert tight.matches('{"a":[1,2],"z":null}') and not tight.matches('{"a": []}')
+    assert v.json_schema(schema) is v.json_schema(json.dumps(schema))
+    with pytest.raises(GrammarError, match=r"minimum \(at #/properties/n\).*uniqueItems"):
+        v.json_schema({"properties": {"n": {"minimum": 0}}, "uniqueItems": True})
+    with pytest.raises(GrammarError, match="not JSON"):
+        v.json_schema("{")
+    with pytest.raises(GrammarError, match="points to nothing"):
+        v.json_schema({"$ref": "#/$defs/nope"})
+    with pytest.raises(SpecdecTypeError):
+        v.json_schema(3)  # type: ignore[arg-type]
+    with pytest.raises(SpecdecTypeError):
+        v.json_schema(schema, separators=",")  # type: ignore[arg-type]

@@ -368,6 +368,17 @@ class CfgGrammar:
         max_depth: int | None = None,
     ) -> CfgGrammar: ...
     @staticmethod
+    def from_json_schema(
+        vocab: Vocabulary,
+        schema: str,
+        whitespace: bool = True,
+        item_separator: str = ",",
+        key_separator: str = ":",
+        strict: bool = False,
+        cache_bytes: int | None = None,
+        max_depth: int | None = None,
+    ) -> CfgGrammar: ...
+    @staticmethod
     def from_regex(
         vocab: Vocabulary, pattern: str, cache_bytes: int | None = None
     ) -> CfgGrammar: ...

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
@@ -213,6 +213,16 @@ class Vocabulary:
 
         return RegexGrammar(self, pattern, **kwargs)
 
+    def _cached(self, key: tuple[object, ...], build: Callable[[], CfgGrammar]) -> CfgGrammar:
+        hit = self._grammars.get(key)
+        if hit is not None:
+            return hit
+        g = build()
+        if len(self._grammars) >= _GRAMMAR_CACHE_SIZE:
+            self._grammars.pop(next(iter(self._grammars)), None)
+        self._grammars[key] = g
+        return g
+
     def gbnf(
         self, text: str, *, cache_bytes: int | None = None, max_depth: int | None = None
     ) -> CfgGrammar:
@@ -220,12 +230,36 @@ class Vocabulary:
         vocabulary (see :class:`CfgGrammar`); compiled grammars are cached per vocabulary."""
         from .grammar import CfgGrammar
 
-        key = ("gbnf", text, cache_bytes, max_depth)
-        hit = self._grammars.get(key)
-        if hit is not None:
-            return hit
-        g = CfgGrammar.from_gbnf(self, text, cache_bytes=cache_bytes, max_depth=max_depth)
-        if len(self._grammars) >= _GRAMMAR_CACHE_SIZE:
-            self._grammars.pop(next(iter(self._grammars)), None)
-        self._grammars[key] = g
-        return g
+        return self._cached(
+            ("gbnf", text, cache_bytes, max_depth),
+            lambda: CfgGrammar.from_gbnf(self, text, cache_bytes=cache_bytes, max_depth=max_depth),
+        )
+
+    def json_schema(
+        self,
+        schema: dict[str, Any] | bool | str,
+        *,
+        whitespace: bool = True,
+        separators: tuple[str, str] | None = None,
+        strict: bool = False,
+        cache_bytes: int | None = None,
+        max_depth: int | None = None,
+    ) -> CfgGrammar:
+        """Compile a JSON Schema against this vocabulary (options as
+        :meth:`CfgGrammar.from_json_schema`); compiled grammars are cached per vocabulary."""
+        from .grammar import CfgGrammar, schema_text
+
+        text = schema_text(schema)
+        opts = (whitespace, separators, strict, cache_bytes, max_depth)
+        return self._cached(
+            ("json_schema", text, *opts),
+            lambda: CfgGrammar.from_json_schema(
+                self,
+                text,
+                whitespace=whitespace,
+                separators=separators,
+                strict=strict,
+                cache_bytes=cache_bytes,
+                max_depth=max_depth,
+            ),
+        )

@@ -9,6 +9,7 @@ use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use rayon::prelude::*;
+use specdec_core::constrain::grammar::json_schema::JsonOptions;
 use specdec_core::constrain::{
     self as core, CompiledGrammar, CompiledRegex, Constraint, GrammarError, GrammarFilter,
     GrammarLimits, RegexLimits,
@@ -202,6 +203,35 @@ impl CfgGrammar {
         let limits = grammar_limits(cache_bytes, max_depth);
         let g = py
             .detach(|| CompiledGrammar::from_gbnf(v, &text, limits))
+            .or_raise()?;
+        Ok(CfgGrammar(Arc::new(g)))
+    }
+
+    /// Compile a JSON Schema (JSON text) to the grammar of the JSON texts it accepts.
+    #[staticmethod]
+    #[pyo3(signature = (vocab, schema, whitespace=true, item_separator=",".to_owned(), key_separator=":".to_owned(), strict=false, cache_bytes=None, max_depth=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_json_schema(
+        py: Python<'_>,
+        vocab: &Vocabulary,
+        schema: String,
+        whitespace: bool,
+        item_separator: String,
+        key_separator: String,
+        strict: bool,
+        cache_bytes: Option<usize>,
+        max_depth: Option<usize>,
+    ) -> PyResult<Self> {
+        let v = vocab.0.clone();
+        let limits = grammar_limits(cache_bytes, max_depth);
+        let opts = JsonOptions {
+            whitespace,
+            item_separator,
+            key_separator,
+            strict,
+        };
+        let g = py
+            .detach(|| CompiledGrammar::from_json_schema_text(v, &schema, &opts, limits))
             .or_raise()?;
         Ok(CfgGrammar(Arc::new(g)))
     }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::lexer::Lexeme;
-use crate::constrain::{GrammarError, RegexLimits};
+use crate::constrain::{GrammarError, RegexLimits, TableDfa};
 
 /// A right-hand-side symbol: a nonterminal or a lexeme (a regular language of bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -155,6 +155,22 @@ impl GrammarBuilder {
             return Ok(Sym::Lex(l));
         }
         let lex = Lexeme::compile(regex, self.limits.lexeme)?;
+        self.push_lexeme(lex)
+    }
+
+    /// A lexeme from a ready DFA, deduplicated by `key` (which must identify its language).
+    pub fn lexeme_dfa(
+        &mut self,
+        key: &str,
+        dfa: impl FnOnce() -> Result<TableDfa, GrammarError>,
+    ) -> Result<Sym, GrammarError> {
+        if let Some(&l) = self.lex_by_regex.get(key) {
+            return Ok(Sym::Lex(l));
+        }
+        self.push_lexeme(Lexeme::from_dfa(key, dfa()?))
+    }
+
+    fn push_lexeme(&mut self, lex: Lexeme) -> Result<Sym, GrammarError> {
         self.lexer_states += lex.dfa.num_states();
         if self.lexer_states > self.limits.max_lexer_states {
             return Err(GrammarError::TooLarge(format!(
@@ -163,8 +179,8 @@ impl GrammarBuilder {
             )));
         }
         let l = self.lexemes.len() as u32;
+        self.lex_by_regex.insert(lex.regex.clone(), l);
         self.lexemes.push(lex);
-        self.lex_by_regex.insert(regex.to_owned(), l);
         Ok(Sym::Lex(l))
     }
 

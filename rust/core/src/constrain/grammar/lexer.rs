@@ -18,6 +18,16 @@ impl Lexeme {
         })
     }
 
+    /// A lexeme from a ready DFA (`name` shows in errors and [`Grammar::describe`]).
+    ///
+    /// [`Grammar::describe`]: super::Grammar::describe
+    pub fn from_dfa(name: &str, dfa: TableDfa) -> Self {
+        Lexeme {
+            regex: name.to_owned(),
+            dfa,
+        }
+    }
+
     /// Matches no string at all (its start state is dead).
     pub fn is_empty(&self) -> bool {
         self.dfa.start() == DEAD

@@ -1,5 +1,5 @@
-//! Context-free grammars as a [`Constraint`]: rules over regex-defined lexemes, parsed by an
-//! Earley parser whose sets are interned.
+//! Context-free grammars as a [`Constraint`]: rules over regex-defined lexemes (from GBNF
+//! text, a regex, or a JSON Schema), parsed by an Earley parser whose sets are interned.
 //!
 //! Why Earley, and why interned sets:
 //! - Earley takes any context-free grammar as written (left recursion, ambiguity, empty
@@ -22,6 +22,7 @@
 mod cfg;
 mod earley;
 pub mod gbnf;
+pub mod json_schema;
 mod lexer;
 mod mask;
 
@@ -86,6 +87,31 @@ impl CompiledGrammar {
         limits: GrammarLimits,
     ) -> Result<Self, GrammarError> {
         Ok(CompiledGrammar::new(vocab, gbnf::parse(text, limits)?))
+    }
+
+    /// Compile a JSON Schema document to the grammar of the JSON texts it accepts.
+    pub fn from_json_schema(
+        vocab: Arc<Vocabulary>,
+        schema: &serde_json::Value,
+        opts: &json_schema::JsonOptions,
+        limits: GrammarLimits,
+    ) -> Result<Self, GrammarError> {
+        Ok(CompiledGrammar::new(
+            vocab,
+            json_schema::compile(schema, opts, limits)?,
+        ))
+    }
+
+    /// As [`from_json_schema`](Self::from_json_schema), the schema given as JSON text.
+    pub fn from_json_schema_text(
+        vocab: Arc<Vocabulary>,
+        schema: &str,
+        opts: &json_schema::JsonOptions,
+        limits: GrammarLimits,
+    ) -> Result<Self, GrammarError> {
+        let schema: serde_json::Value = serde_json::from_str(schema)
+            .map_err(|e| GrammarError::Grammar(format!("the schema is not JSON: {e}")))?;
+        Self::from_json_schema(vocab, &schema, opts, limits)
     }
 
     /// A regex as the one-lexeme grammar `root ::= /pattern/`.
