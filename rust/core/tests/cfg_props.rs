@@ -458,3 +458,24 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
         ]
     })
 }
+
+#[test]
+fn parser_states_recur_across_repetitions() {
+    // Origins are projected nodes, not whole sets, so the state after the k-th array element
+    // (or object member, or string character) is the same for every k: a long text adds no
+    // states, hence no new mask walks.
+    let g = gbnf(byte_vocab(), JSON);
+    // (The first elements differ: their origins still point at the array's opening.)
+    let warm = r#"[{"k": [1, "s"]}, {"k": [2, "t"]}, {"k": [9, "v"]}, "#;
+    assert_ne!(g.run_from_start(warm.as_bytes()), CompiledGrammar::DEAD);
+    let before = g.num_states();
+    let long = format!("{}{}", warm, r#"{"k": [3, "u"]}, "#.repeat(50));
+    let end = g.run_from_start(long.as_bytes());
+    assert_eq!(g.run_from_start(warm.as_bytes()), end);
+    assert_eq!(g.num_states(), before);
+    let p = gbnf(byte_vocab(), ARITH);
+    p.run_from_start("1+2*3-4+".repeat(3).as_bytes());
+    let before = p.num_states();
+    p.run_from_start("1+2*3-4+".repeat(40).as_bytes());
+    assert_eq!(p.num_states(), before);
+}

@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use rustc_hash::FxHashSet;
+
 use super::lexer::Lexeme;
 use crate::constrain::{GrammarError, RegexLimits, TableDfa};
 
@@ -59,6 +61,9 @@ pub struct Grammar {
     pub(super) rules: Vec<Rule>,
     pub(super) by_lhs: Vec<Vec<u32>>,
     pub(super) nullable: Vec<bool>,
+    /// Per nonterminal B: the nonterminals C with `C =>* β B ...`, β nullable (B included),
+    /// i.e. those whose prediction leads to B's.
+    pub(super) left_of: Vec<FxHashSet<u32>>,
     pub(super) lexemes: Vec<Lexeme>,
     pub(super) start_rule: u32,
     pub(super) limits: GrammarLimits,
@@ -262,6 +267,42 @@ impl GrammarBuilder {
                 break;
             }
         }
+        // Left-corner edges D -> C (C's rule starts with D after a nullable prefix), then for
+        // each B everything that reaches it.
+        let mut up: Vec<Vec<u32>> = vec![Vec::new(); n];
+        for r in &self.rules {
+            for s in &r.rhs {
+                if let Sym::Nt(d) = *s {
+                    up[d as usize].push(r.lhs);
+                }
+                let nullable_sym = match *s {
+                    Sym::Nt(a) => nullable[a as usize],
+                    Sym::Lex(l) => self.lexemes[l as usize].nullable(),
+                };
+                if !nullable_sym {
+                    break;
+                }
+            }
+        }
+        let mut left_of: Vec<FxHashSet<u32>> = Vec::with_capacity(n);
+        let mut total = 0usize;
+        for b in 0..n as u32 {
+            let mut seen = FxHashSet::default();
+            let mut stack = vec![b];
+            while let Some(c) = stack.pop() {
+                if seen.insert(c) {
+                    stack.extend(up[c as usize].iter().copied());
+                }
+            }
+            total += seen.len();
+            if total > self.limits.max_symbols.saturating_mul(16) {
+                return Err(GrammarError::TooLarge(format!(
+                    "the left-corner table exceeds {} entries (16 * max_symbols)",
+                    self.limits.max_symbols.saturating_mul(16)
+                )));
+            }
+            left_of.push(seen);
+        }
         let mut by_lhs = vec![Vec::new(); n];
         for (i, r) in self.rules.iter().enumerate() {
             by_lhs[r.lhs as usize].push(i as u32);
@@ -271,6 +312,7 @@ impl GrammarBuilder {
             rules: self.rules,
             by_lhs,
             nullable,
+            left_of,
             lexemes: self.lexemes,
             start_rule,
             limits: self.limits,

@@ -7,11 +7,14 @@
 //!   transformation beyond desugaring repetitions, and its sets are prefix-exact: a non-empty
 //!   set means some continuation completes the text, which is what a mask must know.
 //! - A parser state must be a small `Copy` value ([`Constraint::State`]) that a matcher keeps
-//!   per token. An Earley set whose items point to their origin sets *by id* is a complete,
+//!   per token. An Earley set whose items point to their origins *by id* is a complete,
 //!   immutable description of the parse so far, so sets are hash-consed in an arena owned by
 //!   the compiled grammar ([`earley`]) and a state is the set's `u32` id: fork and rollback
 //!   cost nothing (old ids stay valid forever), and equal states share one cached transition
-//!   row and one cached mask, however they were reached.
+//!   row and one cached mask, however they were reached. An origin is the origin set's
+//!   projection on what the item's rule can complete into (a node, as in a graph-structured
+//!   stack), not the whole set, so repeated structure (array elements, members, list items)
+//!   brings the parser back to the same states instead of new ones.
 //! - Lexemes are scanned inside the items (each carries its lexeme's DFA state), so there is
 //!   no separate tokenizing lexer and no lexing ambiguity; a bare regex is the one-lexeme
 //!   grammar `root ::= /regex/`.
