@@ -424,3 +424,45 @@ def test_json_schema_options_and_errors() -> None:
         v.json_schema(3)  # type: ignore[arg-type]
     with pytest.raises(SpecdecTypeError):
         v.json_schema(schema, separators=",")  # type: ignore[arg-type]
+
+
+C_LIKE_GBNF = r"""
+root    ::= ws ( func ws )+
+func    ::= type " " ident "(" params? ")" ws block
+type    ::= "int" | "void"
+params  ::= type " " ident ( "," ws type " " ident )*
+block   ::= "{" ws ( stmt ws )* "}"
+stmt    ::= "return" ( " " expr )? ";"
+          | type " " ident ws "=" ws expr ws ";"
+          | "if" ws "(" expr ")" ws block ( ws "else" ws block )?
+          | ident ws "=" ws expr ws ";"
+          | block
+expr    ::= atom ( ws [-+*<] ws atom )*
+atom    ::= ident | [0-9]+ | "(" expr ")" | ident "(" ( expr ( "," ws expr )* )? ")"
+ident   ::= [a-z_] [a-z0-9_]*
+ws      ::= | [ \n]{1,20}   # empty first alternative, bounded repetition
+"""
+
+
+def test_c_like_masks_equal_brute_force_on_tekken(tekken: Vocabulary) -> None:
+    g = tekken.gbnf(C_LIKE_GBNF)
+    assert g.matches("int main() {\n  int x = f(1, y) + 2;\n  if (x < 3) { return x; }\n}")
+    assert not g.matches("int main() { return 1 }")
+    rng = random.Random(3)
+    for _ in range(3):
+        _walk_checks(g, rng, 30, b"intvoidreturnfelsxyz_(){};=+<,0123456789 \n")
+
+
+def test_gbnf_escapes_and_empty_alternatives() -> None:
+    g = small_vocab().gbnf(
+        r'root ::= "\x7F" [^\x00-\x1F"]? ( | "a" | [\u00e9] ) "\"" ws' + "\n" + "ws ::= [ ]{0,2}"
+    )
+    for text, ok in [
+        ('\x7f"', True),
+        ('\x7fz\u00e9"  ', True),
+        ('\x7f\u00e9a"', True),
+        ('\x7f\u00e9\u00e9a"', False),
+        ('\x7f"   ', False),
+        ('\x7f\x01"', False),
+    ]:
+        assert g.matches(text) == ok, text
