@@ -327,6 +327,7 @@ SCHEMAS: list[dict[str, object]] = [
         "minItems": 1,
     },
     {"type": "string", "pattern": "a.c", "minLength": 3, "maxLength": 5},
+    {"type": "array", "items": {"type": "integer", "minimum": -3, "exclusiveMaximum": 12}},
 ]
 
 _leaf = st.none() | st.booleans() | st.integers(-20, 20) | st.text("abc x", max_size=4)
@@ -358,6 +359,7 @@ _near = [
         st.lists(st.text("bx", max_size=3).map(lambda t: "b" + t) | _short, max_size=3),
     ),
     st.builds(lambda p, m, q: p + "a" + m + "c" + q, _short, st.text("abc", max_size=1), _short),
+    st.lists(st.integers(-6, 15), max_size=3),
 ]
 
 
@@ -414,7 +416,9 @@ def test_json_schema_options_and_errors() -> None:
     tight = v.json_schema(schema, whitespace=False, separators=(",", ":"))
     assert tight.matches('{"a":[1,2],"z":null}') and not tight.matches('{"a": []}')
     assert v.json_schema(schema) is v.json_schema(json.dumps(schema))
-    with pytest.raises(GrammarError, match=r"minimum \(at #/properties/n\).*uniqueItems"):
+    with pytest.raises(
+        GrammarError, match=r"minimum on a number \(at #/properties/n\).*uniqueItems"
+    ):
         v.json_schema({"properties": {"n": {"minimum": 0}}, "uniqueItems": True})
     with pytest.raises(GrammarError, match="not JSON"):
         v.json_schema("{")

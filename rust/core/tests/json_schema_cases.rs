@@ -71,6 +71,31 @@ fn scalar_types_enum_const() {
 }
 
 #[test]
+fn integer_bounds() {
+    let g = compile(json!({"type": "integer", "minimum": -12, "exclusiveMaximum": 100}));
+    check(
+        &g,
+        &["-12", "0", "99", "7"],
+        &["-13", "100", "1000", "-0", "007"],
+    );
+    let g = compile(json!({"type": "integer", "exclusiveMinimum": 2.5}));
+    check(&g, &["3", "123456789012"], &["2", "-5"]);
+    let e = compile_with(
+        json!({"type": "integer", "minimum": 3, "maximum": 2}),
+        JsonOptions::default(),
+    );
+    assert!(e
+        .unwrap_err()
+        .to_string()
+        .contains("no integer lies in [3, 2]"));
+    let e = compile_with(
+        json!({"type": "number", "minimum": 0}),
+        JsonOptions::default(),
+    );
+    assert!(e.unwrap_err().to_string().contains("minimum on a number"));
+}
+
+#[test]
 fn strings_pattern_length_format() {
     check(
         &compile(json!({"type": "string", "minLength": 2, "maxLength": 3})),
@@ -241,13 +266,13 @@ fn layout_options() {
 #[test]
 fn unsupported_keywords_are_listed() {
     let e = compile_with(
-        json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}, "s": {"not": {}}}, "patternProperties": {}}),
+        json!({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}, "s": {"not": {}}}, "patternProperties": {}}),
         JsonOptions::default(),
     )
     .unwrap_err();
     let m = e.to_string();
     for k in [
-        "minimum (at #/properties/n)",
+        "multipleOf (at #/properties/n)",
         "not (at #/properties/s)",
         "patternProperties (at #)",
     ] {

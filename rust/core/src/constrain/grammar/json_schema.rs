@@ -5,7 +5,10 @@
 //! `const`, `anyOf`, `oneOf` (as `anyOf`: exclusivity is not context-free in general),
 //! `allOf` (one member, or objects merged), `$ref` into the same document (`#`, `#/$defs/x`,
 //! `#/definitions/x`, any JSON pointer; recursion allowed), `$defs`/`definitions`, `pattern`,
-//! `minLength`, `maxLength`, `format` (date, time, date-time, uuid, email). Annotations
+//! `minLength`, `maxLength`, `format` (date, time, date-time, uuid, email), `minimum`,
+//! `maximum`, `exclusiveMinimum`, `exclusiveMaximum` on integers (not yet on numbers). Without
+//! `type`, the kind is inferred from the keywords present (`properties` -> object, `items`
+//! -> array, `pattern` -> string, `minimum` -> number), narrowing the schema. Annotations
 //! (`title`, `description`, `default`, ...) are ignored. Any other keyword raises
 //! [`GrammarError::Unsupported`] listing every one found, with its location.
 //!
@@ -20,6 +23,7 @@ use std::collections::HashMap;
 use serde_json::{Map, Value};
 
 use super::cfg::{Grammar, GrammarBuilder, GrammarLimits, Sym};
+use super::int_range::int_range_regex;
 use crate::constrain::{GrammarError, TableDfa};
 
 /// How JSON texts are laid out.
@@ -266,6 +270,8 @@ impl Compiler<'_> {
                     vec!["array"]
                 } else if obj.keys().any(|k| STRING_KEYS.contains(&k.as_str())) {
                     vec!["string"]
+                } else if obj.keys().any(|k| NUMBER_KEYS.contains(&k.as_str())) {
+                    vec!["number"]
                 } else {
                     return self.any_value();
                 }
@@ -282,8 +288,14 @@ impl Compiler<'_> {
                 "object" => self.object(obj, path, depth)?,
                 "array" => self.array(obj, path, depth)?,
                 "string" => self.string(obj, path)?,
-                "number" => self.b.lexeme(NUMBER)?,
-                "integer" => self.b.lexeme(INTEGER)?,
+                "number" => {
+                    for k in NUMBER_KEYS.iter().filter(|k| obj.contains_key(**k)) {
+                        self.unsupported
+                            .push(format!("{k} on a number (at {path})"));
+                    }
+                    self.b.lexeme(NUMBER)?
+                }
+                "integer" => self.integer(obj, path)?,
                 "boolean" => self.b.lexeme("true|false")?,
                 "null" => self.b.lexeme("null")?,
                 other => {
@@ -476,6 +488,60 @@ impl Compiler<'_> {
         let nt = self.b.fresh("string");
         self.b.rule(nt, vec![quote, content, quote])?;
         Ok(Sym::Nt(nt))
+    }
+
+    /// An integer within `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum`.
+    fn integer(&mut self, obj: &Map<String, Value>, path: &str) -> Result<Sym, GrammarError> {
+        let mut lo: Option<f64> = None;
+        let mut hi: Option<f64> = None;
+        for (key, is_lo, exclusive) in [
+            ("minimum", true, false),
+            ("exclusiveMinimum", true, true),
+            ("maximum", false, false),
+            ("exclusiveMaximum", false, true),
+        ] {
+            let Some(v) = obj.get(key) else { continue };
+            let Some(x) = v.as_f64() else {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: {key} must be a number"
+                )));
+            };
+            // The nearest integer inside the bound.
+            let b = match (is_lo, exclusive) {
+                (true, false) => x.ceil(),
+                (true, true) => x.floor() + 1.0,
+                (false, false) => x.floor(),
+                (false, true) => x.ceil() - 1.0,
+            };
+            if is_lo {
+                lo = Some(lo.map_or(b, |l| l.max(b)));
+            } else {
+                hi = Some(hi.map_or(b, |h| h.min(b)));
+            }
+        }
+        if lo.is_none() && hi.is_none() {
+            return self.b.lexeme(INTEGER);
+        }
+        // Bounds past i64 (about 9.2e18) are not supported: f64 cannot say which integers
+        // they exclude anyway.
+        let to_i64 = |x: Option<f64>| -> Result<Option<i64>, GrammarError> {
+            match x {
+                Some(x) if x.abs() >= 9.2e18 => Err(GrammarError::Unsupported(format!(
+                    "an integer bound of {x} (at {path}): beyond +-9.2e18"
+                ))),
+                Some(x) => Ok(Some(x as i64)),
+                None => Ok(None),
+            }
+        };
+        let (lo, hi) = (to_i64(lo)?, to_i64(hi)?);
+        if let (Some(l), Some(h)) = (lo, hi) {
+            if l > h {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: no integer lies in [{l}, {h}]"
+                )));
+            }
+        }
+        self.b.lexeme(&int_range_regex(lo, hi))
     }
 
     fn count(
@@ -711,6 +777,7 @@ impl Compiler<'_> {
 const OBJECT_KEYS: &[&str] = &["properties", "required", "additionalProperties"];
 const ARRAY_KEYS: &[&str] = &["items", "prefixItems", "minItems", "maxItems"];
 const STRING_KEYS: &[&str] = &["pattern", "minLength", "maxLength", "format"];
+const NUMBER_KEYS: &[&str] = &["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
 const KNOWN: &[&str] = &[
     "type",
     "properties",
@@ -730,6 +797,10 @@ const KNOWN: &[&str] = &[
     "format",
     "minLength",
     "maxLength",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
 ];
 
 /// Regexes (over unescaped characters) of the supported string formats.

@@ -25,6 +25,7 @@
 mod cfg;
 mod earley;
 pub mod gbnf;
+mod int_range;
 pub mod json_schema;
 mod lexer;
 mod mask;
