@@ -238,6 +238,10 @@ x ::= "\x41" | "\u00e9" | [\]\[]"#,
     ] {
         assert_eq!(accepts(&g, s), ok, "{s:?}");
     }
+    // `[]` matches nothing, `[^]` any character.
+    let empty = gbnf(v.clone(), "root ::= \"a\" | [] \"b\" | [^] \"c\"");
+    assert!(accepts(&empty, "a") && accepts(&empty, "\u{e9}c"));
+    assert!(!accepts(&empty, "b") && !accepts(&empty, "c"));
     let any = gbnf(v, "root ::= . . \"\"");
     assert!(accepts(&any, "é\n"));
     assert!(!accepts(&any, "é"));

@@ -285,6 +285,11 @@ fn unsupported_keywords_are_listed() {
     let remote =
         compile_with(json!({"$ref": "http://x/y.json"}), JsonOptions::default()).unwrap_err();
     assert!(remote.to_string().contains("same document"));
+    let cycle = json!({"$defs": {"a": {"$ref": "#/$defs/a"}}, "allOf": [{"$ref": "#/$defs/a"}]});
+    let e = compile_with(cycle, JsonOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("cycle"), "{e}");
+    let self_ref = compile_with(json!({"$ref": "#"}), JsonOptions::default()).unwrap_err();
+    assert!(self_ref.to_string().contains("derives no finite string"));
     let deep = (0..40).fold(
         json!({"type": "integer"}),
         |s, _| json!({"type": "array", "items": s}),

@@ -343,8 +343,16 @@ impl Compiler<'_> {
         parts.push(base);
         for m in members {
             let mut m = m;
-            // Follow plain references so `allOf: [{$ref}, {...}]` merges.
+            // Follow plain references so `allOf: [{$ref}, {...}]` merges (a cycle of bare
+            // references has no schema to merge: bounded, it ends in an error).
+            let mut hops = 0;
             while let Some(r) = m.get("$ref").and_then(Value::as_str) {
+                hops += 1;
+                if hops > self.b.limits().max_depth {
+                    return Err(GrammarError::Grammar(format!(
+                        "{path}: $ref {r:?} is part of a cycle of bare references"
+                    )));
+                }
                 m = resolve(self.root, r)?;
             }
             match m {
