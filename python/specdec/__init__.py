@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ._core import BlockManager, __version__
 from .constrain import (
+    CfgGrammar,
     Matcher,
     RegexGrammar,
     Vocabulary,
@@ -109,6 +110,7 @@ __all__ = [
     "build_ddtree",
     "build_ddtree_batch",
     "build_ddtree_constrained",
+    "CfgGrammar",
     "ChainShape",
     "CheckpointError",
     "ConfigError",

@@ -356,10 +356,52 @@ class RegexGrammar:
     def matches(self, text: bytes) -> bool: ...
 
 @final
+class CfgGrammar:
+    """A context-free grammar over regex lexemes compiled against one vocabulary (Earley
+    parser with interned states), masks cached per parser state."""
+
+    @staticmethod
+    def from_gbnf(
+        vocab: Vocabulary,
+        text: str,
+        cache_bytes: int | None = None,
+        max_depth: int | None = None,
+    ) -> CfgGrammar: ...
+    @staticmethod
+    def from_json_schema(
+        vocab: Vocabulary,
+        schema: str,
+        whitespace: bool = True,
+        item_separator: str = ",",
+        key_separator: str = ":",
+        strict: bool = False,
+        cache_bytes: int | None = None,
+        max_depth: int | None = None,
+    ) -> CfgGrammar: ...
+    @staticmethod
+    def from_regex(
+        vocab: Vocabulary, pattern: str, cache_bytes: int | None = None
+    ) -> CfgGrammar: ...
+    @property
+    def num_states(self) -> int: ...
+    @property
+    def num_rules(self) -> int: ...
+    @property
+    def num_lexemes(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def cache_bytes(self) -> int: ...
+    def brute_force_mask(self, text: bytes) -> npt.NDArray[np.uint32]:
+        """The allowed-token mask after ``text``, by trying every token (a test oracle)."""
+
+    def matches(self, text: bytes) -> bool: ...
+
+@final
 class Matcher:
     """One sequence's grammar state: O(1) fork, rollback, bitmask fills."""
 
-    def __new__(cls, grammar: RegexGrammar) -> Self: ...
+    def __new__(cls, grammar: RegexGrammar | CfgGrammar) -> Self: ...
     def accept_token(self, token: int) -> bool: ...
     def accept_tokens(self, tokens: list[int]) -> int: ...
     def is_terminated(self) -> bool: ...

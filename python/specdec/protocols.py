@@ -90,8 +90,8 @@ class TreeShape(Protocol):
 @runtime_checkable
 class Constraint(Protocol):
     """The grammar state of one sequence (a matcher): what the pipeline needs to mask a
-    tree's nodes and to follow the committed tokens. :class:`specdec.Matcher` (regex) is the
-    first implementation."""
+    tree's nodes and to follow the committed tokens. :class:`specdec.Matcher` implements it
+    over either engine (a :class:`specdec.RegexGrammar` or a :class:`specdec.CfgGrammar`)."""
 
     def accept_token(self, token: int) -> bool: ...
 

@@ -1,6 +1,7 @@
 """Stage 3 of the decode step, mask: constraints over a real tokenizer's bytes. A vocabulary
-(:mod:`.vocab`), constraint engines (regex: :mod:`.regex`), matchers that follow one sequence
-(:mod:`.matcher`), masks over draft trees and the grammar-aware DDTree (:mod:`.tree`), and
+(:mod:`.vocab`), constraint engines (regexes: :mod:`.regex`; context-free grammars:
+:mod:`.grammar`), matchers that follow one sequence (:mod:`.matcher`), masks over draft
+trees and the grammar-aware DDTree (:mod:`.tree`), and
 bitmask helpers per array framework (:mod:`.numpy`, :mod:`.torch`; layout in :mod:`.bitmask`).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .bitmask import get_bitmask_shape
+from .grammar import CfgGrammar
 from .matcher import Matcher, fill_next_token_bitmask_batch
 from .numpy import allocate_token_bitmask
 from .regex import RegexGrammar
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Vocabulary",
     "RegexGrammar",
+    "CfgGrammar",
     "Matcher",
     "allocate_token_bitmask",
     "apply_token_bitmask",

@@ -14,6 +14,7 @@ from .. import _core
 from .._arrays import I32, check_int
 from ..errors import GrammarError, SpecdecTypeError
 from .bitmask import bitmask_rows
+from .grammar import CfgGrammar
 from .numpy import allocate_token_bitmask, unpack_bitmask
 from .regex import RegexGrammar
 
@@ -29,9 +30,11 @@ class Matcher:
 
     __slots__ = ("_m", "grammar")
 
-    def __init__(self, grammar: RegexGrammar, _core_matcher: Any = None) -> None:
-        if not isinstance(grammar, RegexGrammar):
-            raise SpecdecTypeError(f"grammar must be a RegexGrammar, got {type(grammar).__name__}")
+    def __init__(self, grammar: RegexGrammar | CfgGrammar, _core_matcher: Any = None) -> None:
+        if not isinstance(grammar, (RegexGrammar, CfgGrammar)):
+            raise SpecdecTypeError(
+                f"grammar must be a RegexGrammar or a CfgGrammar, got {type(grammar).__name__}"
+            )
         self.grammar = grammar
         self._m = _core.Matcher(grammar._g) if _core_matcher is None else _core_matcher
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
@@ -13,9 +13,13 @@ from .._arrays import check_int
 from ..errors import GrammarError, SpecdecTypeError
 
 if TYPE_CHECKING:
+    from .grammar import CfgGrammar
     from .regex import RegexGrammar
 
 __all__ = ["Vocabulary", "MAX_VOCAB_SIZE"]
+
+# Compiled grammars kept per vocabulary (the oldest is dropped past this many).
+_GRAMMAR_CACHE_SIZE = 32
 
 # Real vocabularies hold up to about a million tokens; a larger size is a mistake that would
 # allocate gigabytes of per-token tables.
@@ -60,10 +64,13 @@ class Vocabulary:
     (``"▁Hi"`` is ``b" Hi"``), as the model sees it.
     """
 
-    __slots__ = ("_v",)
+    __slots__ = ("_v", "_grammars")
 
     def __init__(self, core: _core.Vocabulary) -> None:
         self._v = core
+        # (kind, source, options) -> compiled grammar: compiling is the slow part, and a
+        # compiled grammar is immutable apart from its thread-safe caches, so it is shared.
+        self._grammars: dict[tuple[object, ...], CfgGrammar] = {}
 
     @classmethod
     def from_bytes(
@@ -205,3 +212,54 @@ class Vocabulary:
         from .regex import RegexGrammar
 
         return RegexGrammar(self, pattern, **kwargs)
+
+    def _cached(self, key: tuple[object, ...], build: Callable[[], CfgGrammar]) -> CfgGrammar:
+        hit = self._grammars.get(key)
+        if hit is not None:
+            return hit
+        g = build()
+        if len(self._grammars) >= _GRAMMAR_CACHE_SIZE:
+            self._grammars.pop(next(iter(self._grammars)), None)
+        self._grammars[key] = g
+        return g
+
+    def gbnf(
+        self, text: str, *, cache_bytes: int | None = None, max_depth: int | None = None
+    ) -> CfgGrammar:
+        """Compile GBNF text (llama.cpp's format, start rule ``root``) against this
+        vocabulary (see :class:`CfgGrammar`); compiled grammars are cached per vocabulary."""
+        from .grammar import CfgGrammar
+
+        return self._cached(
+            ("gbnf", text, cache_bytes, max_depth),
+            lambda: CfgGrammar.from_gbnf(self, text, cache_bytes=cache_bytes, max_depth=max_depth),
+        )
+
+    def json_schema(
+        self,
+        schema: dict[str, Any] | bool | str,
+        *,
+        whitespace: bool = True,
+        separators: tuple[str, str] | None = None,
+        strict: bool = False,
+        cache_bytes: int | None = None,
+        max_depth: int | None = None,
+    ) -> CfgGrammar:
+        """Compile a JSON Schema against this vocabulary (options as
+        :meth:`CfgGrammar.from_json_schema`); compiled grammars are cached per vocabulary."""
+        from .grammar import CfgGrammar, schema_text
+
+        text = schema_text(schema)
+        opts = (whitespace, separators, strict, cache_bytes, max_depth)
+        return self._cached(
+            ("json_schema", text, *opts),
+            lambda: CfgGrammar.from_json_schema(
+                self,
+                text,
+                whitespace=whitespace,
+                separators=separators,
+                strict=strict,
+                cache_bytes=cache_bytes,
+                max_depth=max_depth,
+            ),
+        )

@@ -41,6 +41,7 @@ import torch
 
 from .._arrays import check_float, check_int
 from ..cache.paged import PagedKVCache, PagedKVPool
+from ..constrain.grammar import CfgGrammar
 from ..constrain.matcher import Matcher
 from ..constrain.regex import RegexGrammar
 from ..constrain.torch import allocate_token_bitmask, apply_token_bitmask_inplace
@@ -169,15 +170,16 @@ def _prompt_rows(prompts: Any) -> list[list[int]]:
 
 def _matchers(grammar: Any, n: int) -> list[Constraint] | None:
     """One matcher per prompt: forks of ``grammar`` (a matcher, whose state they start
-    from) or fresh matchers of a :class:`RegexGrammar`."""
+    from) or fresh matchers of a :class:`RegexGrammar` or :class:`CfgGrammar`."""
     if grammar is None:
         return None
-    if isinstance(grammar, RegexGrammar):
+    if isinstance(grammar, (RegexGrammar, CfgGrammar)):
         return [Matcher(grammar) for _ in range(n)]
     if isinstance(grammar, Constraint):
         return [grammar.fork() for _ in range(n)]
     raise SpecdecTypeError(
-        f"grammar must be a RegexGrammar or a Constraint (Matcher), got {type(grammar).__name__}"
+        "grammar must be a RegexGrammar, a CfgGrammar or a Constraint (Matcher), got "
+        f"{type(grammar).__name__}"
     )
 
 
@@ -324,7 +326,7 @@ def beam_search(
     early_stopping: EarlyStopping = False,
     num_return_sequences: int = 1,
     logits_processors: Sequence[LogitsProcessor] = (),
-    grammar: RegexGrammar | Constraint | None = None,
+    grammar: RegexGrammar | CfgGrammar | Constraint | None = None,
     *,
     block_size: int = 16,
     share_kv: bool = True,

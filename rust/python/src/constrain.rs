@@ -1,4 +1,5 @@
-//! Bindings of `specdec_core::constrain`: `Vocabulary`, `RegexGrammar`, `Matcher` newtypes,
+//! Bindings of `specdec_core::constrain`: `Vocabulary`, `RegexGrammar`, `CfgGrammar`,
+//! `Matcher` (over either engine) newtypes,
 //! bitmask fills into int32 numpy buffers (one row, a batch, a tree) with the GIL released,
 //! and the grammar-aware DDTree builder.
 
@@ -8,8 +9,10 @@ use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use rayon::prelude::*;
+use specdec_core::constrain::grammar::json_schema::JsonOptions;
 use specdec_core::constrain::{
-    self as core, CompiledRegex, Constraint, GrammarError, GrammarFilter, RegexLimits,
+    self as core, CompiledGrammar, CompiledRegex, Constraint, GrammarError, GrammarFilter,
+    GrammarLimits, RegexLimits,
 };
 use specdec_core::tree::{
     build_ddtree_filtered, check_sibling_tokens, check_tree_size, max_nodes, Marginals, TreeError,
@@ -170,8 +173,169 @@ impl RegexGrammar {
     }
 }
 
+#[pyclass(module = "specdec._core", frozen)]
+pub struct CfgGrammar(pub Arc<CompiledGrammar>);
+
+fn grammar_limits(cache_bytes: Option<usize>, max_depth: Option<usize>) -> GrammarLimits {
+    let mut l = GrammarLimits::default();
+    if let Some(c) = cache_bytes {
+        l.cache_bytes = c;
+    }
+    if let Some(d) = max_depth {
+        l.max_depth = d;
+    }
+    l
+}
+
+#[pymethods]
+impl CfgGrammar {
+    /// Compile GBNF text (start rule `root`), with the GIL released.
+    #[staticmethod]
+    #[pyo3(signature = (vocab, text, cache_bytes=None, max_depth=None))]
+    fn from_gbnf(
+        py: Python<'_>,
+        vocab: &Vocabulary,
+        text: String,
+        cache_bytes: Option<usize>,
+        max_depth: Option<usize>,
+    ) -> PyResult<Self> {
+        let v = vocab.0.clone();
+        let limits = grammar_limits(cache_bytes, max_depth);
+        let g = py
+            .detach(|| CompiledGrammar::from_gbnf(v, &text, limits))
+            .or_raise()?;
+        Ok(CfgGrammar(Arc::new(g)))
+    }
+
+    /// Compile a JSON Schema (JSON text) to the grammar of the JSON texts it accepts.
+    #[staticmethod]
+    #[pyo3(signature = (vocab, schema, whitespace=true, item_separator=",".to_owned(), key_separator=":".to_owned(), strict=false, cache_bytes=None, max_depth=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_json_schema(
+        py: Python<'_>,
+        vocab: &Vocabulary,
+        schema: String,
+        whitespace: bool,
+        item_separator: String,
+        key_separator: String,
+        strict: bool,
+        cache_bytes: Option<usize>,
+        max_depth: Option<usize>,
+    ) -> PyResult<Self> {
+        let v = vocab.0.clone();
+        let limits = grammar_limits(cache_bytes, max_depth);
+        let opts = JsonOptions {
+            whitespace,
+            item_separator,
+            key_separator,
+            strict,
+        };
+        let g = py
+            .detach(|| CompiledGrammar::from_json_schema_text(v, &schema, &opts, limits))
+            .or_raise()?;
+        Ok(CfgGrammar(Arc::new(g)))
+    }
+
+    /// A regex as the one-lexeme grammar `root ::= /pattern/`.
+    #[staticmethod]
+    #[pyo3(signature = (vocab, pattern, cache_bytes=None))]
+    fn from_regex(
+        py: Python<'_>,
+        vocab: &Vocabulary,
+        pattern: String,
+        cache_bytes: Option<usize>,
+    ) -> PyResult<Self> {
+        let v = vocab.0.clone();
+        let limits = grammar_limits(cache_bytes, None);
+        let g = py
+            .detach(|| CompiledGrammar::from_regex(v, &pattern, limits))
+            .or_raise()?;
+        Ok(CfgGrammar(Arc::new(g)))
+    }
+
+    /// Parser states interned so far (grows as new prefixes are parsed).
+    #[getter]
+    fn num_states(&self) -> usize {
+        self.0.num_states()
+    }
+
+    #[getter]
+    fn num_rules(&self) -> usize {
+        self.0.grammar().num_rules()
+    }
+
+    #[getter]
+    fn num_lexemes(&self) -> usize {
+        self.0.grammar().num_lexemes()
+    }
+
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.0.vocab().vocab_size()
+    }
+
+    #[getter]
+    fn cache_bytes(&self) -> usize {
+        self.0.cache_bytes()
+    }
+
+    /// Test oracle: the mask after `text`, by running every token's bytes through the
+    /// parser one by one (no trie walk, no mask cache). uint32 `[ceil(V/32)]`.
+    fn brute_force_mask<'py>(&self, py: Python<'py>, text: Vec<u8>) -> Bound<'py, PyAny> {
+        let g = &self.0;
+        let mut out = vec![0u32; g.vocab().words()];
+        py.detach(|| {
+            let s = g.run_from_start(&text);
+            g.brute_force_mask(s, &mut out)
+        });
+        vec1(py, out).into_any()
+    }
+
+    /// Is `text` in the grammar's language?
+    fn matches(&self, py: Python<'_>, text: Vec<u8>) -> bool {
+        let g = &self.0;
+        py.detach(|| g.matches(&text))
+    }
+}
+
+/// A matcher over either engine.
+#[derive(Clone)]
+pub enum AnyMatcher {
+    Regex(core::Matcher<CompiledRegex>),
+    Cfg(core::Matcher<CompiledGrammar>),
+}
+
+/// Run `$e` with `$m` bound to the inner matcher, whichever engine it follows.
+macro_rules! with_matcher {
+    ($any:expr, $m:ident => $e:expr) => {
+        match $any {
+            AnyMatcher::Regex($m) => $e,
+            AnyMatcher::Cfg($m) => $e,
+        }
+    };
+}
+
+impl AnyMatcher {
+    fn words(&self) -> usize {
+        with_matcher!(self, m => m.grammar().vocab().words())
+    }
+
+    fn vocab_size(&self) -> usize {
+        with_matcher!(self, m => m.grammar().vocab().vocab_size())
+    }
+
+    fn fill_bitmask(&self, out: &mut [u32]) -> Result<(), GrammarError> {
+        with_matcher!(self, m => m.fill_bitmask(out))
+    }
+
+    /// Is the current mask ready without a trie walk?
+    fn is_cheap(&self) -> bool {
+        with_matcher!(self, m => m.grammar().is_cheap(m.state()))
+    }
+}
+
 #[pyclass(module = "specdec._core")]
-pub struct Matcher(pub core::Matcher);
+pub struct Matcher(pub AnyMatcher);
 
 fn row_slice(
     buf: &mut [i32],
@@ -244,51 +408,67 @@ fn with_buffer<R>(
 #[pymethods]
 impl Matcher {
     #[new]
-    fn new(grammar: &RegexGrammar) -> Self {
-        Matcher(core::Matcher::new(grammar.0.clone()))
+    fn new(grammar: &Bound<'_, PyAny>) -> PyResult<Self> {
+        if let Ok(g) = grammar.cast::<RegexGrammar>() {
+            return Ok(Matcher(AnyMatcher::Regex(core::Matcher::new(
+                g.get().0.clone(),
+            ))));
+        }
+        if let Ok(g) = grammar.cast::<CfgGrammar>() {
+            return Ok(Matcher(AnyMatcher::Cfg(core::Matcher::new(
+                g.get().0.clone(),
+            ))));
+        }
+        Err(crate::errors::raise(
+            crate::errors::Class::Type,
+            format!(
+                "grammar must be a RegexGrammar or a CfgGrammar, got {}",
+                grammar.get_type().name()?
+            ),
+        ))
     }
 
     fn accept_token(&mut self, token: i64) -> PyResult<bool> {
-        self.0.accept_token(token).or_raise()
+        with_matcher!(&mut self.0, m => m.accept_token(token)).or_raise()
     }
 
     fn accept_tokens(&mut self, tokens: Vec<i64>) -> PyResult<usize> {
-        self.0.accept_tokens(&tokens).or_raise()
+        with_matcher!(&mut self.0, m => m.accept_tokens(&tokens)).or_raise()
     }
 
     fn is_terminated(&self) -> bool {
-        self.0.is_terminated()
+        with_matcher!(&self.0, m => m.is_terminated())
     }
 
     fn is_accepting(&self) -> bool {
-        self.0.is_accepting()
+        with_matcher!(&self.0, m => m.is_accepting())
     }
 
     #[getter]
     fn num_accepted(&self) -> usize {
-        self.0.num_accepted()
+        with_matcher!(&self.0, m => m.num_accepted())
     }
 
     #[getter]
     fn state(&self) -> u32 {
-        self.0.state().into()
+        with_matcher!(&self.0, m => m.state().into())
     }
 
     #[getter]
     fn vocab_size(&self) -> usize {
-        self.0.grammar().vocab().vocab_size()
+        self.0.vocab_size()
     }
 
     fn rollback(&mut self, n: usize) -> PyResult<()> {
-        self.0.rollback(n).or_raise()
+        with_matcher!(&mut self.0, m => m.rollback(n)).or_raise()
     }
 
     fn reset(&mut self) {
-        self.0.reset()
+        with_matcher!(&mut self.0, m => m.reset())
     }
 
     fn fork(&self) -> Matcher {
-        Matcher(self.0.fork())
+        Matcher(self.0.clone())
     }
 
     /// Fill row `row` of an int32 `[B, >= ceil(V/32)]` numpy buffer (the GIL is released
@@ -300,11 +480,10 @@ impl Matcher {
         bitmask: &Bound<'_, PyAny>,
         row: i64,
     ) -> PyResult<()> {
-        let words = self.0.grammar().vocab().words();
+        let words = self.0.words();
         let m = &self.0;
         with_buffer(bitmask, words, |mut buf| {
-            let cheap = m.grammar().is_cheap(m.state());
-            buf.release &= !cheap; // a cached mask is a copy: not worth a GIL round trip
+            buf.release &= !m.is_cheap(); // a cached mask is a copy: not worth a GIL round trip
             let out = row_slice(buf.words, buf.rows, buf.cols, row).or_raise()?;
             if buf.release {
                 py.detach(|| m.fill_bitmask(out)).or_raise()
@@ -324,7 +503,7 @@ fn fill_next_token_bitmask_batch(
     bitmask: &Bound<'_, PyAny>,
     rows: Option<Vec<i64>>,
 ) -> PyResult<()> {
-    let ms: Vec<core::Matcher> = matchers.iter().map(|m| m.0.clone()).collect();
+    let ms: Vec<AnyMatcher> = matchers.iter().map(|m| m.0.clone()).collect();
     let targets: Vec<i64> = rows.unwrap_or_else(|| (0..ms.len() as i64).collect());
     if targets.len() != ms.len() {
         return Err(GrammarError::Shape(format!(
@@ -337,7 +516,7 @@ fn fill_next_token_bitmask_batch(
     let Some(first) = ms.first() else {
         return Ok(());
     };
-    let words = first.grammar().vocab().words();
+    let words = first.words();
     with_buffer(bitmask, words, |buf| {
         let (nrows, cols) = (buf.rows, buf.cols);
         let mut seen = vec![false; nrows];
@@ -351,7 +530,7 @@ fn fill_next_token_bitmask_batch(
             if std::mem::replace(&mut seen[r as usize], true) {
                 return Err(GrammarError::Shape(format!("row {r} given twice"))).or_raise();
             }
-            if m.grammar().vocab().words() > cols {
+            if m.words() > cols {
                 return Err(GrammarError::Shape(
                     "a matcher's vocabulary is wider than the bitmask".into(),
                 ))
@@ -363,7 +542,7 @@ fn fill_next_token_bitmask_batch(
         let mut fill = move || {
             // Disjoint rows: hand each matcher its own row.
             let mut slots: Vec<Option<&mut [u32]>> = words.chunks_mut(cols).map(Some).collect();
-            let jobs: Vec<(&core::Matcher, &mut [u32])> = ms
+            let jobs: Vec<(&AnyMatcher, &mut [u32])> = ms
                 .iter()
                 .zip(&targets)
                 .map(|(m, &r)| (m, slots[r as usize].take().expect("row checked unique")))
@@ -390,7 +569,7 @@ fn fill_tree_bitmask<'py>(
     let (tokens, parents) = (read(tree.tokens(py))?, read(tree.parents(py))?);
     let (n, real) = (tokens.len(), tree.num_real());
     let (tokens, parents) = (&as_slice(&tokens)[..real], &as_slice(&parents)[..real]);
-    let words = matcher.0.grammar().vocab().words();
+    let words = matcher.0.words();
     let m = &matcher.0;
     let mut valid = with_buffer(bitmask, words, |buf| {
         let end = row_offset.checked_add(n).filter(|&e| e <= buf.rows);
@@ -406,7 +585,7 @@ fn fill_tree_bitmask<'py>(
         let rows = as_u32(&mut buf.words[row_offset * cols..end * cols]);
         let (real_rows, pad_rows) = rows.split_at_mut(real * cols);
         pad_rows.fill(0);
-        let mut fill = move || core::fill_tree_bitmask(m, tokens, parents, real_rows, cols);
+        let mut fill = move || with_matcher!(m, m => core::fill_tree_bitmask(m, tokens, parents, real_rows, cols));
         if release { py.detach(fill) } else { fill() }.or_raise()
     })?;
     valid.resize(n, false);
@@ -438,9 +617,10 @@ fn build_ddtree_constrained<'py>(
             let marg = Marginals::all_columns(&lp, &ids, l, k)?;
             let cap = max_nodes(budget as usize, l, k);
             check_tree_size(cap)?;
-            let mut filter = GrammarFilter::new(m, cap);
-            let built =
-                build_ddtree_filtered(&marg, budget as usize, root_token, min_logprob, &mut filter);
+            let built = with_matcher!(m, m => {
+                let mut filter = GrammarFilter::new(m, cap);
+                build_ddtree_filtered(&marg, budget as usize, root_token, min_logprob, &mut filter)
+            });
             if check_duplicates {
                 check_sibling_tokens(&built.tree, &marg)?;
             }
@@ -453,6 +633,7 @@ fn build_ddtree_constrained<'py>(
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Vocabulary>()?;
     m.add_class::<RegexGrammar>()?;
+    m.add_class::<CfgGrammar>()?;
     m.add_class::<Matcher>()?;
     m.add_function(wrap_pyfunction!(fill_next_token_bitmask_batch, m)?)?;
     m.add_function(wrap_pyfunction!(fill_tree_bitmask, m)?)?;

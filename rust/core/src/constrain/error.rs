@@ -7,6 +7,12 @@ pub enum GrammarError {
     /// The regex does not parse or uses a feature the byte DFA cannot express.
     #[error("invalid regex: {0}")]
     Regex(String),
+    /// The grammar text (GBNF, ...) does not parse, or names an undefined rule.
+    #[error("invalid grammar: {0}")]
+    Grammar(String),
+    /// The input uses features this compiler does not support (each listed).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// The automaton would exceed its configured size limit.
     #[error("grammar too large: {0}")]
     TooLarge(String),

@@ -7,11 +7,14 @@
 //!   vocabulary.
 //! - [`regex`]: the first constraint, regexes compiled to byte DFAs whose masks come from one
 //!   pruned trie walk, cached per DFA state.
+//! - [`grammar`]: context-free grammars over regex lexemes (GBNF text, a bare regex), parsed
+//!   by an Earley parser with interned sets, masks cached per parser state.
 //!
 //! Bitmask layout (shared with xgrammar and llguidance): `ceil(V / 32)` 32-bit words per
 //! row; bit `t % 32` of word `t / 32` set = token `t` allowed.
 
 mod error;
+pub mod grammar;
 mod matcher;
 pub mod regex;
 mod tree_mask;
@@ -21,6 +24,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 pub use error::GrammarError;
+pub use grammar::{CompiledGrammar, GrammarBuilder, GrammarLimits, ParserState};
 pub use matcher::Matcher;
 pub use regex::{
     CompiledRegex, MaskCache, RegexLimits, StateId, TableDfa, DEAD, DEFAULT_CACHE_BYTES, TERMINATED,

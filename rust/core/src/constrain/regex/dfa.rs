@@ -144,6 +144,73 @@ impl TableDfa {
             i += 1;
         }
 
+        Ok(TableDfa::trimmed(&edges, &accepting))
+    }
+
+    /// The product automaton: strings both DFAs match (trimmed like `compile`'s output).
+    pub fn intersect(&self, other: &TableDfa, limits: RegexLimits) -> Result<Self, GrammarError> {
+        self.product(other, false, limits)
+    }
+
+    /// Strings this DFA matches and `other` does not.
+    pub fn difference(&self, other: &TableDfa, limits: RegexLimits) -> Result<Self, GrammarError> {
+        self.product(other, true, limits)
+    }
+
+    /// Product construction; `minus`: accept where `other` rejects (its dead state is then
+    /// a real sink state of the product, not a cut).
+    fn product(
+        &self,
+        other: &TableDfa,
+        minus: bool,
+        limits: RegexLimits,
+    ) -> Result<Self, GrammarError> {
+        let mut edges: Vec<[u32; 256]> = vec![[0; 256]];
+        let mut accepting = vec![false];
+        if self.start != DEAD && (minus || other.start != DEAD) {
+            let max_states = (limits.table_bytes / (256 * 4)).max(2);
+            let mut index: HashMap<(StateId, StateId), u32> = HashMap::new();
+            let mut order = vec![(self.start, other.start)];
+            index.insert(order[0], 1);
+            let mut i = 0;
+            while i < order.len() {
+                let (a, b) = order[i];
+                let mut row = [0u32; 256];
+                for byte in 0..=255u8 {
+                    let pair = (self.next(a, byte), other.next(b, byte));
+                    if pair.0 == DEAD || (pair.1 == DEAD && !minus) {
+                        continue;
+                    }
+                    let k = match index.get(&pair) {
+                        Some(&k) => k,
+                        None => {
+                            let k = order.len() as u32 + 1;
+                            if k as usize >= max_states {
+                                return Err(GrammarError::TooLarge(format!(
+                                    "an intersection of two DFAs needs more than {max_states} \
+                                     states (table limit {} bytes)",
+                                    limits.table_bytes
+                                )));
+                            }
+                            index.insert(pair, k);
+                            order.push(pair);
+                            k
+                        }
+                    };
+                    row[byte as usize] = k;
+                }
+                edges.push(row);
+                let in_other = b != DEAD && other.is_accepting(b);
+                accepting.push(self.is_accepting(a) && in_other != minus);
+                i += 1;
+            }
+        }
+        Ok(TableDfa::trimmed(&edges, &accepting))
+    }
+
+    /// The table of `edges` (state 0 dead, state 1 the start), keeping only the states that
+    /// can still reach an accepting one (all others fold into the dead state).
+    fn trimmed(edges: &[[u32; 256]], accepting: &[bool]) -> TableDfa {
         // Keep only states that can still reach an accepting one.
         let n = edges.len();
         let mut rev: Vec<Vec<u32>> = vec![Vec::new(); n];
@@ -154,7 +221,7 @@ impl TableDfa {
                 }
             }
         }
-        let mut live = accepting.clone();
+        let mut live = accepting.to_vec();
         let mut work: Vec<u32> = (0..n as u32).filter(|&s| live[s as usize]).collect();
         while let Some(t) = work.pop() {
             for &s in &rev[t as usize] {
@@ -186,11 +253,11 @@ impl TableDfa {
             }
             acc[remap[s] as usize] = accepting[s];
         }
-        Ok(TableDfa {
+        TableDfa {
             trans,
             accepting: acc,
-            start: StateId::from_index(remap[1] as usize),
-        })
+            start: StateId::from_index(remap.get(1).copied().unwrap_or(0) as usize),
+        }
     }
 
     #[inline(always)]

@@ -1,0 +1,155 @@
+"""Context-free grammar constraints: GBNF text, a JSON Schema, or a regex as a one-lexeme
+grammar, compiled
+against one vocabulary; an Earley parser over regex lexemes whose states are interned, with
+allowed-token bitmasks cached per parser state (a :class:`~specdec.protocols.Constraint`
+engine beside :mod:`.regex`)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from .. import _core
+from .._arrays import check_bool, check_int
+from ..errors import GrammarError, SpecdecTypeError
+from .vocab import Vocabulary
+
+if TYPE_CHECKING:
+    from .matcher import Matcher
+
+__all__ = ["CfgGrammar"]
+
+
+def _opt_int(value: int | None, name: str, lo: int) -> int | None:
+    return None if value is None else check_int(value, name, lo, GrammarError)
+
+
+def schema_text(schema: object) -> str:
+    """A JSON Schema as JSON text (key order kept: it is the properties' output order)."""
+    if isinstance(schema, str):
+        return schema
+    if not isinstance(schema, (dict, bool)):
+        raise SpecdecTypeError(
+            f"schema must be a dict, a bool or JSON text, got {type(schema).__name__}"
+        )
+    try:
+        return json.dumps(schema)
+    except (TypeError, ValueError) as e:
+        raise GrammarError(f"the schema is not JSON-serializable: {e}") from None
+
+
+class CfgGrammar:
+    """A context-free grammar compiled against one vocabulary; the whole output must belong
+    to its language. Build one with :meth:`Vocabulary.gbnf` or :meth:`Vocabulary.json_schema`
+    (cached per vocabulary) or the class methods. ``cache_bytes`` bounds the per-state mask
+    cache; ``max_depth`` bounds the nesting of the grammar text (parentheses, schemas)."""
+
+    __slots__ = ("_g", "vocab", "source")
+
+    def __init__(self, vocab: Vocabulary, core: _core.CfgGrammar, source: str) -> None:
+        self.vocab = vocab
+        self._g = core
+        self.source = source
+
+    @classmethod
+    def from_gbnf(
+        cls,
+        vocab: Vocabulary,
+        text: str,
+        *,
+        cache_bytes: int | None = None,
+        max_depth: int | None = None,
+    ) -> CfgGrammar:
+        """Compile GBNF (llama.cpp's grammar format; the start rule is ``root``)."""
+        if not isinstance(vocab, Vocabulary):
+            raise SpecdecTypeError(f"vocab must be a Vocabulary, got {type(vocab).__name__}")
+        if not isinstance(text, str):
+            raise SpecdecTypeError(f"GBNF text must be a str, got {type(text).__name__}")
+        core = _core.CfgGrammar.from_gbnf(
+            vocab._v,
+            text,
+            _opt_int(cache_bytes, "cache_bytes", 0),
+            _opt_int(max_depth, "max_depth", 1),
+        )
+        return cls(vocab, core, text)
+
+    @classmethod
+    def from_json_schema(
+        cls,
+        vocab: Vocabulary,
+        schema: dict[str, Any] | bool | str,
+        *,
+        whitespace: bool = True,
+        separators: tuple[str, str] | None = None,
+        strict: bool = False,
+        cache_bytes: int | None = None,
+        max_depth: int | None = None,
+    ) -> CfgGrammar:
+        """Compile a JSON Schema (a parsed document, or its JSON text) to the grammar of the
+        JSON texts it accepts, properties in declared order. ``whitespace``: any whitespace
+        around punctuation (else exactly ``separators``, ``(item, key)``, default
+        ``(", ", ": ")`` as :func:`json.dumps`); ``strict``: objects without
+        ``additionalProperties`` allow no other properties. A keyword the compiler does not
+        support raises :class:`GrammarError` listing each one."""
+        if not isinstance(vocab, Vocabulary):
+            raise SpecdecTypeError(f"vocab must be a Vocabulary, got {type(vocab).__name__}")
+        text = schema_text(schema)
+        ws = check_bool(whitespace, "whitespace")
+        if separators is None:
+            separators = (",", ":") if ws else (", ", ": ")
+        if (
+            not isinstance(separators, tuple)
+            or len(separators) != 2
+            or not all(isinstance(x, str) for x in separators)
+        ):
+            raise SpecdecTypeError("separators must be a tuple of two str: (item, key)")
+        core = _core.CfgGrammar.from_json_schema(
+            vocab._v,
+            text,
+            ws,
+            separators[0],
+            separators[1],
+            check_bool(strict, "strict"),
+            _opt_int(cache_bytes, "cache_bytes", 0),
+            _opt_int(max_depth, "max_depth", 1),
+        )
+        return cls(vocab, core, text)
+
+    @classmethod
+    def from_regex(
+        cls, vocab: Vocabulary, pattern: str, *, cache_bytes: int | None = None
+    ) -> CfgGrammar:
+        """A regex as the one-lexeme grammar ``root ::= /pattern/``."""
+        if not isinstance(vocab, Vocabulary):
+            raise SpecdecTypeError(f"vocab must be a Vocabulary, got {type(vocab).__name__}")
+        if not isinstance(pattern, str):
+            raise SpecdecTypeError(f"pattern must be a str, got {type(pattern).__name__}")
+        core = _core.CfgGrammar.from_regex(
+            vocab._v, pattern, _opt_int(cache_bytes, "cache_bytes", 0)
+        )
+        return cls(vocab, core, pattern)
+
+    @property
+    def num_states(self) -> int:
+        """Parser states interned so far (the dead one included); grows with new prefixes."""
+        return self._g.num_states
+
+    @property
+    def num_rules(self) -> int:
+        return self._g.num_rules
+
+    @property
+    def num_lexemes(self) -> int:
+        return self._g.num_lexemes
+
+    def matches(self, text: bytes | str) -> bool:
+        """Is the whole ``text`` in the grammar's language?"""
+        return self._g.matches(text.encode() if isinstance(text, str) else text)
+
+    def matcher(self) -> Matcher:
+        from .matcher import Matcher
+
+        return Matcher(self)
+
+    def __repr__(self) -> str:
+        return f"CfgGrammar(rules={self.num_rules}, lexemes={self.num_lexemes})"

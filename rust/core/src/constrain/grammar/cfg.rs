@@ -1,0 +1,321 @@
+//! Context-free grammars over regex lexemes: the one representation every front end (GBNF, a
+//! bare regex, later Lark and JSON Schema) builds through [`GrammarBuilder`], validated
+//! (undefined rules, rules that derive no string) and bounded by [`GrammarLimits`].
+
+use std::collections::HashMap;
+
+use rustc_hash::FxHashSet;
+
+use super::lexer::Lexeme;
+use crate::constrain::{GrammarError, RegexLimits, TableDfa};
+
+/// A right-hand-side symbol: a nonterminal or a lexeme (a regular language of bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sym {
+    Nt(u32),
+    Lex(u32),
+}
+
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub lhs: u32,
+    pub rhs: Vec<Sym>,
+}
+
+/// Bounds checked while a grammar is built and compiled; exceeding one raises
+/// [`GrammarError::TooLarge`] naming the limit.
+#[derive(Debug, Clone, Copy)]
+pub struct GrammarLimits {
+    /// Right-hand-side symbols over all rules (after desugaring repetitions).
+    pub max_symbols: usize,
+    /// DFA states over all lexemes.
+    pub max_lexer_states: usize,
+    /// Nesting depth of the front end's expressions (parentheses, schema nesting).
+    pub max_depth: usize,
+    /// Per-lexeme automaton limits.
+    pub lexeme: RegexLimits,
+    /// Memory cap of the per-parser-state mask cache (beyond it masks are recomputed).
+    pub cache_bytes: usize,
+}
+
+impl Default for GrammarLimits {
+    fn default() -> Self {
+        GrammarLimits {
+            max_symbols: 1 << 20,
+            max_lexer_states: 1 << 16,
+            max_depth: 256,
+            lexeme: RegexLimits {
+                automaton_bytes: 16 << 20,
+                table_bytes: 16 << 20,
+            },
+            cache_bytes: crate::constrain::DEFAULT_CACHE_BYTES,
+        }
+    }
+}
+
+/// A validated grammar: rules indexed by left-hand side, nullable nonterminals, compiled
+/// lexemes, and the augmented start rule `<start> ::= root`.
+#[derive(Debug)]
+pub struct Grammar {
+    pub(super) names: Vec<String>,
+    pub(super) rules: Vec<Rule>,
+    pub(super) by_lhs: Vec<Vec<u32>>,
+    pub(super) nullable: Vec<bool>,
+    /// Per nonterminal B: the nonterminals C with `C =>* β B ...`, β nullable (B included),
+    /// i.e. those whose prediction leads to B's.
+    pub(super) left_of: Vec<FxHashSet<u32>>,
+    pub(super) lexemes: Vec<Lexeme>,
+    pub(super) start_rule: u32,
+    pub(super) limits: GrammarLimits,
+}
+
+impl Grammar {
+    pub fn num_rules(&self) -> usize {
+        self.rules.len()
+    }
+
+    pub fn num_lexemes(&self) -> usize {
+        self.lexemes.len()
+    }
+
+    pub fn limits(&self) -> &GrammarLimits {
+        &self.limits
+    }
+
+    /// The grammar in a BNF-like text (rules as built, lexemes as regexes): for errors and
+    /// debugging only.
+    pub fn describe(&self) -> String {
+        let mut s = String::new();
+        for r in &self.rules {
+            s.push_str(&self.names[r.lhs as usize]);
+            s.push_str(" ::=");
+            for sym in &r.rhs {
+                match *sym {
+                    Sym::Nt(n) => s.push_str(&format!(" {}", self.names[n as usize])),
+                    Sym::Lex(l) => s.push_str(&format!(" /{}/", self.lexemes[l as usize].regex)),
+                }
+            }
+            s.push('\n');
+        }
+        s
+    }
+}
+
+/// Builds a [`Grammar`]: nonterminals by name (referenced before or after their rules),
+/// lexemes by regex (deduplicated, compiled on first use so a front end can fall back when
+/// one is too large), rules appended in order.
+#[derive(Debug)]
+pub struct GrammarBuilder {
+    names: Vec<String>,
+    by_name: HashMap<String, u32>,
+    defined: Vec<bool>,
+    rules: Vec<Rule>,
+    lexemes: Vec<Lexeme>,
+    lex_by_regex: HashMap<String, u32>,
+    symbols: usize,
+    lexer_states: usize,
+    limits: GrammarLimits,
+}
+
+impl GrammarBuilder {
+    pub fn new(limits: GrammarLimits) -> Self {
+        GrammarBuilder {
+            names: Vec::new(),
+            by_name: HashMap::new(),
+            defined: Vec::new(),
+            rules: Vec::new(),
+            lexemes: Vec::new(),
+            lex_by_regex: HashMap::new(),
+            symbols: 0,
+            lexer_states: 0,
+            limits,
+        }
+    }
+
+    pub fn limits(&self) -> &GrammarLimits {
+        &self.limits
+    }
+
+    /// The nonterminal named `name` (created on first mention).
+    pub fn nonterminal(&mut self, name: &str) -> u32 {
+        if let Some(&n) = self.by_name.get(name) {
+            return n;
+        }
+        let n = self.names.len() as u32;
+        self.names.push(name.to_owned());
+        self.by_name.insert(name.to_owned(), n);
+        self.defined.push(false);
+        n
+    }
+
+    /// A new helper nonterminal (its name cannot clash with a user rule's).
+    pub fn fresh(&mut self, hint: &str) -> u32 {
+        let name = format!("{hint}#{}", self.names.len());
+        self.nonterminal(&name)
+    }
+
+    /// The lexeme matching exactly `regex` (whole-match, UTF-8 byte semantics).
+    pub fn lexeme(&mut self, regex: &str) -> Result<Sym, GrammarError> {
+        if let Some(&l) = self.lex_by_regex.get(regex) {
+            return Ok(Sym::Lex(l));
+        }
+        let lex = Lexeme::compile(regex, self.limits.lexeme)?;
+        self.push_lexeme(lex)
+    }
+
+    /// A lexeme from a ready DFA, deduplicated by `key` (which must identify its language).
+    pub fn lexeme_dfa(
+        &mut self,
+        key: &str,
+        dfa: impl FnOnce() -> Result<TableDfa, GrammarError>,
+    ) -> Result<Sym, GrammarError> {
+        if let Some(&l) = self.lex_by_regex.get(key) {
+            return Ok(Sym::Lex(l));
+        }
+        self.push_lexeme(Lexeme::from_dfa(key, dfa()?))
+    }
+
+    fn push_lexeme(&mut self, lex: Lexeme) -> Result<Sym, GrammarError> {
+        self.lexer_states += lex.dfa.num_states();
+        if self.lexer_states > self.limits.max_lexer_states {
+            return Err(GrammarError::TooLarge(format!(
+                "the lexemes need more than {} DFA states (max_lexer_states)",
+                self.limits.max_lexer_states
+            )));
+        }
+        let l = self.lexemes.len() as u32;
+        self.lex_by_regex.insert(lex.regex.clone(), l);
+        self.lexemes.push(lex);
+        Ok(Sym::Lex(l))
+    }
+
+    /// Add `lhs ::= rhs` (an empty `rhs` derives the empty string).
+    pub fn rule(&mut self, lhs: u32, rhs: Vec<Sym>) -> Result<(), GrammarError> {
+        self.symbols += rhs.len() + 1;
+        if self.symbols > self.limits.max_symbols {
+            return Err(GrammarError::TooLarge(format!(
+                "the grammar has more than {} symbols (max_symbols)",
+                self.limits.max_symbols
+            )));
+        }
+        self.defined[lhs as usize] = true;
+        self.rules.push(Rule { lhs, rhs });
+        Ok(())
+    }
+
+    /// Validate and index the grammar, starting at `start`.
+    pub fn build(mut self, start: u32) -> Result<Grammar, GrammarError> {
+        let undefined: Vec<&str> = (0..self.names.len())
+            .filter(|&n| !self.defined[n])
+            .map(|n| self.names[n].as_str())
+            .collect();
+        if !undefined.is_empty() {
+            return Err(GrammarError::Grammar(format!(
+                "undefined rules: {}",
+                undefined.join(", ")
+            )));
+        }
+        let aug = self.nonterminal("<start>");
+        self.rules.push(Rule {
+            lhs: aug,
+            rhs: vec![Sym::Nt(start)],
+        });
+        let n = self.names.len();
+        // Productive nonterminals (derive some string): a rule using an unproductive symbol
+        // can never complete, and would break the parser's "alive = completable" invariant.
+        let lex_ok: Vec<bool> = self.lexemes.iter().map(|l| !l.is_empty()).collect();
+        let mut productive = vec![false; n];
+        let sym_ok = |s: &Sym, p: &[bool]| match *s {
+            Sym::Nt(a) => p[a as usize],
+            Sym::Lex(l) => lex_ok[l as usize],
+        };
+        loop {
+            let mut changed = false;
+            for r in &self.rules {
+                if !productive[r.lhs as usize] && r.rhs.iter().all(|s| sym_ok(s, &productive)) {
+                    productive[r.lhs as usize] = true;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        if !productive[start as usize] {
+            return Err(GrammarError::Grammar(format!(
+                "rule {:?} derives no finite string",
+                self.names[start as usize]
+            )));
+        }
+        self.rules
+            .retain(|r| r.rhs.iter().all(|s| sym_ok(s, &productive)));
+        let start_rule = self.rules.len() as u32 - 1;
+        let mut nullable = vec![false; n];
+        loop {
+            let mut changed = false;
+            for r in &self.rules {
+                let all = r.rhs.iter().all(|s| match *s {
+                    Sym::Nt(a) => nullable[a as usize],
+                    Sym::Lex(l) => self.lexemes[l as usize].nullable(),
+                });
+                if !nullable[r.lhs as usize] && all {
+                    nullable[r.lhs as usize] = true;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        // Left-corner edges D -> C (C's rule starts with D after a nullable prefix), then for
+        // each B everything that reaches it.
+        let mut up: Vec<Vec<u32>> = vec![Vec::new(); n];
+        for r in &self.rules {
+            for s in &r.rhs {
+                if let Sym::Nt(d) = *s {
+                    up[d as usize].push(r.lhs);
+                }
+                let nullable_sym = match *s {
+                    Sym::Nt(a) => nullable[a as usize],
+                    Sym::Lex(l) => self.lexemes[l as usize].nullable(),
+                };
+                if !nullable_sym {
+                    break;
+                }
+            }
+        }
+        let mut left_of: Vec<FxHashSet<u32>> = Vec::with_capacity(n);
+        let mut total = 0usize;
+        for b in 0..n as u32 {
+            let mut seen = FxHashSet::default();
+            let mut stack = vec![b];
+            while let Some(c) = stack.pop() {
+                if seen.insert(c) {
+                    stack.extend(up[c as usize].iter().copied());
+                }
+            }
+            total += seen.len();
+            if total > self.limits.max_symbols.saturating_mul(16) {
+                return Err(GrammarError::TooLarge(format!(
+                    "the left-corner table exceeds {} entries (16 * max_symbols)",
+                    self.limits.max_symbols.saturating_mul(16)
+                )));
+            }
+            left_of.push(seen);
+        }
+        let mut by_lhs = vec![Vec::new(); n];
+        for (i, r) in self.rules.iter().enumerate() {
+            by_lhs[r.lhs as usize].push(i as u32);
+        }
+        Ok(Grammar {
+            names: self.names,
+            rules: self.rules,
+            by_lhs,
+            nullable,
+            left_of,
+            lexemes: self.lexemes,
+            start_rule,
+            limits: self.limits,
+        })
+    }
+}

@@ -1,0 +1,828 @@
+//! JSON Schema to a [`Grammar`] of the JSON texts the schema accepts.
+//!
+//! Supported: `type` (one or a list), `properties`, `required`, `additionalProperties`
+//! (false, true or a schema), `items`, `prefixItems`, `minItems`, `maxItems`, `enum`,
+//! `const`, `anyOf`, `oneOf` (as `anyOf`: exclusivity is not context-free in general),
+//! `allOf` (one member, or objects merged), `$ref` into the same document (`#`, `#/$defs/x`,
+//! `#/definitions/x`, any JSON pointer; recursion allowed), `$defs`/`definitions`, `pattern`,
+//! `minLength`, `maxLength`, `format` (date, time, date-time, uuid, email), `minimum`,
+//! `maximum`, `exclusiveMinimum`, `exclusiveMaximum` on integers (not yet on numbers). Without
+//! `type`, the kind is inferred from the keywords present (`properties` -> object, `items`
+//! -> array, `pattern` -> string, `minimum` -> number), narrowing the schema. Annotations
+//! (`title`, `description`, `default`, ...) are ignored. Any other keyword raises
+//! [`GrammarError::Unsupported`] listing every one found, with its location.
+//!
+//! Output shape: properties in declared order, optional ones omitted at will, additional
+//! ones (keys other than the declared, in their canonical escaping) after them; the
+//! separators and the whitespace around punctuation follow [`JsonOptions`]. String values
+//! under `pattern` are generated without escape sequences (a subset of their language: every
+//! text generated is valid JSON that matches the pattern).
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+
+use super::cfg::{Grammar, GrammarBuilder, GrammarLimits, Sym};
+use super::int_range::int_range_regex;
+use crate::constrain::{GrammarError, TableDfa};
+
+/// How JSON texts are laid out.
+#[derive(Debug, Clone)]
+pub struct JsonOptions {
+    /// Any whitespace (`[ \t\n\r]*`) around punctuation; otherwise exactly the separators.
+    pub whitespace: bool,
+    /// Between items and between properties (`","` with flexible whitespace).
+    pub item_separator: String,
+    /// Between a key and its value.
+    pub key_separator: String,
+    /// Objects without `additionalProperties` allow no other properties (as if `false`).
+    pub strict: bool,
+}
+
+impl Default for JsonOptions {
+    fn default() -> Self {
+        JsonOptions {
+            whitespace: true,
+            item_separator: ",".into(),
+            key_separator: ":".into(),
+            strict: false,
+        }
+    }
+}
+
+const ANNOTATIONS: &[&str] = &[
+    "title",
+    "description",
+    "default",
+    "examples",
+    "$schema",
+    "$id",
+    "$comment",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "$defs",
+    "definitions",
+];
+
+const STRING_CHAR: &str = r#"(?:[^"\\\x00-\x1F]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))"#;
+const STRING: &str = r#""(?:[^"\\\x00-\x1F]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*""#;
+const NUMBER: &str = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?";
+const INTEGER: &str = r"-?(?:0|[1-9][0-9]*)";
+const WS: &str = r"[ \t\n\r]*";
+
+/// Compile `schema` (a JSON Schema document) to a grammar.
+pub fn compile(
+    schema: &Value,
+    opts: &JsonOptions,
+    limits: GrammarLimits,
+) -> Result<Grammar, GrammarError> {
+    let mut c = Compiler {
+        b: GrammarBuilder::new(limits),
+        root: schema,
+        opts: opts.clone(),
+        refs: HashMap::new(),
+        pending: Vec::new(),
+        unsupported: Vec::new(),
+        any: None,
+    };
+    let top = c.schema(schema, "#", 0)?;
+    while let Some((nt, path)) = c.pending.pop() {
+        let target = resolve(c.root, &path)?;
+        let sym = c.schema(target, &path, 0)?;
+        c.b.rule(nt, vec![sym])?;
+    }
+    if !c.unsupported.is_empty() {
+        c.unsupported.sort();
+        c.unsupported.dedup();
+        return Err(GrammarError::Unsupported(c.unsupported.join(", ")));
+    }
+    let root = c.b.nonterminal("root");
+    let ws = c.ws_lexeme()?;
+    let mut rhs = vec![top];
+    if let Some(w) = ws {
+        rhs = vec![w, top, w];
+    }
+    c.b.rule(root, rhs)?;
+    c.b.build(root)
+}
+
+/// The sub-schema at `#/a/b` (JSON pointer, `~0`/`~1` escapes) of `root`.
+fn resolve<'a>(root: &'a Value, reference: &str) -> Result<&'a Value, GrammarError> {
+    let Some(pointer) = reference.strip_prefix('#') else {
+        return Err(GrammarError::Unsupported(format!(
+            "$ref {reference:?} (only references into the same document, starting with '#')"
+        )));
+    };
+    let pointer = pointer.replace("%25", "%");
+    root.pointer(&pointer)
+        .ok_or_else(|| GrammarError::Grammar(format!("$ref {reference:?} points to nothing")))
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .map(|c| format!("\\x{{{:X}}}", c as u32))
+        .collect()
+}
+
+struct Compiler<'a> {
+    b: GrammarBuilder,
+    root: &'a Value,
+    opts: JsonOptions,
+    /// `$ref` target -> its nonterminal (created on first use, defined from `pending`).
+    refs: HashMap<String, u32>,
+    pending: Vec<(u32, String)>,
+    unsupported: Vec<String>,
+    /// The nonterminal of an unconstrained JSON value, built on first use.
+    any: Option<Sym>,
+}
+
+impl Compiler<'_> {
+    fn ws_regex(&self) -> &'static str {
+        if self.opts.whitespace {
+            WS
+        } else {
+            ""
+        }
+    }
+
+    fn ws_lexeme(&mut self) -> Result<Option<Sym>, GrammarError> {
+        if self.opts.whitespace {
+            Ok(Some(self.b.lexeme(WS)?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Punctuation `p` (a literal) with the configured whitespace on both sides.
+    fn punct(&mut self, p: &str) -> Result<Sym, GrammarError> {
+        let ws = self.ws_regex();
+        let p = if self.opts.whitespace { p.trim() } else { p };
+        self.b.lexeme(&format!("{ws}{}{ws}", regex_escape(p)))
+    }
+
+    fn item_sep(&mut self) -> Result<Sym, GrammarError> {
+        let s = self.opts.item_separator.clone();
+        self.punct(&s)
+    }
+
+    fn alt(&mut self, hint: &str, alts: Vec<Vec<Sym>>) -> Result<Sym, GrammarError> {
+        let nt = self.b.fresh(hint);
+        for a in alts {
+            self.b.rule(nt, a)?;
+        }
+        Ok(Sym::Nt(nt))
+    }
+
+    fn schema(&mut self, s: &Value, path: &str, depth: usize) -> Result<Sym, GrammarError> {
+        if depth > self.b.limits().max_depth {
+            return Err(GrammarError::TooLarge(format!(
+                "the schema nests deeper than {} at {path} (max_depth)",
+                self.b.limits().max_depth
+            )));
+        }
+        let obj = match s {
+            Value::Bool(true) => return self.any_value(),
+            Value::Bool(false) => return self.b.lexeme("[^\\x{0}-\\x{10FFFF}]"),
+            Value::Object(o) => o,
+            _ => {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: a schema must be an object or a boolean"
+                )))
+            }
+        };
+        for k in obj.keys() {
+            if !KNOWN.contains(&k.as_str()) && !ANNOTATIONS.contains(&k.as_str()) {
+                self.unsupported.push(format!("{k} (at {path})"));
+            }
+        }
+        if let Some(r) = obj.get("$ref") {
+            let Some(r) = r.as_str() else {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: $ref must be a string"
+                )));
+            };
+            let only_ref = obj
+                .keys()
+                .all(|k| k == "$ref" || ANNOTATIONS.contains(&k.as_str()));
+            if !only_ref {
+                self.unsupported
+                    .push(format!("keywords beside $ref (at {path})"));
+            }
+            return self.reference(r);
+        }
+        if let Some(all) = obj.get("allOf") {
+            let merged = self.merge_all_of(obj, all, path)?;
+            return self.schema(&merged, path, depth + 1);
+        }
+        for key in ["anyOf", "oneOf"] {
+            if let Some(alts) = obj.get(key) {
+                let Some(alts) = alts.as_array().filter(|a| !a.is_empty()) else {
+                    return Err(GrammarError::Grammar(format!(
+                        "{path}: {key} must be a non-empty array"
+                    )));
+                };
+                // Sibling keywords apply to every alternative.
+                let mut base = obj.clone();
+                base.remove(key);
+                let mut syms = Vec::new();
+                for (i, a) in alts.iter().enumerate() {
+                    let sub = if base.keys().all(|k| ANNOTATIONS.contains(&k.as_str())) {
+                        a.clone()
+                    } else {
+                        let mut all = Map::new();
+                        all.insert(
+                            "allOf".into(),
+                            Value::Array(vec![Value::Object(base.clone()), a.clone()]),
+                        );
+                        Value::Object(all)
+                    };
+                    syms.push(vec![self.schema(
+                        &sub,
+                        &format!("{path}/{key}/{i}"),
+                        depth + 1,
+                    )?]);
+                }
+                return self.alt("anyOf", syms);
+            }
+        }
+        if let Some(c) = obj.get("const") {
+            return self.literal(c);
+        }
+        if let Some(e) = obj.get("enum") {
+            let Some(vals) = e.as_array() else {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: enum must be an array"
+                )));
+            };
+            let mut alts = Vec::new();
+            for v in vals {
+                alts.push(vec![self.literal(v)?]);
+            }
+            return self.alt("enum", alts);
+        }
+        let types: Vec<&str> = match obj.get("type") {
+            None => {
+                // Without a type, the keywords present say which kinds are constrained.
+                if obj.keys().any(|k| OBJECT_KEYS.contains(&k.as_str())) {
+                    vec!["object"]
+                } else if obj.keys().any(|k| ARRAY_KEYS.contains(&k.as_str())) {
+                    vec!["array"]
+                } else if obj.keys().any(|k| STRING_KEYS.contains(&k.as_str())) {
+                    vec!["string"]
+                } else if obj.keys().any(|k| NUMBER_KEYS.contains(&k.as_str())) {
+                    vec!["number"]
+                } else {
+                    return self.any_value();
+                }
+            }
+            Some(Value::String(t)) => vec![t.as_str()],
+            Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+            Some(_) => {
+                return Err(GrammarError::Grammar(format!("{path}: bad \"type\"")));
+            }
+        };
+        let mut alts = Vec::new();
+        for t in types {
+            let sym = match t {
+                "object" => self.object(obj, path, depth)?,
+                "array" => self.array(obj, path, depth)?,
+                "string" => self.string(obj, path)?,
+                "number" => {
+                    for k in NUMBER_KEYS.iter().filter(|k| obj.contains_key(**k)) {
+                        self.unsupported
+                            .push(format!("{k} on a number (at {path})"));
+                    }
+                    self.b.lexeme(NUMBER)?
+                }
+                "integer" => self.integer(obj, path)?,
+                "boolean" => self.b.lexeme("true|false")?,
+                "null" => self.b.lexeme("null")?,
+                other => {
+                    return Err(GrammarError::Grammar(format!(
+                        "{path}: unknown type {other:?}"
+                    )));
+                }
+            };
+            alts.push(vec![sym]);
+        }
+        if alts.len() == 1 {
+            return Ok(alts[0][0]);
+        }
+        self.alt("types", alts)
+    }
+
+    fn reference(&mut self, r: &str) -> Result<Sym, GrammarError> {
+        if let Some(&nt) = self.refs.get(r) {
+            return Ok(Sym::Nt(nt));
+        }
+        resolve(self.root, r)?;
+        let nt = self.b.fresh(&format!("ref {r}"));
+        self.refs.insert(r.to_owned(), nt);
+        self.pending.push((nt, r.to_owned()));
+        Ok(Sym::Nt(nt))
+    }
+
+    /// `allOf` (plus the sibling keywords) as one schema: a single member is inlined; object
+    /// members are merged (properties joined, `required` united, `additionalProperties`
+    /// false if any says so); anything else is unsupported.
+    fn merge_all_of(
+        &mut self,
+        obj: &Map<String, Value>,
+        all: &Value,
+        path: &str,
+    ) -> Result<Value, GrammarError> {
+        let Some(members) = all.as_array().filter(|a| !a.is_empty()) else {
+            return Err(GrammarError::Grammar(format!(
+                "{path}: allOf must be a non-empty array"
+            )));
+        };
+        let mut parts: Vec<Map<String, Value>> = Vec::new();
+        let mut base = obj.clone();
+        base.remove("allOf");
+        parts.push(base);
+        for m in members {
+            let mut m = m;
+            // Follow plain references so `allOf: [{$ref}, {...}]` merges (a cycle of bare
+            // references has no schema to merge: bounded, it ends in an error).
+            let mut hops = 0;
+            while let Some(r) = m.get("$ref").and_then(Value::as_str) {
+                hops += 1;
+                if hops > self.b.limits().max_depth {
+                    return Err(GrammarError::Grammar(format!(
+                        "{path}: $ref {r:?} is part of a cycle of bare references"
+                    )));
+                }
+                m = resolve(self.root, r)?;
+            }
+            match m {
+                Value::Object(o) => parts.push(o.clone()),
+                Value::Bool(true) => {}
+                _ => {
+                    self.unsupported
+                        .push(format!("allOf with a false member (at {path})"));
+                }
+            }
+        }
+        let mut out = Map::new();
+        for p in parts {
+            for (k, v) in p {
+                match (k.as_str(), out.get_mut(&k)) {
+                    (_, None) => {
+                        out.insert(k, v);
+                    }
+                    ("properties", Some(Value::Object(props))) => {
+                        for (name, s) in v.as_object().cloned().unwrap_or_default() {
+                            if props.contains_key(&name) {
+                                self.unsupported.push(format!(
+                                    "allOf constraining property {name:?} twice (at {path})"
+                                ));
+                            }
+                            props.insert(name, s);
+                        }
+                    }
+                    ("required", Some(Value::Array(req))) => {
+                        for r in v.as_array().cloned().unwrap_or_default() {
+                            if !req.contains(&r) {
+                                req.push(r);
+                            }
+                        }
+                    }
+                    ("additionalProperties", Some(prev)) => {
+                        if v == Value::Bool(false) {
+                            *prev = v;
+                        } else if *prev != Value::Bool(false) && *prev != v {
+                            self.unsupported.push(format!(
+                                "allOf with two additionalProperties schemas (at {path})"
+                            ));
+                        }
+                    }
+                    (_, Some(prev)) if *prev == v || ANNOTATIONS.contains(&k.as_str()) => {}
+                    (key, Some(_)) => {
+                        self.unsupported
+                            .push(format!("allOf merging two {key:?} (at {path})"));
+                    }
+                }
+            }
+        }
+        Ok(Value::Object(out))
+    }
+
+    /// A JSON value equal to `v`, laid out with the configured separators.
+    fn literal(&mut self, v: &Value) -> Result<Sym, GrammarError> {
+        let regex = self.literal_regex(v);
+        self.b.lexeme(&regex)
+    }
+
+    fn literal_regex(&self, v: &Value) -> String {
+        let ws = self.ws_regex();
+        let (item, key) = if self.opts.whitespace {
+            (
+                self.opts.item_separator.trim(),
+                self.opts.key_separator.trim(),
+            )
+        } else {
+            (
+                self.opts.item_separator.as_str(),
+                self.opts.key_separator.as_str(),
+            )
+        };
+        let sep = |s: &str| format!("{ws}{}{ws}", regex_escape(s));
+        match v {
+            Value::Array(xs) => {
+                let inner: Vec<String> = xs.iter().map(|x| self.literal_regex(x)).collect();
+                format!("\\[{ws}{}{ws}\\]", inner.join(&sep(item)))
+            }
+            Value::Object(o) => {
+                let inner: Vec<String> = o
+                    .iter()
+                    .map(|(k, x)| {
+                        let key_json = Value::String(k.clone()).to_string();
+                        format!(
+                            "{}{}{}",
+                            regex_escape(&key_json),
+                            sep(key),
+                            self.literal_regex(x)
+                        )
+                    })
+                    .collect();
+                format!("\\{{{ws}{}{ws}\\}}", inner.join(&sep(item)))
+            }
+            _ => regex_escape(&v.to_string()),
+        }
+    }
+
+    fn string(&mut self, obj: &Map<String, Value>, path: &str) -> Result<Sym, GrammarError> {
+        let min = self.count(obj, "minLength", path)?.unwrap_or(0);
+        let max = self.count(obj, "maxLength", path)?;
+        let fmt = obj.get("format").and_then(Value::as_str);
+        let pattern = obj.get("pattern").and_then(Value::as_str);
+        let body = match fmt {
+            None => None,
+            Some(f) => match format_regex(f) {
+                Some(r) => Some(r.to_owned()),
+                None => {
+                    self.unsupported.push(format!("format {f:?} (at {path})"));
+                    None
+                }
+            },
+        };
+        let len = match max {
+            Some(max) => format!("{{{min},{max}}}"),
+            None => format!("{{{min},}}"),
+        };
+        let has_len = min > 0 || max.is_some();
+        if pattern.is_none() && !(body.is_some() && has_len) {
+            let content = body.unwrap_or_else(|| format!("{STRING_CHAR}{len}"));
+            return self.b.lexeme(&format!("\"(?:{content})\""));
+        }
+        // The pattern (unanchored, as JSON Schema reads it), the length and the format
+        // intersected, over unescaped characters.
+        let limits = self.b.limits().lexeme;
+        let plain = format!(r#"(?:[^"\\\x00-\x1F]){len}"#);
+        let key = format!("pattern {pattern:?} length {len} format {fmt:?}");
+        let content = self.b.lexeme_dfa(&key, || {
+            let mut dfa = TableDfa::compile(&plain, limits)?;
+            if let Some(p) = pattern {
+                let p = TableDfa::compile(&format!("(?s:.)*(?:{p})(?s:.)*"), limits)?;
+                dfa = dfa.intersect(&p, limits)?;
+            }
+            if let Some(b) = &body {
+                dfa = dfa.intersect(&TableDfa::compile(b, limits)?, limits)?;
+            }
+            Ok(dfa)
+        })?;
+        let quote = self.b.lexeme("\"")?;
+        let nt = self.b.fresh("string");
+        self.b.rule(nt, vec![quote, content, quote])?;
+        Ok(Sym::Nt(nt))
+    }
+
+    /// An integer within `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum`.
+    fn integer(&mut self, obj: &Map<String, Value>, path: &str) -> Result<Sym, GrammarError> {
+        let mut lo: Option<f64> = None;
+        let mut hi: Option<f64> = None;
+        for (key, is_lo, exclusive) in [
+            ("minimum", true, false),
+            ("exclusiveMinimum", true, true),
+            ("maximum", false, false),
+            ("exclusiveMaximum", false, true),
+        ] {
+            let Some(v) = obj.get(key) else { continue };
+            let Some(x) = v.as_f64() else {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: {key} must be a number"
+                )));
+            };
+            // The nearest integer inside the bound.
+            let b = match (is_lo, exclusive) {
+                (true, false) => x.ceil(),
+                (true, true) => x.floor() + 1.0,
+                (false, false) => x.floor(),
+                (false, true) => x.ceil() - 1.0,
+            };
+            if is_lo {
+                lo = Some(lo.map_or(b, |l| l.max(b)));
+            } else {
+                hi = Some(hi.map_or(b, |h| h.min(b)));
+            }
+        }
+        if lo.is_none() && hi.is_none() {
+            return self.b.lexeme(INTEGER);
+        }
+        // Bounds past i64 (about 9.2e18) are not supported: f64 cannot say which integers
+        // they exclude anyway.
+        let to_i64 = |x: Option<f64>| -> Result<Option<i64>, GrammarError> {
+            match x {
+                Some(x) if x.abs() >= 9.2e18 => Err(GrammarError::Unsupported(format!(
+                    "an integer bound of {x} (at {path}): beyond +-9.2e18"
+                ))),
+                Some(x) => Ok(Some(x as i64)),
+                None => Ok(None),
+            }
+        };
+        let (lo, hi) = (to_i64(lo)?, to_i64(hi)?);
+        if let (Some(l), Some(h)) = (lo, hi) {
+            if l > h {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: no integer lies in [{l}, {h}]"
+                )));
+            }
+        }
+        self.b.lexeme(&int_range_regex(lo, hi))
+    }
+
+    fn count(
+        &mut self,
+        obj: &Map<String, Value>,
+        key: &str,
+        path: &str,
+    ) -> Result<Option<u64>, GrammarError> {
+        match obj.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                GrammarError::Grammar(format!("{path}: {key} must be a non-negative integer"))
+            }),
+        }
+    }
+
+    fn object(
+        &mut self,
+        obj: &Map<String, Value>,
+        path: &str,
+        depth: usize,
+    ) -> Result<Sym, GrammarError> {
+        let empty = Map::new();
+        let props = match obj.get("properties") {
+            None => &empty,
+            Some(Value::Object(p)) => p,
+            Some(_) => {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: properties must be an object"
+                )))
+            }
+        };
+        let required: Vec<&str> = obj
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        for r in &required {
+            if !props.contains_key(*r) {
+                self.unsupported.push(format!(
+                    "required property {r:?} without a schema in properties (at {path})"
+                ));
+            }
+        }
+        let additional = match obj.get("additionalProperties") {
+            None if self.opts.strict => None,
+            None | Some(Value::Bool(true)) => Some(Value::Bool(true)),
+            Some(Value::Bool(false)) => None,
+            Some(s) => Some(s.clone()),
+        };
+        let open = self.punct("{")?;
+        let close = self.punct("}")?;
+        let sep = self.item_sep()?;
+        let key_sep = self.opts.key_separator.clone();
+        let key_sep = self.punct(&key_sep)?;
+        // Tails after the declared properties: more properties under additionalProperties.
+        let (end_first, end_rest) = match additional {
+            None => {
+                let e = self.b.fresh("end");
+                self.b.rule(e, vec![])?;
+                (e, e)
+            }
+            Some(schema) => {
+                // Any key but the declared ones (JSON keys are unique).
+                let key = if props.is_empty() {
+                    self.b.lexeme(STRING)?
+                } else {
+                    let names: Vec<String> = props
+                        .keys()
+                        .map(|k| regex_escape(&Value::String(k.clone()).to_string()))
+                        .collect();
+                    let limits = self.b.limits().lexeme;
+                    let declared = names.join("|");
+                    self.b.lexeme_dfa(&format!("string but {declared}"), || {
+                        TableDfa::compile(STRING, limits)?
+                            .difference(&TableDfa::compile(&declared, limits)?, limits)
+                    })?
+                };
+                let value =
+                    self.schema(&schema, &format!("{path}/additionalProperties"), depth + 1)?;
+                // rest ::= rest sep key : value | ε ; first ::= key : value rest | ε
+                let rest = self.b.fresh("more");
+                self.b
+                    .rule(rest, vec![Sym::Nt(rest), sep, key, key_sep, value])?;
+                self.b.rule(rest, vec![])?;
+                let first = self.b.fresh("more");
+                self.b
+                    .rule(first, vec![key, key_sep, value, Sym::Nt(rest)])?;
+                self.b.rule(first, vec![])?;
+                (first, rest)
+            }
+        };
+        // From the last property back: first_i (nothing emitted yet) and rest_i (something
+        // was: a separator comes first).
+        let (mut first, mut rest) = (end_first, end_rest);
+        for (name, s) in props.iter().rev() {
+            let key_json = Value::String(name.clone()).to_string();
+            let key = self.b.lexeme(&regex_escape(&key_json))?;
+            let value = self.schema(s, &format!("{path}/properties/{name}"), depth + 1)?;
+            let (f, r) = (self.b.fresh("props"), self.b.fresh("props"));
+            self.b.rule(f, vec![key, key_sep, value, Sym::Nt(rest)])?;
+            self.b
+                .rule(r, vec![sep, key, key_sep, value, Sym::Nt(rest)])?;
+            if !required.contains(&name.as_str()) {
+                self.b.rule(f, vec![Sym::Nt(first)])?;
+                self.b.rule(r, vec![Sym::Nt(rest)])?;
+            }
+            (first, rest) = (f, r);
+        }
+        let nt = self.b.fresh("object");
+        self.b.rule(nt, vec![open, Sym::Nt(first), close])?;
+        Ok(Sym::Nt(nt))
+    }
+
+    fn array(
+        &mut self,
+        obj: &Map<String, Value>,
+        path: &str,
+        depth: usize,
+    ) -> Result<Sym, GrammarError> {
+        let min = self.count(obj, "minItems", path)?.unwrap_or(0) as usize;
+        let max = self.count(obj, "maxItems", path)?.map(|m| m as usize);
+        let mut prefix = Vec::new();
+        if let Some(p) = obj.get("prefixItems") {
+            let Some(p) = p.as_array() else {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: prefixItems must be an array"
+                )));
+            };
+            for (i, s) in p.iter().enumerate() {
+                prefix.push(self.schema(s, &format!("{path}/prefixItems/{i}"), depth + 1)?);
+            }
+        }
+        let items = match obj.get("items") {
+            None | Some(Value::Bool(true)) => Some(self.any_value()?),
+            Some(Value::Bool(false)) => None,
+            Some(s) => Some(self.schema(s, &format!("{path}/items"), depth + 1)?),
+        };
+        let open = self.punct("[")?;
+        let close = self.punct("]")?;
+        let sep = self.item_sep()?;
+        let k = prefix.len();
+        let elem = |i: usize| prefix.get(i).copied().or(items);
+        // Most items possible (None: unbounded); positions 0..explicit get their own rules,
+        // any further items repeat `items`.
+        let most = match (max, items) {
+            (Some(m), None) => Some(m.min(k)),
+            (m, None) => m.or(Some(k)),
+            (m, Some(_)) => m,
+        };
+        if most.is_some_and(|m| min > m) {
+            return Err(GrammarError::Grammar(format!(
+                "{path}: minItems {min} exceeds the {} items allowed",
+                most.unwrap_or(0)
+            )));
+        }
+        let explicit = most.unwrap_or(k.max(min));
+        if explicit > self.b.limits().max_symbols {
+            return Err(GrammarError::TooLarge(format!(
+                "{path}: an array of {explicit} items exceeds max_symbols"
+            )));
+        }
+        // tail: what may follow the explicit positions.
+        let tail = self.b.fresh("items");
+        match (most, items) {
+            (None, Some(x)) => {
+                self.b.rule(tail, vec![Sym::Nt(tail), sep, x])?;
+                self.b.rule(tail, vec![])?;
+            }
+            _ => self.b.rule(tail, vec![])?,
+        }
+        // next: the items from position i on, each after a separator.
+        let mut next = tail;
+        for i in (1..explicit).rev() {
+            let x = elem(i).expect("positions below `most` have a schema");
+            let t = self.b.fresh("items");
+            self.b.rule(t, vec![sep, x, Sym::Nt(next)])?;
+            if i >= min {
+                self.b.rule(t, vec![])?;
+            }
+            next = t;
+        }
+        let body = self.b.fresh("array");
+        if explicit > 0 || most.is_none() {
+            let x = elem(0).expect("a first item is allowed");
+            self.b.rule(body, vec![x, Sym::Nt(next)])?;
+        }
+        if min == 0 {
+            self.b.rule(body, vec![])?;
+        }
+        let nt = self.b.fresh("array");
+        self.b.rule(nt, vec![open, Sym::Nt(body), close])?;
+        Ok(Sym::Nt(nt))
+    }
+
+    /// Any JSON value (`true`, `{}`).
+    fn any_value(&mut self) -> Result<Sym, GrammarError> {
+        if let Some(a) = self.any {
+            return Ok(a);
+        }
+        let value = self.b.fresh("any");
+        self.any = Some(Sym::Nt(value));
+        let open_o = self.punct("{")?;
+        let close_o = self.punct("}")?;
+        let open_a = self.punct("[")?;
+        let close_a = self.punct("]")?;
+        let sep = self.item_sep()?;
+        let key_sep = self.opts.key_separator.clone();
+        let key_sep = self.punct(&key_sep)?;
+        let string = self.b.lexeme(STRING)?;
+        let v = Sym::Nt(value);
+        for lex in [STRING, NUMBER, "true|false|null"] {
+            let l = self.b.lexeme(lex)?;
+            self.b.rule(value, vec![l])?;
+        }
+        // members ::= members sep string : value | string : value
+        let members = self.b.fresh("members");
+        self.b
+            .rule(members, vec![Sym::Nt(members), sep, string, key_sep, v])?;
+        self.b.rule(members, vec![string, key_sep, v])?;
+        self.b.rule(value, vec![open_o, close_o])?;
+        self.b
+            .rule(value, vec![open_o, Sym::Nt(members), close_o])?;
+        let elems = self.b.fresh("elements");
+        self.b.rule(elems, vec![Sym::Nt(elems), sep, v])?;
+        self.b.rule(elems, vec![v])?;
+        self.b.rule(value, vec![open_a, close_a])?;
+        self.b.rule(value, vec![open_a, Sym::Nt(elems), close_a])?;
+        Ok(v)
+    }
+}
+
+const OBJECT_KEYS: &[&str] = &["properties", "required", "additionalProperties"];
+const ARRAY_KEYS: &[&str] = &["items", "prefixItems", "minItems", "maxItems"];
+const STRING_KEYS: &[&str] = &["pattern", "minLength", "maxLength", "format"];
+const NUMBER_KEYS: &[&str] = &["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
+const KNOWN: &[&str] = &[
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "prefixItems",
+    "minItems",
+    "maxItems",
+    "enum",
+    "const",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "$ref",
+    "pattern",
+    "format",
+    "minLength",
+    "maxLength",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+];
+
+/// Regexes (over unescaped characters) of the supported string formats.
+fn format_regex(f: &str) -> Option<&'static str> {
+    Some(match f {
+        "date" => r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])",
+        "time" => {
+            r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+        }
+        "date-time" => {
+            r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+        }
+        "uuid" => r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+        "email" => r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+",
+        _ => return None,
+    })
+}

@@ -1,0 +1,350 @@
+//! JSON Schema compiled to grammars: accept/reject examples per keyword (each accepted text
+//! also checked as JSON by serde_json), recursion through `$ref`, layout options, errors for
+//! unsupported keywords, and trie-walk masks equal brute force along random walks.
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use specdec_core::constrain::grammar::json_schema::JsonOptions;
+use specdec_core::constrain::{
+    CompiledGrammar, Constraint, GrammarError, GrammarLimits, Matcher, Vocabulary,
+};
+use specdec_core::testing;
+
+fn byte_vocab() -> Arc<Vocabulary> {
+    let mut t: Vec<Option<Vec<u8>>> = (0..=255u8).map(|b| Some(vec![b])).collect();
+    t.push(None);
+    Arc::new(Vocabulary::new(t, &[256], None).unwrap())
+}
+
+fn compile_with(schema: Value, opts: JsonOptions) -> Result<CompiledGrammar, GrammarError> {
+    CompiledGrammar::from_json_schema(byte_vocab(), &schema, &opts, GrammarLimits::default())
+}
+
+fn compile(schema: Value) -> CompiledGrammar {
+    compile_with(schema, JsonOptions::default()).unwrap()
+}
+
+fn check(g: &CompiledGrammar, good: &[&str], bad: &[&str]) {
+    for s in good {
+        assert!(g.matches(s.as_bytes()), "{s:?} should match");
+        serde_json::from_str::<Value>(s).expect("accepted texts are JSON");
+    }
+    for s in bad {
+        assert!(!g.matches(s.as_bytes()), "{s:?} should not match");
+    }
+}
+
+#[test]
+fn scalar_types_enum_const() {
+    check(
+        &compile(json!({"type": "integer"})),
+        &["0", "-12"],
+        &["1.5", "01", "\"1\""],
+    );
+    check(
+        &compile(json!({"type": "number"})),
+        &["1.5e3", "-0"],
+        &["1.", "+1"],
+    );
+    check(
+        &compile(json!({"type": ["string", "null"]})),
+        &["\"a\\n\"", "null"],
+        &["1"],
+    );
+    check(
+        &compile(json!({"enum": ["a", 1, null, [1, 2]]})),
+        &["\"a\"", "1", "null", "[1, 2]", "[1,2]"],
+        &["\"b\"", "2"],
+    );
+    check(
+        &compile(json!({"const": {"k": true}})),
+        &["{\"k\": true}", "{ \"k\":true }"],
+        &["{\"k\": false}", "{}"],
+    );
+    check(
+        &compile(json!({"type": "boolean"})),
+        &["true", "false"],
+        &["null"],
+    );
+}
+
+#[test]
+fn integer_bounds() {
+    let g = compile(json!({"type": "integer", "minimum": -12, "exclusiveMaximum": 100}));
+    check(
+        &g,
+        &["-12", "0", "99", "7"],
+        &["-13", "100", "1000", "-0", "007"],
+    );
+    let g = compile(json!({"type": "integer", "exclusiveMinimum": 2.5}));
+    check(&g, &["3", "123456789012"], &["2", "-5"]);
+    let e = compile_with(
+        json!({"type": "integer", "minimum": 3, "maximum": 2}),
+        JsonOptions::default(),
+    );
+    assert!(e
+        .unwrap_err()
+        .to_string()
+        .contains("no integer lies in [3, 2]"));
+    let e = compile_with(
+        json!({"type": "number", "minimum": 0}),
+        JsonOptions::default(),
+    );
+    assert!(e.unwrap_err().to_string().contains("minimum on a number"));
+}
+
+#[test]
+fn strings_pattern_length_format() {
+    check(
+        &compile(json!({"type": "string", "minLength": 2, "maxLength": 3})),
+        &["\"ab\"", "\"a\\nb\""],
+        &["\"a\"", "\"abcd\""],
+    );
+    check(
+        &compile(json!({"type": "string", "pattern": "^[a-z]+[0-9]$"})),
+        &["\"ab1\""],
+        &["\"1\"", "\"ab1x\""],
+    );
+    // Unanchored: the pattern may occur anywhere.
+    check(
+        &compile(json!({"type": "string", "pattern": "ab"})),
+        &["\"xxaby\"", "\"ab\""],
+        &["\"ba\""],
+    );
+    check(
+        &compile(json!({"type": "string", "pattern": "a", "maxLength": 2})),
+        &["\"a\"", "\"xa\""],
+        &["\"xxa\"", "\"b\""],
+    );
+    check(
+        &compile(json!({"type": "string", "format": "date"})),
+        &["\"2024-02-29\""],
+        &["\"2024-13-01\""],
+    );
+    check(
+        &compile(json!({"type": "string", "format": "uuid"})),
+        &["\"123e4567-e89b-12d3-a456-426614174000\""],
+        &["\"123\""],
+    );
+}
+
+#[test]
+fn objects_properties_required_additional() {
+    let schema = json!({
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"}},
+        "required": ["b"],
+        "additionalProperties": false
+    });
+    check(
+        &compile(schema.clone()),
+        &[
+            "{\"b\": \"x\"}",
+            "{\"a\": 1, \"b\": \"x\", \"c\": true}",
+            "{ \"b\":\"x\" , \"c\":false }",
+        ],
+        &[
+            "{}",
+            "{\"a\": 1}",
+            "{\"b\": \"x\", \"a\": 1}",
+            "{\"b\": \"x\", \"d\": 1}",
+            "{\"b\": \"x\",}",
+        ],
+    );
+    // Without additionalProperties: extra properties after the declared ones...
+    let open = json!({"properties": {"a": {"type": "integer"}}});
+    check(
+        &compile(open.clone()),
+        &["{}", "{\"a\": 1, \"z\": [null]}", "{\"z\": {}}"],
+        &["{\"a\": \"x\"}"],
+    );
+    // ...unless strict.
+    let strict = JsonOptions {
+        strict: true,
+        ..JsonOptions::default()
+    };
+    let g = compile_with(open, strict).unwrap();
+    check(&g, &["{\"a\": 1}", "{}"], &["{\"z\": 1}"]);
+    let typed = json!({"type": "object", "additionalProperties": {"type": "integer"}});
+    check(
+        &compile(typed),
+        &["{\"x\": 1, \"y\": 2}"],
+        &["{\"x\": \"1\"}"],
+    );
+}
+
+#[test]
+fn arrays_items_prefix_bounds() {
+    check(
+        &compile(
+            json!({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3}),
+        ),
+        &["[1]", "[1, 2, 3]", "[ 1 ,2 ]"],
+        &["[]", "[1, 2, 3, 4]", "[\"a\"]", "[1,]"],
+    );
+    check(
+        &compile(json!({"prefixItems": [{"type": "string"}, {"type": "integer"}], "items": false})),
+        &["[]", "[\"a\"]", "[\"a\", 1]"],
+        &["[1]", "[\"a\", 1, 2]"],
+    );
+    check(
+        &compile(
+            json!({"prefixItems": [{"const": 0}], "items": {"type": "boolean"}, "minItems": 2}),
+        ),
+        &["[0, true]", "[0, true, false, true]"],
+        &["[0]", "[true, true]"],
+    );
+    check(
+        &compile(json!({"type": "array"})),
+        &["[]", "[1, \"a\", {\"b\": []}]"],
+        &["[1 2]"],
+    );
+}
+
+#[test]
+fn combinators_and_recursive_refs() {
+    let tree = json!({
+        "$defs": {"node": {"type": "object", "properties": {
+            "v": {"type": "integer"},
+            "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}
+        }, "required": ["v"], "additionalProperties": false}},
+        "$ref": "#/$defs/node"
+    });
+    check(
+        &compile(tree),
+        &[
+            "{\"v\": 1}",
+            "{\"v\": 1, \"kids\": [{\"v\": 2, \"kids\": [{\"v\": 3}]}, {\"v\": 4}]}",
+        ],
+        &["{\"v\": 1, \"kids\": [{}]}", "{\"kids\": []}"],
+    );
+    check(
+        &compile(json!({"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 1}]})),
+        &["1", "\"a\""],
+        &["\"ab\""],
+    );
+    check(
+        &compile(json!({"oneOf": [{"const": 1}, {"const": 2}]})),
+        &["1", "2"],
+        &["3"],
+    );
+    let merged = json!({"allOf": [
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+        {"properties": {"b": {"type": "null"}}, "required": ["b"], "additionalProperties": false}
+    ]});
+    check(
+        &compile(merged),
+        &["{\"a\": 1, \"b\": null}"],
+        &["{\"a\": 1}", "{\"b\": null}"],
+    );
+    let self_ref = json!({"type": "array", "items": {"$ref": "#"}});
+    check(&compile(self_ref), &["[]", "[[], [[]]]"], &["[1]"]);
+}
+
+#[test]
+fn layout_options() {
+    let compact = JsonOptions {
+        whitespace: false,
+        item_separator: ", ".into(),
+        key_separator: ": ".into(),
+        strict: true,
+    };
+    let g = compile_with(
+        json!({"properties": {"a": {"type": "array"}, "b": {"const": [1, 2]}}}),
+        compact,
+    )
+    .unwrap();
+    check(
+        &g,
+        &["{\"a\": [1, 2], \"b\": [1, 2]}", "{}"],
+        &["{\"a\":[1, 2]}", "{ \"a\": [] }", "{\"b\": [1,2]}"],
+    );
+}
+
+#[test]
+fn unsupported_keywords_are_listed() {
+    let e = compile_with(
+        json!({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}, "s": {"not": {}}}, "patternProperties": {}}),
+        JsonOptions::default(),
+    )
+    .unwrap_err();
+    let m = e.to_string();
+    for k in [
+        "multipleOf (at #/properties/n)",
+        "not (at #/properties/s)",
+        "patternProperties (at #)",
+    ] {
+        assert!(m.contains(k), "{m}");
+    }
+    assert!(matches!(e, GrammarError::Unsupported(_)));
+    let bad_ref =
+        compile_with(json!({"$ref": "#/$defs/missing"}), JsonOptions::default()).unwrap_err();
+    assert!(bad_ref.to_string().contains("points to nothing"));
+    let remote =
+        compile_with(json!({"$ref": "http://x/y.json"}), JsonOptions::default()).unwrap_err();
+    assert!(remote.to_string().contains("same document"));
+    let cycle = json!({"$defs": {"a": {"$ref": "#/$defs/a"}}, "allOf": [{"$ref": "#/$defs/a"}]});
+    let e = compile_with(cycle, JsonOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("cycle"), "{e}");
+    let self_ref = compile_with(json!({"$ref": "#"}), JsonOptions::default()).unwrap_err();
+    assert!(self_ref.to_string().contains("derives no finite string"));
+    let deep = (0..40).fold(
+        json!({"type": "integer"}),
+        |s, _| json!({"type": "array", "items": s}),
+    );
+    let lim = GrammarLimits {
+        max_depth: 8,
+        ..GrammarLimits::default()
+    };
+    let e = CompiledGrammar::from_json_schema(byte_vocab(), &deep, &JsonOptions::default(), lim)
+        .unwrap_err();
+    assert!(matches!(e, GrammarError::TooLarge(_)));
+}
+
+fn schemas() -> Vec<Value> {
+    vec![
+        json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "yz"]}}, "required": ["a"], "additionalProperties": false}),
+        json!({"type": "array", "items": {"anyOf": [{"type": "boolean"}, {"$ref": "#"}]}, "maxItems": 3}),
+        json!({"type": "string", "pattern": "^a[bc]*$", "maxLength": 5}),
+        json!({}),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(testing::cases(32)))]
+
+    #[test]
+    fn masks_equal_brute_force(
+        which in 0..4usize,
+        tokens in prop::collection::vec(prop::collection::vec(prop::sample::select(b"{}[],:\" ab1xyztruefalsn-".to_vec()), 1..5), 4..40),
+        picks in prop::collection::vec(any::<prop::sample::Index>(), 0..24),
+    ) {
+        let n = tokens.len();
+        let mut t: Vec<Option<Vec<u8>>> = tokens.into_iter().map(Some).collect();
+        t.push(None);
+        let v = Arc::new(Vocabulary::new(t, &[n as i64], None).unwrap());
+        let g = Arc::new(CompiledGrammar::from_json_schema(v.clone(), &schemas()[which], &JsonOptions::default(), GrammarLimits::default()).unwrap());
+        let mut m = Matcher::new(g.clone());
+        let mut text = Vec::new();
+        for pick in picks {
+            let mut mask = vec![0u32; v.words()];
+            m.fill_bitmask(&mut mask).unwrap();
+            let mut brute = vec![0u32; v.words()];
+            g.brute_force_mask(m.state(), &mut brute);
+            prop_assert_eq!(&mask, &brute);
+            let ids: Vec<usize> = (0..v.vocab_size()).filter(|&t| mask[t / 32] >> (t % 32) & 1 == 1).collect();
+            if ids.is_empty() || m.is_terminated() {
+                break;
+            }
+            let t = ids[pick.index(ids.len())];
+            prop_assert!(m.accept_token(t as i64).unwrap());
+            if v.is_eos(t) {
+                // A finished text is JSON.
+                prop_assert!(serde_json::from_slice::<Value>(&text).is_ok(), "{:?}", String::from_utf8_lossy(&text));
+            }
+            text.extend_from_slice(v.token_bytes(t));
+        }
+    }
+}

@@ -1,0 +1,472 @@
+"""Context-free grammar constraints through Python: GBNF grammars over the Tekken 131k
+vocabulary, masks along random walks equal brute force (every token's bytes through the
+parser), acceptance against json.loads and independent checks, tree masks equal matchers
+advanced node by node, the compile cache, and errors."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import specdec
+from specdec import (
+    CfgGrammar,
+    GrammarError,
+    Matcher,
+    SpecdecError,
+    SpecdecTypeError,
+    Vocabulary,
+    allocate_token_bitmask,
+    build_ddtree_constrained,
+    fill_next_token_bitmask_batch,
+    fill_tree_bitmask,
+)
+
+JSON_GBNF = r"""
+root   ::= ws value ws
+value  ::= object | array | string | number | "true" | "false" | "null"
+object ::= "{" ws ( member ( ws "," ws member )* ws )? "}"
+member ::= string ws ":" ws value
+array  ::= "[" ws ( value ( ws "," ws value )* ws )? "]"
+string ::= "\"" ( [^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ) )* "\""
+number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
+ws     ::= [ \t\n\r]*
+"""
+
+ARITH_GBNF = r"""
+root   ::= expr
+expr   ::= term ( [-+] term )*
+term   ::= factor ( [*/] factor )*
+factor ::= [0-9]+ | "(" expr ")"
+"""
+
+PARENS_GBNF = 'root ::= ( "(" root ")" )*'
+
+SMALL = [b"(", b")", b"()", b"((", b"))", b"a", None]
+SMALL_EOS = 6
+
+
+def small_vocab() -> Vocabulary:
+    return Vocabulary.from_bytes(SMALL, eos_ids=[SMALL_EOS])
+
+
+@pytest.fixture(scope="module")
+def tekken() -> Vocabulary:
+    return Vocabulary.from_tekken()
+
+
+def _unpack(words: np.ndarray, n: int) -> np.ndarray:
+    return np.unpackbits(words.view(np.uint8), bitorder="little")[:n].astype(bool)
+
+
+def _walk_checks(g: CfgGrammar, rng: random.Random, steps: int, prefer: bytes) -> bytes:
+    """Random walk; at sampled states the matcher's mask equals brute force. Tokens made only
+    of ``prefer``'s bytes are picked most of the time, so walks go deep into the grammar."""
+    v = g.vocab
+    m = g.matcher()
+    text = b""
+    bm = allocate_token_bitmask(1, v.vocab_size)
+    for step in range(steps):
+        m.fill_next_token_bitmask(bm)
+        if step % 3 == 0:
+            brute = g._g.brute_force_mask(text)
+            assert np.array_equal(bm[0].view(np.uint32), brute), (step, text)
+        ids = np.flatnonzero(_unpack(bm[0], v.vocab_size))
+        assert len(ids) > 0
+        texts = [t for t in ids.tolist() if (v.token_bytes(t) or b"\xff").strip(prefer) == b""]
+        eos = [t for t in ids.tolist() if t in v.eos_ids]
+        # Past a complete value only whitespace continues: end there instead.
+        pool = texts if texts and rng.random() < 0.8 else (eos if not texts and eos else ids)
+        t = int(rng.choice(list(pool)))
+        assert m.accept_token(t)
+        if m.is_terminated():
+            break
+        text += v.token_bytes(t) or b""
+    return text
+
+
+def test_json_masks_equal_brute_force_on_tekken(tekken: Vocabulary) -> None:
+    # Rooted at an array, and mostly structural tokens, so walks nest instead of staying
+    # inside one string.
+    g = tekken.gbnf(JSON_GBNF.replace("root   ::= ws value ws", "root ::= array"))
+    rng = random.Random(0)
+    for _ in range(6):
+        text = _walk_checks(g, rng, 24, b"{}[],:0123456789-.truefalsn")
+        # Every prefix the walk reached is viable: completing it must be possible, which the
+        # grammar reports as not dead; a finished text is what json.loads accepts.
+        if g.matches(text):
+            json.loads(text)
+
+
+def test_arithmetic_masks_equal_brute_force_on_tekken(tekken: Vocabulary) -> None:
+    g = tekken.gbnf(ARITH_GBNF)
+    rng = random.Random(1)
+    text = _walk_checks(g, rng, 30, b"0123456789+-*/()")
+    assert g.matches(text) == _arith_ok(text)
+
+
+def _arith_ok(s: bytes) -> bool:
+    """ARITH_GBNF's language by recursive descent (an oracle independent of the parser)."""
+    pos = 0
+
+    def peek() -> int:
+        return s[pos] if pos < len(s) else 0  # 0: in no byte set below
+
+    def expr() -> bool:
+        nonlocal pos
+        if not term():
+            return False
+        while peek() in b"+-":
+            pos += 1
+            if not term():
+                return False
+        return True
+
+    def term() -> bool:
+        nonlocal pos
+        if not factor():
+            return False
+        while peek() in b"*/":
+            pos += 1
+            if not factor():
+                return False
+        return True
+
+    def factor() -> bool:
+        nonlocal pos
+        if peek() in b"0123456789":
+            while peek() in b"0123456789":
+                pos += 1
+            return True
+        if peek() == ord("("):
+            pos += 1
+            if not expr() or peek() != ord(")"):
+                return False
+            pos += 1
+            return True
+        return False
+
+    return expr() and pos == len(s)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="12+-*/()", max_size=10))
+def test_arithmetic_acceptance_equals_oracle(s: str) -> None:
+    g = small_vocab().gbnf(ARITH_GBNF)
+    assert g.matches(s) == _arith_ok(s.encode())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers(-999, 999) | st.text('ab é"\\', max_size=3),
+        lambda inner: (
+            st.lists(inner, max_size=3)
+            | st.dictionaries(st.text("ab", max_size=2), inner, max_size=3)
+        ),
+        max_leaves=8,
+    ),
+    st.booleans(),
+)
+def test_json_acceptance_equals_json_module(value: object, pretty: bool) -> None:
+    g = small_vocab().gbnf(JSON_GBNF)
+    s = json.dumps(value, indent=2 if pretty else None)
+    assert g.matches(s)
+    for cut in range(len(s)):
+        broken = s[:cut] + s[cut + 1 :]
+        try:
+            json.loads(broken)
+            ok = True
+        except ValueError:
+            ok = False
+        # json.loads allows NaN/Infinity and lone surrogates; none can arise from one deletion.
+        assert g.matches(broken) == ok, broken
+
+
+def test_matcher_protocol_on_parens() -> None:
+    v = small_vocab()
+    g = v.gbnf(PARENS_GBNF)
+    m = g.matcher()
+    assert isinstance(m, Matcher) and m.is_accepting()
+    assert set(m.allowed_tokens().tolist()) == {0, 2, 3, SMALL_EOS}
+    assert m.accept_tokens([3, 2]) == 2
+    assert set(m.allowed_tokens().tolist()) == {0, 1, 2, 3, 4}
+    f = m.fork()
+    assert m.accept_token(4) and m.is_accepting()
+    assert not m.accept_token(1) and m.num_accepted == 3
+    m.rollback(1)
+    assert m._m.state == f._m.state and not m.is_accepting()
+    assert not m.accept_token(5)  # "a" is outside the language
+    assert m.accept_token(4) and m.accept_token(SMALL_EOS) and m.is_terminated()
+    assert m.allowed_tokens().tolist() == [SMALL_EOS]
+    m.reset()
+    assert m.num_accepted == 0
+
+
+def test_batch_and_tree_masks_equal_single_matchers() -> None:
+    v = small_vocab()
+    g = v.gbnf(PARENS_GBNF)
+    ms = [g.matcher() for _ in range(3)]
+    ms[1].accept_token(3)
+    ms[2].accept_tokens([0, 2])
+    bm = allocate_token_bitmask(3, v.vocab_size)
+    fill_next_token_bitmask_batch(ms, bm)
+    one = allocate_token_bitmask(1, v.vocab_size)
+    for i, m in enumerate(ms):
+        m.fill_next_token_bitmask(one)
+        assert np.array_equal(bm[i], one[0])
+    tree = specdec.tree_from_branches([[0, 1, 1], [3, 4], [1], [2, SMALL_EOS]], root_token=0)
+    rows = allocate_token_bitmask(tree.num_nodes, v.vocab_size)
+    valid = fill_tree_bitmask(ms[0], tree, rows)
+    for i in range(tree.num_nodes):
+        path, j = [], i
+        while j > 0:
+            path.append(int(tree.tokens[j]))
+            j = int(tree.parents[j])
+        f = ms[0].fork()
+        ok = all(f.accept_token(t) for t in reversed(path))
+        assert bool(valid[i]) == ok
+        if ok:
+            f.fill_next_token_bitmask(one)
+            assert np.array_equal(rows[i], one[0])
+        else:
+            assert not rows[i].any()
+    lp = np.log(np.full((3, 4), 0.25, dtype=np.float32))
+    ids = np.array([[1, 0, 2, 5]] * 3)
+    built = build_ddtree_constrained(lp, ids, 8, g.matcher())
+    for i in range(1, built.num_nodes):
+        path, j = [], i
+        while j > 0:
+            path.append(int(built.tokens[j]))
+            j = int(built.parents[j])
+        assert g.matcher().accept_tokens(list(reversed(path))) == len(path)
+
+
+def test_regex_as_one_lexeme_grammar_equals_regex_engine(tekken: Vocabulary) -> None:
+    for pattern in [r"[a-z]+( [a-z]+)*", r'"[^"]{0,5}"', r"-?\d+(\.\d+)?"]:
+        cfg = CfgGrammar.from_regex(tekken, pattern).matcher()
+        rx = tekken.regex(pattern).matcher()
+        rng = random.Random(pattern)
+        for _ in range(6):
+            a, b = cfg.allowed_tokens(), rx.allowed_tokens()
+            assert np.array_equal(a, b)
+            if len(a) == 0:
+                break
+            t = int(rng.choice(a.tolist()))
+            assert cfg.accept_token(t) and rx.accept_token(t)
+
+
+def test_compile_cache_is_per_vocabulary_and_text() -> None:
+    v, w = small_vocab(), small_vocab()
+    assert v.gbnf(PARENS_GBNF) is v.gbnf(PARENS_GBNF)
+    assert v.gbnf(PARENS_GBNF) is not w.gbnf(PARENS_GBNF)
+    assert v.gbnf(PARENS_GBNF) is not v.gbnf(PARENS_GBNF + "\n")
+    assert v.gbnf(PARENS_GBNF, cache_bytes=0) is not v.gbnf(PARENS_GBNF)
+
+
+def test_errors() -> None:
+    v = small_vocab()
+    with pytest.raises(GrammarError, match="undefined rules: expr"):
+        v.gbnf("root ::= expr")
+    with pytest.raises(GrammarError, match="line 2, column"):
+        v.gbnf('root ::= "a"\nx ::= "b" )')
+    with pytest.raises(GrammarError, match="no rule named"):
+        v.gbnf('start ::= "a"')
+    with pytest.raises(GrammarError, match="max_depth"):
+        v.gbnf("root ::= " + "(" * 10 + '"a"' + ")" * 10, max_depth=4)
+    with pytest.raises(GrammarError):
+        v.gbnf("root ::= x", max_depth=0)
+    with pytest.raises(SpecdecTypeError):
+        v.gbnf(b"root ::= x")  # type: ignore[arg-type]
+    with pytest.raises(SpecdecTypeError):
+        Matcher("root ::= x")  # type: ignore[arg-type]
+    with pytest.raises(SpecdecError):
+        specdec._core.Matcher(object())  # type: ignore[arg-type]
+    with pytest.raises(GrammarError, match="invalid regex"):
+        CfgGrammar.from_regex(v, "(")
+
+
+# ---- JSON Schema ------------------------------------------------------------------------
+# Properties are declared in sorted order (and extra keys sort after them) so that
+# json.dumps(sort_keys=True) writes any instance in the order the grammar expects.
+SCHEMAS: list[dict[str, object]] = [
+    {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer"},
+            "b": {"type": "array", "items": {"type": "string", "maxLength": 2}, "maxItems": 2},
+        },
+        "required": ["a"],
+    },
+    {
+        "$defs": {
+            "t": {
+                "anyOf": [
+                    {"type": "integer"},
+                    {"type": "array", "items": {"$ref": "#/$defs/t"}, "maxItems": 2},
+                ]
+            }
+        },
+        "$ref": "#/$defs/t",
+    },
+    {"enum": [1, "a", None, [1]]},
+    {
+        "type": "object",
+        "properties": {"a": {"const": 1}, "c": {"type": ["boolean", "null"]}},
+        "additionalProperties": False,
+    },
+    {
+        "type": "array",
+        "prefixItems": [{"type": "integer"}],
+        "items": {"type": "string", "pattern": "^b"},
+        "minItems": 1,
+    },
+    {"type": "string", "pattern": "a.c", "minLength": 3, "maxLength": 5},
+    {"type": "array", "items": {"type": "integer", "minimum": -3, "exclusiveMaximum": 12}},
+]
+
+_leaf = st.none() | st.booleans() | st.integers(-20, 20) | st.text("abc x", max_size=4)
+_json_values = st.recursive(
+    _leaf,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["a", "b", "c", "x"]), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+_short = st.text("abc x", max_size=3)
+# Per schema, values near its language (mostly valid, some not), beside random ones.
+_near = [
+    st.fixed_dictionaries(
+        {"a": st.integers(-5, 5)},
+        optional={"b": st.lists(_short, max_size=3), "x": _leaf},
+    ),
+    st.recursive(st.integers(0, 9), lambda t: st.lists(t, max_size=3), max_leaves=5),
+    st.sampled_from([1, "a", None, [1], 2, "b", [1, 1], True]),
+    st.fixed_dictionaries(
+        {}, optional={"a": st.sampled_from([1, 1, 2]), "c": st.booleans() | st.none() | _short}
+    ),
+    st.builds(
+        lambda first, rest: [first, *rest],
+        st.integers(0, 3) | _short,
+        st.lists(st.text("bx", max_size=3).map(lambda t: "b" + t) | _short, max_size=3),
+    ),
+    st.builds(lambda p, m, q: p + "a" + m + "c" + q, _short, st.text("abc", max_size=1), _short),
+    st.lists(st.integers(-6, 15), max_size=3),
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_json_schema_acceptance_equals_jsonschema(data: st.DataObject) -> None:
+    import jsonschema
+
+    i = data.draw(st.integers(0, len(SCHEMAS) - 1))
+    value = data.draw(_near[i] | _json_values)
+    pretty = data.draw(st.booleans())
+    schema = SCHEMAS[i]
+    g = small_vocab().json_schema(schema)
+    valid = jsonschema.Draft202012Validator(schema).is_valid(value)
+    text = json.dumps(value, sort_keys=True, indent=2 if pretty else None)
+    assert g.matches(text) == valid, (schema, text)
+
+
+def test_json_schema_walks_on_tekken_give_valid_instances(tekken: Vocabulary) -> None:
+    import jsonschema
+
+    rng = random.Random(2)
+    finished = 0
+    for schema in SCHEMAS:
+        g = tekken.json_schema(schema)
+        for _ in range(3):
+            m = g.matcher()
+            text = b""
+            bm = allocate_token_bitmask(1, tekken.vocab_size)
+            for step in range(40):
+                m.fill_next_token_bitmask(bm)
+                if step % 4 == 0:
+                    assert np.array_equal(bm[0].view(np.uint32), g._g.brute_force_mask(text))
+                ids = np.flatnonzero(_unpack(bm[0], tekken.vocab_size)).tolist()
+                eos = [t for t in ids if t in tekken.eos_ids]
+                # End as soon as possible half of the time, so many walks finish.
+                t = eos[0] if eos and rng.random() < 0.5 else rng.choice(ids)
+                assert m.accept_token(t)
+                if m.is_terminated():
+                    instance = json.loads(text)
+                    jsonschema.validate(instance, schema)
+                    finished += 1
+                    break
+                text += tekken.token_bytes(t) or b""
+    assert finished >= 6
+
+
+def test_json_schema_options_and_errors() -> None:
+    v = small_vocab()
+    schema = {"properties": {"a": {"type": "array"}}}
+    compact = v.json_schema(schema, whitespace=False, strict=True)
+    assert compact.matches('{"a": [1, 2]}')
+    assert not compact.matches('{"a":[1,2]}') and not compact.matches('{"a": [], "z": 1}')
+    tight = v.json_schema(schema, whitespace=False, separators=(",", ":"))
+    assert tight.matches('{"a":[1,2],"z":null}') and not tight.matches('{"a": []}')
+    assert v.json_schema(schema) is v.json_schema(json.dumps(schema))
+    with pytest.raises(
+        GrammarError, match=r"minimum on a number \(at #/properties/n\).*uniqueItems"
+    ):
+        v.json_schema({"properties": {"n": {"minimum": 0}}, "uniqueItems": True})
+    with pytest.raises(GrammarError, match="not JSON"):
+        v.json_schema("{")
+    with pytest.raises(GrammarError, match="points to nothing"):
+        v.json_schema({"$ref": "#/$defs/nope"})
+    with pytest.raises(SpecdecTypeError):
+        v.json_schema(3)  # type: ignore[arg-type]
+    with pytest.raises(SpecdecTypeError):
+        v.json_schema(schema, separators=",")  # type: ignore[arg-type]
+
+
+C_LIKE_GBNF = r"""
+root    ::= ws ( func ws )+
+func    ::= type " " ident "(" params? ")" ws block
+type    ::= "int" | "void"
+params  ::= type " " ident ( "," ws type " " ident )*
+block   ::= "{" ws ( stmt ws )* "}"
+stmt    ::= "return" ( " " expr )? ";"
+          | type " " ident ws "=" ws expr ws ";"
+          | "if" ws "(" expr ")" ws block ( ws "else" ws block )?
+          | ident ws "=" ws expr ws ";"
+          | block
+expr    ::= atom ( ws [-+*<] ws atom )*
+atom    ::= ident | [0-9]+ | "(" expr ")" | ident "(" ( expr ( "," ws expr )* )? ")"
+ident   ::= [a-z_] [a-z0-9_]*
+ws      ::= | [ \n]{1,20}   # empty first alternative, bounded repetition
+"""
+
+
+def test_c_like_masks_equal_brute_force_on_tekken(tekken: Vocabulary) -> None:
+    g = tekken.gbnf(C_LIKE_GBNF)
+    assert g.matches("int main() {\n  int x = f(1, y) + 2;\n  if (x < 3) { return x; }\n}")
+    assert not g.matches("int main() { return 1 }")
+    rng = random.Random(3)
+    for _ in range(3):
+        _walk_checks(g, rng, 30, b"intvoidreturnfelsxyz_(){};=+<,0123456789 \n")
+
+
+def test_gbnf_escapes_and_empty_alternatives() -> None:
+    g = small_vocab().gbnf(
+        r'root ::= "\x7F" [^\x00-\x1F"]? ( | "a" | [\u00e9] ) "\"" ws' + "\n" + "ws ::= [ ]{0,2}"
+    )
+    for text, ok in [
+        ('\x7f"', True),
+        ('\x7fz\u00e9"  ', True),
+        ('\x7f\u00e9a"', True),
+        ('\x7f\u00e9\u00e9a"', False),
+        ('\x7f"   ', False),
+        ('\x7f\x01"', False),
+    ]:
+        assert g.matches(text) == ok, text
