@@ -298,7 +298,7 @@ def test_adaptive_choice_is_the_brute_force_optimum(
         tree = specdec.build_ddtree(lp, np.tile(np.arange(6), (5, 1)), int(rng.integers(1, 30)))
         trees.append(tree)
         values.append(np.exp(tree.logprobs[1:]))
-    choice = AdaptiveBudget(cost, max_b, prior=1.0).choose(trees)
+    choice = AdaptiveBudget(cost, max_b, prior=1.0, probe=False).choose(trees)
     assert choice.nodes == brute_force_choice(cost, values, max_b)
 
 
@@ -317,6 +317,23 @@ def test_adaptive_budget_follows_the_hardware() -> None:
     for _ in range(200):
         ab.observe([chain], [4], 0.0)  # always accepted
     assert ab.choose([chain]).nodes == 4
+
+
+def test_adaptive_budget_probes_a_drafter_it_gave_up_on() -> None:
+    """Unscored trees start pessimistic on a slow target: after ``probe_after`` skipped steps
+    one tree is verified anyway; a probe that pays re-opens speculation, one that does not
+    doubles the wait."""
+    chain = specdec.tree_from_branches([[1, 2, 3, 4]], root_token=0)
+    ab = AdaptiveBudget(CostModel([1, 2, 5], [1.0, 2.0, 2.2]), 4)
+    picks = [ab.choose([chain]).nodes for _ in range(8)]
+    assert picks[:7] == [0] * 7 and picks[7] > 0
+    ab.observe([chain.pruned(picks[7])], [0], 0.0)  # the probe accepted nothing
+    assert ab.probe_after == 16
+    picks = [ab.choose([chain]).nodes for _ in range(16)]
+    assert picks[:15] == [0] * 15 and picks[15] > 0
+    for _ in range(30):  # it pays every time from now on
+        ab.observe([chain], [4], 0.0)
+    assert ab.choose([chain]).nodes == 4 and ab.probe_after == 8
 
 
 def test_cost_model_calibrates_on_the_target(target: LlamaModel) -> None:

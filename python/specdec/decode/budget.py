@@ -67,7 +67,8 @@ class CostModel:
         repeats: int = 3,
     ) -> CostModel:
         """Time ``target`` forwards of each size in ``sizes`` after a ``prefix``-token
-        context (median of ``repeats``, after one warm-up), in a scratch cache."""
+        context (fastest of ``repeats``, after one warm-up: noise on a shared machine only
+        ever adds time), in a scratch cache."""
         sizes = sorted({check_int(s, "calibration size", 1, ConfigError) for s in sizes})
         prefix = min(prefix, target.max_positions - max(sizes) - 1)
         if prefix < 1:
@@ -89,7 +90,7 @@ class CostModel:
                     torch.cuda.synchronize(dev)
                 times.append(time.perf_counter() - t0)
                 cache.rollback()
-            seconds.append(float(np.median(times[1:])))
+            seconds.append(float(min(times[1:])))
         return cls(list(sizes), seconds)
 
 
@@ -114,6 +115,14 @@ class AdaptiveBudget:
     # Drafters' own probabilities (suffix frequencies above all) run optimistic, so the
     # calibration starts at ``prior`` (worth two predicted tokens) until steps say otherwise.
     prior: float = 0.5
+    # Exploration: after ``probe_after`` steps in a row whose trees were not worth
+    # verifying, verify the best non-empty tree once (without it a drafter judged useless
+    # early would never be measured again); the wait doubles after a probe that accepted
+    # nothing and resets after one that accepted something.
+    probe: bool = True
+    probe_after: int = 8
+    _skipped: int = 0
+    _probing: bool = False
     _predicted: float = 2.0
     _realised: float = -1.0  # set from ``prior``
     # Acceptance per depth for trees without probabilities: reached[d] / tried[d].
@@ -159,18 +168,31 @@ class AdaptiveBudget:
             c = np.cumsum(v)
             gains[1 : len(c) + 1] += c
             gains[len(c) + 1 :] += c[-1] if len(c) else 0.0
-        best = BudgetChoice(0, float(r), self.cost(r) + self.host_seconds)
-        best_rate = best.expected_tokens / best.expected_seconds
+        plain = BudgetChoice(0, float(r), self.cost(r) + self.host_seconds)
+        best, best_rate = None, -1.0  # the best non-empty tree size
         for b in range(1, self.max_budget + 1):
             tokens = r + float(gains[b])
             secs = self.cost(r * (b + 1)) + self.host_seconds
             if tokens / secs > best_rate:
                 best, best_rate = BudgetChoice(b, tokens, secs), tokens / secs
-        return best
+        if best is not None and best_rate > plain.expected_tokens / plain.expected_seconds:
+            self._skipped = 0
+            return best
+        drafted = any(t.num_real > 1 for t in trees)
+        if self.probe and drafted and best is not None:
+            self._skipped += 1
+            if self._skipped >= self.probe_after:
+                self._skipped, self._probing = 0, True
+                return best
+        return plain
 
     def observe(self, trees: Sequence[DraftTree], accepted: Sequence[int], host: float) -> None:
         """Learn from a finished step: the trees verified, the drafted tokens each accepted,
         and the step's seconds besides the forward."""
+        if self._probing:
+            self._probing = False
+            paid = sum(accepted) > 0
+            self.probe_after = 8 if paid else min(2 * self.probe_after, 1024)
         for tree, a in zip(trees, accepted, strict=True):
             n = tree.num_real
             if n > 1 and not math.isnan(tree.expected_acceptance):
