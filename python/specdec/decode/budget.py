@@ -64,7 +64,7 @@ class CostModel:
         *,
         sizes: Sequence[int] = (1, 2, 4, 8, 16, 24, 32, 48, 64),
         prefix: int = 128,
-        repeats: int = 3,
+        repeats: int = 5,
     ) -> CostModel:
         """Time ``target`` forwards of each size in ``sizes`` after a ``prefix``-token
         context (fastest of ``repeats``, after one warm-up: noise on a shared machine only
