@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from .. import _core
-from .._arrays import as_array, check_int
+from .._arrays import I64_MAX, as_array, check_int
 from ..errors import TreeError
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ class DraftTree:
     def position_ids(self, prefix_len: int) -> np.ndarray:
         """int64 ``prefix_len + depth`` (RoPE positions follow depth, never the packed index).
         ``prefix_len`` is the root's position: the number of tokens committed before it."""
-        if type(prefix_len) is not int or prefix_len < 0:
+        if type(prefix_len) is not int or not 0 <= prefix_len <= I64_MAX:
             prefix_len = check_int(prefix_len, "prefix_len", 0)
         return self._arrays.position_ids(prefix_len)
 
