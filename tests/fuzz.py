@@ -138,6 +138,7 @@ class Tally:
     crash_count: int = 0
     crashes: list[str] = field(default_factory=list)  # the first 20, for the report
     hangs: int = 0
+    slow: list[str] = field(default_factory=list)  # the first 20 hangs, for the report
 
     def start(self, seed: int) -> Mutator:
         """Count one drawn example; its variants come from the returned mutator."""
@@ -150,9 +151,15 @@ class Tally:
             self.crashes.append(what)
 
 
-def guarded(tally: Tally, call: Callable[[], object], deadline: float) -> bool:
+def guarded(
+    tally: Tally,
+    call: Callable[[], object],
+    deadline: float,
+    what: Callable[[], str] | None = None,
+) -> bool:
     """Run one input; True when it was accepted. Crashes (non-SpecdecError exceptions) and
-    hangs are recorded, not raised, so a long run reports them all."""
+    hangs are recorded, not raised, so a long run reports them all; ``what`` describes the
+    input for the report of a hang."""
     tally.inputs += 1
     t0 = time.perf_counter()
     try:
@@ -168,7 +175,7 @@ def guarded(tally: Tally, call: Callable[[], object], deadline: float) -> bool:
         raise
     except BaseException as e:  # noqa: BLE001 - any other (a Rust panic is a BaseException)
         ok = False
-        # Where: the innermost frame in specdec (or this file), then the innermost of all.
+        # Where: the innermost frame, then the innermost in specdec or this file.
         frames = traceback.extract_tb(e.__traceback__)
         ours = [f for f in frames if "specdec" in f.filename or "fuzz" in f.filename]
         place = " < ".join(
@@ -176,8 +183,13 @@ def guarded(tally: Tally, call: Callable[[], object], deadline: float) -> bool:
             for f in {id(f): f for f in [frames[-1], *ours[-1:]]}.values()
         )
         tally.record_crash(f"{type(e).__name__} at {place}: {str(e)[:200]}")
-    if time.perf_counter() - t0 > deadline:
+    dt = time.perf_counter() - t0
+    if dt > deadline:
         tally.hangs += 1
+        if len(tally.slow) < 20:
+            tally.slow.append(
+                f"{dt:.1f} s: {what() if what else getattr(call, '__qualname__', '?')}"
+            )
     return ok
 
 
@@ -450,17 +462,17 @@ def fan(
             continue
         seen.add(key)
         before = state() if state is not None else None
-        if guarded(t, lambda v=v: call(*v), deadline):
+        if guarded(t, lambda v=v: call(*v), deadline, lambda v=v: describe(call, v)):
             accepted.append(v)
             if on_accept is not None:
                 on_accept()
         elif state is not None and state() != before:
-            t.record_crash(f"a refused call changed the state: {describe(v)}")
+            t.record_crash(f"a refused call changed the state: {describe(call, v)}")
     return accepted
 
 
-def describe(args: list[Any]) -> str:
-    return repr(args)[:300]
+def describe(call: Callable[..., object], args: list[Any]) -> str:
+    return f"{getattr(call, '__qualname__', type(call).__name__)}{tuple(args)!r}"[:300]
 
 
 # -- entry points ------------------------------------------------------------------------------
@@ -1120,6 +1132,8 @@ def main(argv: list[str] | None = None) -> int:
         print("| " + " | ".join(map(str, cells)) + " |", flush=True)
         for c in tally.crashes:
             print(f"    crash: {c}")
+        for h in tally.slow:
+            print(f"    hang: {h}")
         failed |= bool(tally.crash_count or tally.hangs)
     print(f"\ntotal: {time.perf_counter() - start:.0f} s")
     return 1 if failed else 0

@@ -442,6 +442,7 @@ def test_inputs_found_by_make_fuzz() -> None:
         ("prefix past int64", lambda: tree.position_ids(big), errors.TreeError),
         ("mask prefix past int64", lambda: tree.attention_mask(big), errors.TreeError),
         ("padded past int64", lambda: tree.padded(big), errors.TreeError),
+        ("mask kind of an array", lambda: tree.attention_mask(2, np.array([])), errors.TreeError),  # type: ignore[arg-type]
         ("walk_batch of a float", lambda: specdec.walk_batch(2.5, [[0]]), errors.SpecdecTypeError),  # type: ignore[arg-type]
         (
             "eos 0-D array",

@@ -287,6 +287,9 @@ def test_bad_regex_and_size_limit(tekken: Vocabulary) -> None:
         RegexGrammar(tekken, "[ab]*a[ab]{20}", size_limit=1 << 16)
     with pytest.raises(GrammarError):
         RegexGrammar(tekken, b"abc")  # type: ignore[arg-type]
+    # Refused from the pattern's match length, before seconds of expansion (found by make fuzz).
+    with pytest.raises(GrammarError, match="too large"):
+        RegexGrammar(tekken, "a{1000000}")
 
 
 def test_huge_precompute_budget_is_no_limit(tekken: Vocabulary) -> None:

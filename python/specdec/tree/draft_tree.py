@@ -139,7 +139,7 @@ class DraftTree:
         ancestors (itself included), never siblings. ``kind="bool"`` gives True = visible;
         ``"additive"`` gives float32 0 / -inf."""
         prefix_len = check_int(prefix_len, "prefix_len", 0)
-        if kind not in ("bool", "additive"):
+        if not isinstance(kind, str) or kind not in ("bool", "additive"):
             raise TreeError(f"kind must be 'bool' or 'additive', got {kind!r}")
         return self._arrays.attention_mask(prefix_len, kind == "additive")
 
