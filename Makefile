@@ -32,10 +32,12 @@ bench:
 soak:
 	$(PYTHON) tests/soak.py --steps 100000
 
-# Not in CI (tests/test_fuzz.py is the short version): hypothesis over every Python entry
-# point, FUZZ_EXAMPLES inputs each, plus the Rust proptest suites at high case counts.
-FUZZ_EXAMPLES ?= 1000000
+# Not in CI (tests/test_fuzz.py is the short version): the Rust proptest suites at high case
+# counts, then every Python entry point until it has made FUZZ_INPUTS calls: hypothesis
+# examples, each called as drawn and as FUZZ_VARIANTS - 1 distinct variants of it.
+FUZZ_INPUTS ?= 1000000
+FUZZ_VARIANTS ?= 64
 .PHONY: fuzz
 fuzz:
 	PROPTEST_CASES=100000 cargo test --release -p specdec-core --tests
-	$(PYTHON) tests/fuzz.py --examples $(FUZZ_EXAMPLES)
+	$(PYTHON) tests/fuzz.py --variants $(FUZZ_VARIANTS) --inputs $(FUZZ_INPUTS)

@@ -5,21 +5,27 @@ The rule checked for every input: the call either succeeds or raises a ``Specdec
 other exception is a crash, a call slower than the deadline a hang, and a refusal must leave
 the object it was called on unchanged.
 
-``python tests/fuzz.py --examples 1000000`` (``make fuzz``) runs each entry point that many
-times and prints a table; ``tests/test_fuzz.py`` runs a short version in CI.
+Hypothesis draws the structure of each example; each example is then called as drawn and as
+distinct variants derived from it (``Mutator``), so that millions of inputs per entry point
+take minutes rather than hours. ``python tests/fuzz.py --variants 64 --inputs 1000000``
+(``make fuzz``) runs each entry point until it has made at least that many calls and prints a
+table; ``tests/test_fuzz.py`` runs a short version in CI.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import hypothesis
 import hypothesis.extra.numpy as hnp
 import numpy as np
 import torch
@@ -125,16 +131,35 @@ maybe_int = st.one_of(ints, ints, ints, junk)
 # -- the runner ------------------------------------------------------------------------------
 @dataclass
 class Tally:
+    examples: int = 0
     inputs: int = 0
     accepted: int = 0
     refused: int = 0
-    crashes: list[str] = field(default_factory=list)
+    crash_count: int = 0
+    crashes: list[str] = field(default_factory=list)  # the first 20, for the report
     hangs: int = 0
+    slow: list[str] = field(default_factory=list)  # the first 20 hangs, for the report
+
+    def start(self, seed: int) -> Mutator:
+        """Count one drawn example; its variants come from the returned mutator."""
+        self.examples += 1
+        return Mutator(seed)
+
+    def record_crash(self, what: str) -> None:
+        self.crash_count += 1
+        if len(self.crashes) < 20 and what not in self.crashes:
+            self.crashes.append(what)
 
 
-def guarded(tally: Tally, call: Callable[[], object], deadline: float) -> bool:
+def guarded(
+    tally: Tally,
+    call: Callable[[], object],
+    deadline: float,
+    what: Callable[[], str] | None = None,
+) -> bool:
     """Run one input; True when it was accepted. Crashes (non-SpecdecError exceptions) and
-    hangs are recorded, not raised, so a long run reports them all."""
+    hangs are recorded, not raised, so a long run reports them all; ``what`` describes the
+    input for the report of a hang."""
     tally.inputs += 1
     t0 = time.perf_counter()
     try:
@@ -145,54 +170,358 @@ def guarded(tally: Tally, call: Callable[[], object], deadline: float) -> bool:
         ok = False
         tally.refused += 1
         if not str(e):
-            tally.crashes.append(f"{type(e).__name__} with an empty message")
-    except Exception as e:  # noqa: BLE001 - any other exception is what we are looking for
+            tally.record_crash(f"{type(e).__name__} with an empty message")
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - any other (a Rust panic is a BaseException)
         ok = False
-        if len(tally.crashes) < 20:
-            tally.crashes.append(f"{type(e).__name__}: {str(e)[:200]}")
-    if time.perf_counter() - t0 > deadline:
+        # Where: the innermost frame, then the innermost in specdec or this file.
+        frames = traceback.extract_tb(e.__traceback__)
+        ours = [f for f in frames if "specdec" in f.filename or "fuzz" in f.filename]
+        place = " < ".join(
+            f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}"
+            for f in {id(f): f for f in [frames[-1], *ours[-1:]]}.values()
+        )
+        tally.record_crash(f"{type(e).__name__} at {place}: {str(e)[:200]}")
+    dt = time.perf_counter() - t0
+    if dt > deadline:
         tally.hangs += 1
+        if len(tally.slow) < 20:
+            tally.slow.append(
+                f"{dt:.1f} s: {what() if what else getattr(call, '__qualname__', '?')}"
+            )
     return ok
 
 
+# -- variants: many cheap inputs from one hypothesis example --------------------------------
+# Hypothesis draws the structure of an example (a few ms each); each example is then called
+# as drawn and as `variants - 1` distinct variants made with a `random.Random` seeded from the
+# example (microseconds each), so a long run reaches millions of inputs per entry point.
+FLOAT_DTYPES = [np.float16, np.float32, np.float64]
+ALL_DTYPES = [*DTYPES, np.float16, np.uint8, np.int16, np.uint32]
+TORCH_ODD = [torch.bfloat16, torch.float16, torch.complex64, torch.int16]
+JUNK = [None, "3", "", 2.5, float("nan"), True, False, [1], [], (), {}, b"\x00", object()]
+
+
+class Mutator:
+    """Random variants of call arguments: array elements set to NaN/inf/huge/negative values,
+    other dtypes, ranks and shapes, non-contiguous, read-only, torch (CPU, meta, bfloat16,
+    requires-grad) and list forms; ints moved by one or to special values; strings, bytes and
+    lists edited; any argument sometimes swapped for junk. Inputs are never changed in place."""
+
+    def __init__(self, seed: int) -> None:
+        self.r = random.Random(seed)
+
+    def args(self, args: list[Any]) -> list[Any]:
+        """A variant of an argument list: one argument changed, sometimes two or three."""
+        out = list(args)
+        if not out:
+            return out
+        for _ in range(1 if self.r.random() < 0.7 else self.r.randint(2, 3)):
+            i = self.r.randrange(len(out))
+            try:
+                out[i] = self.value(out[i])
+            except (ValueError, TypeError, RuntimeError, OverflowError):
+                out[i] = self.r.choice(JUNK)  # a form numpy or torch cannot make: junk instead
+        return out
+
+    def value(self, x: Any) -> Any:
+        r = self.r
+        if r.random() < 0.03:
+            return r.choice(JUNK)
+        if isinstance(x, np.ndarray):
+            return self.array(x)
+        if isinstance(x, torch.Tensor):
+            return self.tensor(x)
+        if isinstance(x, bool):
+            return r.choice([not x, int(x), None, np.bool_(x)])
+        if isinstance(x, (int, np.integer)):
+            return self.integer(int(x))
+        if isinstance(x, (float, np.floating)):
+            return self.floating(float(x))
+        if isinstance(x, str):
+            return self.text(x)
+        if isinstance(x, bytes):
+            return self.blob(x)
+        if isinstance(x, (list, tuple)):
+            return self.sequence(x)
+        if x is None:
+            return self.integer(r.randint(0, 8))
+        return r.choice([self.integer(r.randint(0, 8)), None, [x], (x,)])
+
+    def special_int(self) -> int:
+        return self.r.choice(SPECIAL_INTS + [-2, 3, 2**63 - 1, -(2**63), 2**64 - 1, 2**24 + 1])
+
+    def integer(self, x: int) -> Any:
+        r = self.r
+        k = r.randrange(12)
+        if k < 4:
+            return x + r.choice([-1, 1, -2, 2])
+        if k < 6:
+            return self.special_int()
+        if k == 6:
+            return x + r.randint(-100, 100)
+        if k == 7:
+            return -x - 1
+        if k == 8:
+            return r.choice([np.int64, np.int32, np.uint8, np.int8])(np.clip(x, -128, 127))
+        if k == 9:
+            return r.choice([float(x), str(x), np.float32(x), np.array(x), [x], None])
+        if k == 10:
+            return 2 ** r.randint(8, 70) * r.choice([1, -1])
+        return r.randint(0, 64)
+
+    def floating(self, x: float) -> Any:
+        r = self.r
+        k = r.randrange(6)
+        if k < 2:
+            return r.choice(SPECIAL_FLOATS)
+        if k == 2:
+            return x * r.uniform(-3, 3)
+        if k == 3:
+            return r.choice([np.float32(x), np.float16(x), int(x) if np.isfinite(x) else 0])
+        if k == 4:
+            return r.uniform(-60, 5)
+        return r.choice([None, str(x), [x], np.array([x])])
+
+    def text(self, s: str) -> Any:
+        r = self.r
+        alphabet = 'ab1{}" .*+?|()[]^$\\-é\x00\u2603{,}'
+        k = r.randrange(8)
+        i = r.randint(0, len(s))
+        if k < 3:
+            return s[:i] + r.choice(alphabet) + s[i:]
+        if k < 5 and s:
+            return s[:i] + s[i + 1 :]
+        if k == 5 and s:
+            return s[:i] + r.choice(alphabet) + s[i + 1 :]
+        if k == 6:
+            return s * r.randint(2, 4)
+        return r.choice([s.encode(), s[::-1], s + "{" + str(r.randint(0, 2**20)) + "}", ""])
+
+    def blob(self, b: bytes) -> Any:
+        r = self.r
+        k = r.randrange(5)
+        if k < 2:
+            return b + bytes([r.randrange(256)])
+        if k == 2:
+            return b[1:]
+        if k == 3:
+            return bytes([r.randrange(256)]) * r.randint(0, 3)
+        return r.choice([None, b.decode("latin-1"), bytearray(b), list(b)])
+
+    def sequence(self, xs: list[Any] | tuple[Any, ...]) -> Any:
+        r = self.r
+        out = list(xs)
+        k = r.randrange(10)
+        if k < 4 and out:
+            i = r.randrange(len(out))
+            out[i] = self.value(out[i])
+        elif k == 4 and out:
+            del out[r.randrange(len(out))]
+        elif k == 5 and out:
+            out.insert(r.randint(0, len(out)), r.choice(out))
+        elif k == 6:
+            out.insert(r.randint(0, len(out)), r.choice([self.special_int(), r.randint(0, 20)]))
+        elif k == 7:
+            r.shuffle(out)
+        elif k == 8:
+            try:
+                return np.array(out)
+            except ValueError:  # ragged
+                return np.array(out, dtype=object)
+        else:
+            return tuple(out) if isinstance(xs, list) else list(out)
+        return tuple(out) if isinstance(xs, tuple) else out
+
+    def tensor(self, t: torch.Tensor) -> Any:
+        r = self.r
+        if t.device.type == "meta":
+            return r.choice([torch.empty(t.shape[:-1]), None, t.reshape(-1), t.to(torch.int64)])
+        k = r.randrange(8)
+        t = t.detach()
+        if k == 0:
+            return t.to(r.choice(TORCH_ODD))
+        if k == 1:
+            return t.to(torch.float32).requires_grad_(True) if t.is_floating_point() else t.float()
+        if k == 2:
+            return torch.empty(t.shape, device="meta")
+        if k == 3 and t.dim() >= 2:
+            return t.transpose(0, 1)  # non-contiguous view
+        a = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+        if k == 4:
+            return a.copy()
+        v = self.array(a)
+        if isinstance(v, np.ndarray) and v.dtype != np.uint64 and v.dtype != object:
+            return torch.from_numpy(np.array(v))
+        return v
+
+    def array(self, a: np.ndarray) -> Any:
+        r = self.r
+        k = r.randrange(20)
+        if k < 6 and a.size and a.dtype != object:
+            b = a.copy()
+            for _ in range(1 if r.random() < 0.7 else r.randint(2, 4)):
+                self.poke(b, r.randrange(b.size))
+            return b
+        if k == 6:
+            return a.astype(r.choice(ALL_DTYPES))
+        if k == 7 and a.ndim:
+            return np.repeat(a, 2, axis=-1)[..., ::2]  # non-contiguous view, same values
+        if k == 8 and a.ndim:
+            return a[..., ::-1]  # reversed: unsorted rows, negative strides
+        if k == 9:
+            b = a.copy()
+            b.flags.writeable = False
+            return b
+        if k == 10:
+            return r.choice([a[None], a.reshape(-1), a[0] if a.ndim and len(a) else a[None]])
+        if k == 11 and a.ndim:
+            return a[..., : r.randint(0, a.shape[-1])]
+        if k == 12 and a.ndim:
+            return np.concatenate([a, a[..., : r.randint(1, 3)]], axis=-1)
+        if k == 13 and a.ndim >= 2:
+            return a.T
+        if k == 14 and a.dtype.kind == "f":
+            return a * np.float32(r.uniform(0.25, 4)) + np.float32(r.uniform(-1, 1))
+        if k == 15 and a.dtype.kind in "iu" and a.size:
+            return a + a.dtype.type(r.choice([1, 2]))
+        if k == 16:
+            return a.tolist()
+        if k == 17 and a.dtype not in (np.uint64, np.float16) and a.dtype != object:
+            return torch.from_numpy(np.array(a))
+        if k == 18 and a.size:
+            b = a.copy().reshape(-1)
+            r.shuffle(b)  # same values, another order
+            return b.reshape(a.shape)
+        return np.array(a.flat[0]) if a.size else a.reshape(*a.shape, 1)
+
+    def poke(self, b: np.ndarray, i: int) -> None:
+        """Set element ``i`` of ``b`` (a copy) to a value of its dtype a caller might pass."""
+        r = self.r
+        kind = b.dtype.kind
+        if kind == "f":
+            b.flat[i] = r.choice([*SPECIAL_FLOATS, r.uniform(-30, 1), b.flat[r.randrange(b.size)]])
+        elif kind == "b":
+            b.flat[i] = not b.flat[i]
+        elif kind in "iu":
+            info = np.iinfo(b.dtype)
+            v = r.choice(
+                [
+                    self.special_int(),
+                    int(b.flat[i]) + r.choice([-1, 1]),
+                    r.randint(-2, 30),
+                    int(b.flat[r.randrange(b.size)]),
+                    info.max,
+                    info.min,
+                ]
+            )
+            b.flat[i] = min(max(v, info.min), info.max)
+
+
+def fingerprint(x: Any) -> Any:
+    """A hashable identity of an input (values, type, dtype, shape, strides, flags, device),
+    so that the variants of an example are distinct calls."""
+    if isinstance(x, np.ndarray):
+        data = x.tobytes() if x.dtype != object else repr(x.tolist())
+        return ("nd", x.dtype.str, x.shape, x.strides, x.flags.writeable, data)
+    if isinstance(x, torch.Tensor):
+        if x.device.type == "meta":
+            return ("meta", str(x.dtype), tuple(x.shape))
+        data = x.detach().reshape(-1).tolist()
+        return ("pt", str(x.dtype), tuple(x.shape), x.stride(), x.requires_grad, repr(data))
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, *[fingerprint(y) for y in x])
+    if isinstance(x, (int, float, str, bytes, bool, np.generic)) or x is None:
+        return (type(x).__name__, repr(x))
+    return (type(x).__name__,)  # other junk objects: one input per type
+
+
+def fan(
+    t: Tally,
+    deadline: float,
+    mut: Mutator,
+    args: list[Any],
+    call: Callable[..., object],
+    n: int,
+    state: Callable[[], object] | None = None,
+    on_accept: Callable[[], None] | None = None,
+) -> list[list[Any]]:
+    """Call ``call(*args)`` and then ``call`` on distinct variants of ``args``, ``n`` calls in
+    all. ``state``: a snapshot of the object the calls act on; a refusal must leave it equal.
+    ``on_accept`` runs after each accepted call (e.g. to undo it). Returns the accepted
+    argument lists."""
+    seen: set[Any] = set()
+    accepted: list[list[Any]] = []
+    tries = 0
+    while len(seen) < n and tries < 3 * n:
+        tries += 1
+        v = args if tries == 1 else mut.args(args)
+        key = fingerprint(v)
+        if key in seen:
+            continue
+        seen.add(key)
+        before = state() if state is not None else None
+        if guarded(t, lambda v=v: call(*v), deadline, lambda v=v: describe(call, v)):
+            accepted.append(v)
+            if on_accept is not None:
+                on_accept()
+        elif state is not None and state() != before:
+            t.record_crash(f"a refused call changed the state: {describe(call, v)}")
+    return accepted
+
+
+def describe(call: Callable[..., object], args: list[Any]) -> str:
+    return f"{getattr(call, '__qualname__', type(call).__name__)}{tuple(args)!r}"[:300]
+
+
 # -- entry points ------------------------------------------------------------------------------
+# Each factory takes the tally, the hang deadline and `n`, the calls made from one drawn
+# example (the example as drawn, then distinct variants of it); the stateful ones (KV manager,
+# matcher, verifier) fan out every operation of a drawn sequence.
 small = st.one_of(st.integers(0, 40), st.integers(0, 40), maybe_int)
+seeds = st.integers(0, 2**32 - 1)
+Factory = Callable[[Tally, float, int], Callable[..., None]]
 
 
-def fuzz_build_ddtree(t: Tally, deadline: float) -> Callable[..., None]:
+def fuzz_build_ddtree(t: Tally, deadline: float, n: int) -> Callable[..., None]:
     @given(
         st.one_of(marginals(), st.tuples(arrays(2), arrays(2))),
         small,
         st.one_of(st.none(), st.none(), st.floats(allow_nan=True), junk),
         st.one_of(st.integers(-1, 9), maybe_int),
+        seeds,
     )
-    def run(m: tuple[Any, Any], budget: Any, min_lp: Any, root: Any) -> None:
-        lp, ids = m
-        guarded(
-            t,
-            lambda: specdec.build_ddtree(lp, ids, budget, min_logprob=min_lp, root_token=root),
-            deadline,
-        )
+    def run(m: tuple[Any, Any], budget: Any, min_lp: Any, root: Any, seed: int) -> None:
+        def call(lp: Any, ids: Any, budget: Any, min_lp: Any, root: Any, dup: Any) -> object:
+            return specdec.build_ddtree(
+                lp, ids, budget, min_logprob=min_lp, root_token=root, check_duplicates=dup
+            )
+
+        fan(t, deadline, t.start(seed), [*m, budget, min_lp, root, True], call, n)
 
     return run
 
 
-def fuzz_build_ddtree_batch(t: Tally, deadline: float) -> Callable[..., None]:
+def fuzz_build_ddtree_batch(t: Tally, deadline: float, n: int) -> Callable[..., None]:
     @given(
         marginals(3),
         st.one_of(small, arrays(1, [np.int64])),
         st.one_of(st.none(), arrays(1, [np.int64])),
+        seeds,
     )
-    def run(m: tuple[Any, Any], budgets: Any, roots: Any) -> None:
-        lp, ids = m
-        guarded(
-            t, lambda: specdec.build_ddtree_batch(lp, ids, budgets, root_tokens=roots), deadline
-        )
+    def run(m: tuple[Any, Any], budgets: Any, roots: Any, seed: int) -> None:
+        def call(lp: Any, ids: Any, budgets: Any, min_lp: Any, roots: Any, dup: Any) -> object:
+            return specdec.build_ddtree_batch(
+                lp, ids, budgets, min_logprob=min_lp, root_tokens=roots, check_duplicates=dup
+            )
+
+        fan(t, deadline, t.start(seed), [*m, budgets, None, roots, True], call, n)
 
     return run
 
 
-def fuzz_ddtree_from_logits(t: Tally, deadline: float) -> Callable[..., None]:
+def fuzz_ddtree_from_logits(t: Tally, deadline: float, n: int) -> Callable[..., None]:
     logits = st.one_of(
         hnp.arrays(
             np.float32,
@@ -206,29 +535,39 @@ def fuzz_ddtree_from_logits(t: Tally, deadline: float) -> Callable[..., None]:
         logits,
         st.one_of(small, st.lists(small, max_size=3)),
         st.one_of(st.floats(0.1, 4), st.floats(allow_nan=True), junk),
+        seeds,
     )
-    def run(logits: Any, budget: Any, temperature: Any) -> None:
+    def run(logits: Any, budget: Any, temperature: Any, seed: int) -> None:
         x = (
             torch.from_numpy(np.array(logits))
             if isinstance(logits, np.ndarray) and logits.dtype != np.uint64
             else logits
         )
-        guarded(t, lambda: specdec.ddtree_from_logits(x, budget, temperature=temperature), deadline)
+
+        def call(x: Any, budget: Any, temp: Any, min_lp: Any, roots: Any) -> object:
+            return specdec.ddtree_from_logits(
+                x, budget, temperature=temp, min_logprob=min_lp, root_tokens=roots
+            )
+
+        fan(t, deadline, t.start(seed), [x, budget, temperature, None, None], call, n)
 
     return run
 
 
-def fuzz_tree_from_branches(t: Tally, deadline: float) -> Callable[..., None]:
+def fuzz_tree_from_branches(t: Tally, deadline: float, n: int) -> Callable[..., None]:
     branch = st.lists(st.one_of(ints, ints, junk), max_size=5)
 
-    @given(st.one_of(st.lists(branch, max_size=5), junk), maybe_int)
-    def run(branches: Any, root: Any) -> None:
-        guarded(t, lambda: specdec.tree_from_branches(branches, root_token=root), deadline)
+    @given(st.one_of(st.lists(branch, max_size=5), junk), maybe_int, seeds)
+    def run(branches: Any, root: Any, seed: int) -> None:
+        def call(branches: Any, root: Any) -> object:
+            return specdec.tree_from_branches(branches, root_token=root)
+
+        fan(t, deadline, t.start(seed), [branches, root], call, n)
 
     return run
 
 
-def fuzz_draft_tree(t: Tally, deadline: float) -> Callable[..., None]:
+def fuzz_draft_tree(t: Tally, deadline: float, n: int) -> Callable[..., None]:
     """Trees from arrays given from outside, then every verifier-contract method."""
 
     @st.composite
@@ -249,35 +588,48 @@ def fuzz_draft_tree(t: Tally, deadline: float) -> Callable[..., None]:
         tokens = draw(st.lists(st.integers(0, 20), min_size=len(parents), max_size=len(parents)))
         return np.array(tokens), np.array(parents, dtype=np.int64), None, None
 
-    @given(tree_arrays(), small, small)
-    def run(arrays4: tuple[Any, Any, Any, Any], prefix: Any, budget: Any) -> None:
-        tokens, parents, depths, lps = arrays4
-        box: list[Any] = []
-        if guarded(
-            t, lambda: box.append(specdec.DraftTree(tokens, parents, depths, lps)), deadline
-        ):
-            tree = box[0]
+    @given(tree_arrays(), small, small, seeds)
+    def run(arrays4: tuple[Any, Any, Any, Any], prefix: Any, budget: Any, seed: int) -> None:
+        mut = t.start(seed)
+        trees: list[specdec.DraftTree] = []
+        fan(
+            t,
+            deadline,
+            mut,
+            list(arrays4),
+            lambda *a: trees.append(specdec.DraftTree(*a)),
+            max(1, n // 4),
+        )
+        k = max(1, n // 16)
+        for tree in trees[:2]:
             snapshot = (tree.tokens.copy(), tree.parents.copy(), tree.depths.copy())
-            for call in (
-                lambda: tree.attention_mask(prefix),
-                lambda: tree.position_ids(prefix),
-                lambda: tree.retrieve_indices(),
-                lambda: tree.padded(budget),
-                lambda: tree.with_root(prefix),
-                lambda: tree.path_to(budget),
-                lambda: (tree.first_child, tree.next_sibling),
-                lambda: specdec.walk(tree, tokens),
+            for call, args in (
+                (tree.attention_mask, [prefix, "bool"]),
+                (tree.position_ids, [prefix]),
+                (tree.padded, [budget, 0]),
+                (tree.with_root, [prefix]),
+                (tree.path_to, [budget]),
+                (partial(specdec.walk, tree), [arrays4[0]]),
             ):
-                guarded(t, call, deadline)
-            assert all(
-                np.array_equal(a, b)
-                for a, b in zip(snapshot, (tree.tokens, tree.parents, tree.depths), strict=True)
-            )
+                fan(t, deadline, mut, args, call, k)
+            guarded(t, tree.retrieve_indices, deadline)
+            guarded(t, lambda tree=tree: (tree.first_child, tree.next_sibling), deadline)
+            arrays_now = (tree.tokens, tree.parents, tree.depths)
+            if not all(np.array_equal(a, b) for a, b in zip(snapshot, arrays_now, strict=True)):
+                t.record_crash("a contract method changed the tree")
 
     return run
 
 
-def fuzz_walk(t: Tally, deadline: float) -> Callable[..., None]:
+def edit_tree(tree: specdec.DraftTree, node: int, value: int, which: int) -> None:
+    """Edit a tree's numpy arrays in place after its build, as a careless caller might."""
+    a = (tree.parents, tree.depths, tree.tokens)[which % 3]
+    if 0 <= node < len(a):
+        info = np.iinfo(a.dtype)
+        a[node] = min(max(value, info.min), info.max)
+
+
+def fuzz_walk(t: Tally, deadline: float, n: int) -> Callable[..., None]:
     """Walks of built trees with random choices, and of trees whose arrays a caller edited."""
 
     @given(
@@ -286,19 +638,38 @@ def fuzz_walk(t: Tally, deadline: float) -> Callable[..., None]:
         arrays(1, [np.int64, np.int32, np.float32]),
         st.lists(st.tuples(st.integers(0, 40), ints), max_size=3),
         arrays(2, [np.int64]),
+        seeds,
     )
     def run(
-        budget: int, seed: int, chosen: Any, edits: list[tuple[int, int]], chosen2: Any
+        budget: int,
+        tree_seed: int,
+        chosen: Any,
+        edits: list[tuple[int, int]],
+        chosen2: Any,
+        seed: int,
     ) -> None:
-        rng = np.random.default_rng(seed)
+        mut = t.start(seed)
+        r = mut.r
+        rng = np.random.default_rng(tree_seed)
         lp = -np.sort(np.abs(rng.normal(size=(4, 5))).astype(np.float32), axis=-1)
         ids = np.tile(np.arange(5), (4, 1))
-        tree = specdec.build_ddtree(lp, ids, budget, root_token=0)
-        for node, value in edits:  # edit the numpy arrays after the build
-            if node < tree.num_nodes:
-                tree.parents[node] = np.int32(np.clip(value, -(2**31), 2**31 - 1))
-        guarded(t, lambda: specdec.walk(tree, chosen), deadline)
-        guarded(t, lambda: specdec.walk_batch([tree], chosen2), deadline)
+        trees = []
+        for i in range(4):
+            tree = specdec.build_ddtree(lp, ids, budget, root_token=0)
+            if i == 0:
+                for node, value in edits:
+                    edit_tree(tree, node, value, 0)
+            elif i > 1:  # one more random edit of parents, depths or tokens
+                node, value = r.randrange(tree.num_nodes + 1), mut.integer(r.randint(-1, 8))
+                edit_tree(tree, node, value if isinstance(value, int) else -1, r.randrange(3))
+            trees.append(tree)
+        k = max(1, n // 24)
+        for tree in trees:
+            valid = np.array([r.randrange(6) for _ in range(tree.num_nodes)], dtype=np.int64)
+            fan(t, deadline, mut, [tree, chosen], specdec.walk, k)
+            fan(t, deadline, mut, [tree, valid], specdec.walk, k)
+            fan(t, deadline, mut, [[tree], chosen2], specdec.walk_batch, k)
+            fan(t, deadline, mut, [[tree, tree], np.stack([valid, valid])], specdec.walk_batch, k)
 
     return run
 
@@ -371,36 +742,61 @@ def kv_snapshot(m: specdec.BlockManager) -> tuple[Any, ...]:
     )
 
 
-def fuzz_block_manager(t: Tally, deadline: float) -> Callable[..., None]:
-    """Random operation sequences with random (often bad) arguments; every refusal leaves the
-    manager exactly as it was, and the invariants hold after every call."""
+def manager_state(t: Tally, m: specdec.BlockManager) -> tuple[Any, ...]:
+    """The manager's snapshot, its invariants checked first (a broken one is recorded)."""
+    try:
+        m.check_invariants()
+    except Exception as e:  # noqa: BLE001 - reported like a crash
+        t.record_crash(f"BlockManager invariants broken: {type(e).__name__}: {e}")
+    return kv_snapshot(m)
+
+
+def fuzz_block_manager(t: Tally, deadline: float, n: int) -> Callable[..., None]:
+    """Random operation sequences with random (often bad) arguments and variants of each;
+    every refusal leaves the manager exactly as it was, and the invariants hold throughout."""
     op = st.sampled_from(sorted(KV_OPS)).flatmap(kv_call)
 
-    @given(st.integers(1, 12), st.sampled_from([1, 2, 4]), st.booleans(), st.lists(op, max_size=12))
-    def run(blocks: int, block_size: int, caching: bool, ops: list[tuple[str, list[Any]]]) -> None:
+    @given(
+        st.integers(1, 12),
+        st.sampled_from([1, 2, 4]),
+        st.booleans(),
+        st.lists(op, max_size=12),
+        seeds,
+    )
+    def run(
+        blocks: int, block_size: int, caching: bool, ops: list[tuple[str, list[Any]]], seed: int
+    ) -> None:
+        mut = t.start(seed)
         m = specdec.BlockManager(blocks, block_size, caching)
         for name, args in ops:
-            before = kv_snapshot(m)
-            method = getattr(m, name)
-            if not guarded(t, lambda method=method, args=args: method(*args), deadline):
-                assert kv_snapshot(m) == before, f"refused {name}{tuple(args)} changed the manager"
-            m.check_invariants()
+            fan(
+                t,
+                deadline,
+                mut,
+                args,
+                getattr(m, name),
+                max(1, n // 8),
+                partial(manager_state, t, m),
+            )
+        manager_state(t, m)
 
     return run
 
 
-def fuzz_vocabulary(t: Tally, deadline: float) -> Callable[..., None]:
+def fuzz_vocabulary(t: Tally, deadline: float, n: int) -> Callable[..., None]:
     token = st.one_of(st.binary(max_size=4), st.none(), st.none(), junk)
 
     @given(
         st.lists(token, max_size=12),
         st.lists(maybe_int, max_size=3),
         st.one_of(st.none(), maybe_int),
+        seeds,
     )
-    def run(tokens: list[Any], eos: list[Any], size: Any) -> None:
-        guarded(
-            t, lambda: specdec.Vocabulary.from_bytes(tokens, eos_ids=eos, vocab_size=size), deadline
-        )
+    def run(tokens: list[Any], eos: list[Any], size: Any, seed: int) -> None:
+        def call(tokens: Any, eos: Any, size: Any) -> object:
+            return specdec.Vocabulary.from_bytes(tokens, eos_ids=eos, vocab_size=size)
+
+        fan(t, deadline, t.start(seed), [tokens, eos, size], call, n)
 
     return run
 
@@ -411,18 +807,21 @@ VOCAB = specdec.Vocabulary.from_bytes(
 PATTERN = st.text(alphabet='ab1{}" .*+?|()[]^$\\-é', max_size=10)
 
 
-def fuzz_regex(t: Tally, deadline: float) -> Callable[..., None]:
+def fuzz_regex(t: Tally, deadline: float, n: int) -> Callable[..., None]:
     @given(
-        st.one_of(PATTERN, junk), st.one_of(st.none(), maybe_int), st.one_of(st.none(), maybe_int)
+        st.one_of(PATTERN, junk),
+        st.one_of(st.none(), maybe_int),
+        st.one_of(st.none(), maybe_int),
+        st.one_of(st.just(5.0), st.floats(allow_nan=True), junk),
+        seeds,
     )
-    def run(pattern: Any, size_limit: Any, cache_bytes: Any) -> None:
-        guarded(
-            t,
-            lambda: specdec.RegexGrammar(
-                VOCAB, pattern, size_limit=size_limit, cache_bytes=cache_bytes
-            ),
-            deadline,
-        )
+    def run(pattern: Any, size_limit: Any, cache_bytes: Any, ms: Any, seed: int) -> None:
+        def call(vocab: Any, pattern: Any, limit: Any, cache: Any, ms: Any) -> object:
+            return specdec.RegexGrammar(
+                vocab, pattern, size_limit=limit, cache_bytes=cache, precompute_ms=ms
+            )
+
+        fan(t, deadline, t.start(seed), [VOCAB, pattern, size_limit, cache_bytes, ms], call, n)
 
     return run
 
@@ -430,8 +829,13 @@ def fuzz_regex(t: Tally, deadline: float) -> Callable[..., None]:
 GRAMMARS = [VOCAB.regex(p) for p in ("a+b?", '"[ab1 ]*"', "(ab|1)*", "\\{[ab]*\\}")]
 
 
-def fuzz_matcher(t: Tally, deadline: float) -> Callable[..., None]:
-    """Matcher operations with random tokens, rows and buffers; a refusal changes nothing."""
+def matcher_state(m: specdec.Matcher) -> tuple[Any, ...]:
+    return (m._m.state, m.num_accepted, m.is_terminated())
+
+
+def fuzz_matcher(t: Tally, deadline: float, n: int) -> Callable[..., None]:
+    """Matcher operations with random tokens, rows and buffers, and variants of each; a
+    refusal changes nothing (accept_tokens keeps the tokens accepted before a rejected one)."""
     buffers = arrays(2, [np.int32, np.int32, np.int64, np.uint8], max_side=3)
     op = st.tuples(
         st.sampled_from(["accept_token", "accept_tokens", "rollback", "fill", "fork", "reset"]),
@@ -440,33 +844,29 @@ def fuzz_matcher(t: Tally, deadline: float) -> Callable[..., None]:
         st.lists(maybe_int, max_size=3),
     )
 
-    @given(st.sampled_from(range(len(GRAMMARS))), st.lists(op, max_size=10))
-    def run(g: int, ops: list[tuple[str, Any, Any, list[Any]]]) -> None:
+    @given(st.sampled_from(range(len(GRAMMARS))), st.lists(op, max_size=10), seeds)
+    def run(g: int, ops: list[tuple[str, Any, Any, list[Any]]], seed: int) -> None:
+        mut = t.start(seed)
         m = specdec.Matcher(GRAMMARS[g])
+        k = max(1, n // 8)
         for name, x, buf, xs in ops:
-            state = (m._m.state, m.num_accepted, m.is_terminated())
-            if (
-                not guarded(t, partial(matcher_op, m, name, x, buf, xs), deadline)
-                and name != "accept_tokens"
-            ):
-                assert (m._m.state, m.num_accepted, m.is_terminated()) == state, name
+            state = partial(matcher_state, m)
+            if name == "accept_token":
+                fan(t, deadline, mut, [x], m.accept_token, k, state)
+            elif name == "accept_tokens":
+                fan(t, deadline, mut, [xs], m.accept_tokens, k)
+            elif name == "rollback":
+                fan(t, deadline, mut, [x], m.rollback, k, state)
+            elif name == "fill":
+                row = x if isinstance(x, int) else 0
+                fan(t, deadline, mut, [buf, row], m.fill_next_token_bitmask, k, state)
+            else:  # fork and reset take no argument: one call each
+                guarded(t, m.fork if name == "fork" else m.reset, deadline)
 
     return run
 
 
-def matcher_op(m: specdec.Matcher, name: str, x: Any, buf: Any, xs: list[Any]) -> object:
-    if name == "accept_token":
-        return m.accept_token(x)
-    if name == "accept_tokens":
-        return m.accept_tokens(xs)
-    if name == "rollback":
-        return m.rollback(x)
-    if name == "fill":
-        return m.fill_next_token_bitmask(buf, x if isinstance(x, int) else 0)
-    return m.fork() if name == "fork" else m.reset()
-
-
-def fuzz_tree_masks(t: Tally, deadline: float) -> Callable[..., None]:
+def fuzz_tree_masks(t: Tally, deadline: float, n: int) -> Callable[..., None]:
     """Tree masks and the grammar-aware builder over random trees, marginals and buffers."""
 
     @given(
@@ -474,57 +874,70 @@ def fuzz_tree_masks(t: Tally, deadline: float) -> Callable[..., None]:
         st.lists(st.lists(st.integers(-1, 12), max_size=3), max_size=4),
         arrays(2, [np.int32, np.int64], max_side=3),
         maybe_int,
-        arrays(2, [np.float32]),
-        arrays(2, [np.int64]),
+        st.one_of(marginals(), st.tuples(arrays(2, [np.float32]), arrays(2, [np.int64]))),
         maybe_int,
         st.integers(0, 2),
+        seeds,
     )
     def run(
         g: int,
         branches: list[list[int]],
         buf: Any,
         offset: Any,
-        lp: Any,
-        ids: Any,
+        m2: tuple[Any, Any],
         budget: Any,
         padding: int,
+        seed: int,
     ) -> None:
+        mut = t.start(seed)
         m = specdec.Matcher(GRAMMARS[g])
         box: list[Any] = []
+        k = max(1, n // 4)
         if guarded(
             t, lambda: box.append(specdec.tree_from_branches(branches, root_token=0)), deadline
         ):
             tree = box[0].padded(box[0].num_drafted + padding) if padding else box[0]
             rows = specdec.allocate_token_bitmask(tree.num_nodes + 1, VOCAB.vocab_size)
-            guarded(t, lambda: specdec.fill_tree_bitmask(m, tree, rows), deadline)
-            guarded(t, lambda: specdec.fill_tree_bitmask(m, tree, buf, offset), deadline)
+            fan(t, deadline, mut, [m, tree, rows, 0], specdec.fill_tree_bitmask, k)
+            fan(t, deadline, mut, [m, tree, buf, offset], specdec.fill_tree_bitmask, k)
+        lp, ids = m2
         if isinstance(lp, np.ndarray):
             lp = sorted_marginals(lp)
-        guarded(t, lambda: specdec.build_ddtree_constrained(lp, ids, budget, m), deadline)
-        assert m.num_accepted == 0
+        fan(
+            t,
+            deadline,
+            mut,
+            [lp, ids, budget, m, 0, None, True],
+            specdec.build_ddtree_constrained,
+            k,
+        )
+        if m.num_accepted != 0:
+            t.record_crash("a tree mask or constrained build advanced the matcher")
 
     return run
 
 
-def fuzz_apply_bitmask(t: Tally, deadline: float) -> Callable[..., None]:
+def fuzz_apply_bitmask(t: Tally, deadline: float, n: int) -> Callable[..., None]:
+    from specdec.constrain import numpy as cnp
+
+    def apply_np(logits: Any, bitmask: Any, indices: Any, vocab_size: Any) -> object:
+        cnp.apply_token_bitmask_inplace(logits, bitmask, indices=indices, vocab_size=vocab_size)
+        return None
+
     @given(
         arrays(2, [np.float32, np.float64, np.int64], max_side=40),
         arrays(2, [np.int32, np.int32, np.int64], max_side=3),
         st.booleans(),
         st.one_of(st.none(), st.lists(maybe_int, max_size=2)),
+        seeds,
     )
-    def run(logits: Any, bitmask: Any, as_torch: bool, indices: Any) -> None:
-        from specdec.constrain import numpy as cnp
-
+    def run(logits: Any, bitmask: Any, as_torch: bool, indices: Any, seed: int) -> None:
+        mut = t.start(seed)
         if as_torch and isinstance(logits, np.ndarray) and logits.dtype != np.uint64:
             x = torch.from_numpy(np.array(logits))
-            guarded(t, lambda: specdec.apply_token_bitmask(x, bitmask), deadline)
+            fan(t, deadline, mut, [x, bitmask], specdec.apply_token_bitmask, n)
         else:
-            guarded(
-                t,
-                lambda: cnp.apply_token_bitmask_inplace(logits, bitmask, indices=indices),
-                deadline,
-            )
+            fan(t, deadline, mut, [logits, bitmask, indices, None], apply_np, n)
 
     return run
 
@@ -544,9 +957,10 @@ def tiny_target() -> specdec.models.LlamaModel:
     return LlamaModel(cfg).init_random(0)
 
 
-def fuzz_verifier(t: Tally, deadline: float) -> Callable[..., None]:
-    """Verify steps of random trees (built, padded, edited) on dense and paged caches; a
-    refused step leaves the cache as it was."""
+def fuzz_verifier(t: Tally, deadline: float, n: int) -> Callable[..., None]:
+    """Verify steps of random trees (built, padded, edited) on dense and paged caches, with
+    variants of the tree, cache and root token; a refused step leaves the cache as it was. An
+    accepted step is undone (truncated) so the variants all start from the same prefix."""
     from specdec.cache import PagedKVPool
     from specdec.verify import Greedy, Sampling, Verifier
 
@@ -560,6 +974,7 @@ def fuzz_verifier(t: Tally, deadline: float) -> Callable[..., None]:
         st.booleans(),
         st.integers(0, 1),
         st.lists(st.integers(0, 11), max_size=20),
+        seeds,
     )
     def run(
         branches: list[list[int]],
@@ -568,28 +983,60 @@ def fuzz_verifier(t: Tally, deadline: float) -> Callable[..., None]:
         paged: bool,
         rule: int,
         prompt: list[int],
+        seed: int,
     ) -> None:
+        mut = t.start(seed)
+        r = mut.r
         ver = Verifier(target, rules[rule], generator=torch.Generator().manual_seed(0))
         if paged:
             cache: Any = PagedKVPool(1, 1, 4, num_blocks=6, block_size=4).sequence()
         else:
             cache = target.new_cache(24)
+
+        def state() -> tuple[int, int]:
+            return cache.committed_len, cache.pending
+
+        def undo() -> None:
+            cache.truncate(0)
+
+        k = max(1, n // 16)
         if prompt:
-            guarded(t, lambda: ver.prefill(prompt, cache), deadline)
+            ok = fan(t, deadline, mut, [prompt], lambda p: ver.prefill(p, cache), k, state, undo)
+            if ok and ok[0][0] is prompt:
+                ver.prefill(prompt, cache)  # the prompt (accepted above) stays for the steps
         box: list[Any] = []
         if not guarded(
             t, lambda: box.append(specdec.tree_from_branches(branches, root_token=root)), deadline
         ):
             return
         tree = box[0].padded(box[0].num_drafted + padding) if padding else box[0]
-        before = cache.committed_len
-        if not guarded(t, lambda: ver.step(tree, cache), deadline):
-            assert cache.committed_len == before and cache.pending == 0
+        trees = [tree]
+        for _ in range(2):  # the same tree with its arrays edited after the build
+            edited = specdec.tree_from_branches(branches, root_token=root)
+            node, value = r.randrange(edited.num_nodes + 1), mut.integer(r.randint(-1, 12))
+            edit_tree(edited, node, value if isinstance(value, int) else -1, r.randrange(3))
+            trees.append(edited)
+        prefix = cache.committed_len
+
+        def reset() -> None:
+            cache.truncate(prefix)
+
+        for tr in trees:
+            fan(
+                t,
+                deadline,
+                mut,
+                [tr, cache, None],
+                lambda tr, c, rt: ver.step(tr, c, root_token=rt),
+                max(1, n // 4),
+                state,
+                reset,
+            )
 
     return run
 
 
-ENTRY_POINTS: dict[str, Callable[[Tally, float], Callable[..., None]]] = {
+ENTRY_POINTS: dict[str, Factory] = {
     "build_ddtree": fuzz_build_ddtree,
     "build_ddtree_batch": fuzz_build_ddtree_batch,
     "ddtree_from_logits": fuzz_ddtree_from_logits,
@@ -606,20 +1053,39 @@ ENTRY_POINTS: dict[str, Callable[[Tally, float], Callable[..., None]]] = {
 }
 
 
-def run_entry_point(name: str, examples: int, seed: int, deadline: float = 5.0) -> Tally:
+def run_entry_point(
+    name: str,
+    examples: int,
+    seed: int,
+    deadline: float = 5.0,
+    variants: int = 1,
+    inputs: int = 0,
+) -> Tally:
+    """Fuzz one entry point: ``examples`` hypothesis examples, each called as drawn and as
+    variants (``variants`` calls per example, per operation for the stateful ones); with
+    ``inputs``, further rounds of examples (new seeds) until that many calls were made."""
     tally = Tally()
-    test = ENTRY_POINTS[name](tally, deadline)
-    configured = settings(
-        max_examples=examples,
-        database=None,
-        deadline=None,  # hangs are timed per call by `guarded`
-        derandomize=seed == 0,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )(test)
-    if seed:
-        configured = __import__("hypothesis").seed(seed)(configured)
-    configured()
+    round_ = 0
+    todo = examples
+    while todo > 0:
+        test = ENTRY_POINTS[name](tally, deadline, variants)  # settings() decorates it once
+        configured = settings(
+            max_examples=todo,
+            database=None,
+            deadline=None,  # hangs are timed per call by `guarded`
+            derandomize=seed == 0 and round_ == 0,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )(test)
+        if seed or round_:
+            configured = hypothesis.seed(seed * 1000003 + round_)(configured)
+        configured()
+        round_ += 1
+        if tally.inputs >= inputs or tally.examples == 0:
+            break
+        # Enough examples for the calls still missing, at this entry point's calls per example.
+        per_example = tally.inputs / tally.examples
+        todo = int((inputs - tally.inputs) / per_example * 1.05) + 10
     return tally
 
 
@@ -630,24 +1096,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--examples", type=int, default=1000, help="hypothesis examples per entry point"
     )
+    parser.add_argument(
+        "--variants",
+        type=int,
+        default=1,
+        help="calls per example (the example and distinct variants of it; per operation for "
+        "the stateful entry points)",
+    )
+    parser.add_argument(
+        "--inputs",
+        type=int,
+        default=0,
+        help="keep drawing examples until each entry point has made this many calls",
+    )
     parser.add_argument("--seed", type=int, default=0, help="0: derandomized")
     parser.add_argument("--only", action="append", help="entry point names (default: all)")
     args = parser.parse_args(argv)
     names = args.only or list(ENTRY_POINTS)
-    print(f"fuzzing {len(names)} entry points, {args.examples} examples each, seed {args.seed}")
+    print(
+        f"fuzzing {len(names)} entry points: {args.examples} examples each, {args.variants} "
+        f"calls per example, at least {args.inputs} calls each, seed {args.seed}"
+    )
     print("\n| entry point | examples | calls | accepted | refused | crashes | hangs | seconds |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     failed = False
+    start = time.perf_counter()
     for name in names:
         t0 = time.perf_counter()
-        tally = run_entry_point(name, args.examples, args.seed)
+        tally = run_entry_point(
+            name, args.examples, args.seed, variants=args.variants, inputs=args.inputs
+        )
         dt = time.perf_counter() - t0
-        cells = [name, args.examples, tally.inputs, tally.accepted, tally.refused]
-        cells += [len(tally.crashes), tally.hangs, f"{dt:.0f}"]
+        cells = [name, tally.examples, tally.inputs, tally.accepted, tally.refused]
+        cells += [tally.crash_count, tally.hangs, f"{dt:.0f}"]
         print("| " + " | ".join(map(str, cells)) + " |", flush=True)
         for c in tally.crashes:
             print(f"    crash: {c}")
-        failed |= bool(tally.crashes or tally.hangs)
+        for h in tally.slow:
+            print(f"    hang: {h}")
+        failed |= bool(tally.crash_count or tally.hangs)
+    print(f"\ntotal: {time.perf_counter() - start:.0f} s")
     return 1 if failed else 0
 
 

@@ -399,6 +399,134 @@ def test_cache_bad_inputs() -> None:
 
 
 # -- verify, decode, draft, models ----------------------------------------------------------
+def test_inputs_found_by_make_fuzz() -> None:
+    # Each raised something other than a SpecdecError (OverflowError, TypeError, IndexError,
+    # ValueError, NotImplementedError, RuntimeError) before; found by tests/fuzz.py variants.
+    lp, ids = marginals()
+    tree = specdec.build_ddtree(lp, ids, 6, root_token=1)
+    vocab = specdec.Vocabulary.from_bytes(SMALL, eos_ids=[5])
+    m = specdec.Matcher(vocab.regex("a+b"))
+    bm = specdec.allocate_token_bitmask(1, vocab.vocab_size)
+    logits = torch.zeros(1, 6)
+    kv = BlockManager(4, 4)
+    big, tiny = 2**64 - 1, -(2**63) - 1  # just outside int64
+    cases: list[Case] = [
+        ("budget past int64", lambda: specdec.build_ddtree(lp, ids, big), errors.TreeError),
+        (
+            "root past int64",
+            lambda: specdec.build_ddtree(lp, ids, 4, root_token=tiny),
+            errors.TreeError,
+        ),
+        (
+            "min_logprob past float",
+            lambda: specdec.build_ddtree(lp, ids, 4, min_logprob=10**400),
+            errors.TreeError,
+        ),
+        (
+            "batch budget past int64",
+            lambda: specdec.build_ddtree_batch(lp[None], ids[None], big),
+            errors.TreeError,
+        ),
+        ("branch token past int64", lambda: specdec.tree_from_branches([[big]]), errors.TreeError),
+        ("branch of an int", lambda: specdec.tree_from_branches([3]), errors.SpecdecTypeError),
+        (
+            "0-D budget array",
+            lambda: specdec.ddtree_from_logits(logits, np.array([2])[0:1].reshape(())),
+            errors.SpecdecTypeError,
+        ),
+        (
+            "int logprobs",
+            lambda: specdec.DraftTree([1, 2], [-1, 0], None, np.array([0, -1])),
+            errors.SpecdecTypeError,
+        ),
+        ("prefix past int64", lambda: tree.position_ids(big), errors.TreeError),
+        ("mask prefix past int64", lambda: tree.attention_mask(big), errors.TreeError),
+        ("padded past int64", lambda: tree.padded(big), errors.TreeError),
+        ("mask kind of an array", lambda: tree.attention_mask(2, np.array([])), errors.TreeError),  # type: ignore[arg-type]
+        ("walk_batch of a float", lambda: specdec.walk_batch(2.5, [[0]]), errors.SpecdecTypeError),  # type: ignore[arg-type]
+        (
+            "eos 0-D array",
+            lambda: specdec.Vocabulary.from_bytes(SMALL, eos_ids=np.array(5)),
+            errors.SpecdecTypeError,
+        ),
+        (
+            "vocab_size past int64",
+            lambda: specdec.Vocabulary.from_bytes(SMALL, [5], big),
+            errors.GrammarError,
+        ),
+        (
+            "cache_bytes past int64",
+            lambda: specdec.RegexGrammar(vocab, "a", cache_bytes=big),
+            errors.GrammarError,
+        ),
+        ("token past int64", lambda: m.accept_token(big), errors.GrammarError),
+        ("tokens of a bool", lambda: m.accept_tokens(True), errors.SpecdecTypeError),  # type: ignore[arg-type]
+        ("row past int64", lambda: m.fill_next_token_bitmask(bm, big), errors.GrammarError),
+        ("row under int64", lambda: m.fill_next_token_bitmask(bm, tiny), errors.GrammarError),
+        (
+            "KV seq of a meta tensor",
+            lambda: kv.allocate(torch.zeros(1, dtype=torch.int64, device="meta"), 1),
+            errors.SpecdecTypeError,
+        ),
+        (
+            "indices of an int",
+            lambda: cnp.apply_token_bitmask_inplace(np.zeros((1, 6)), bm, indices=0),
+            errors.SpecdecTypeError,
+        ),  # type: ignore[arg-type]
+        (
+            "torch indices of an int",
+            lambda: ctorch.apply_token_bitmask_inplace(logits, bm, indices=0),
+            errors.SpecdecTypeError,
+        ),  # type: ignore[arg-type]
+        (
+            "0-D torch logits",
+            lambda: specdec.apply_token_bitmask(torch.tensor(1.0), bm),
+            errors.GrammarError,
+        ),
+        (
+            "meta logits",
+            lambda: specdec.apply_token_bitmask(torch.zeros(1, 6, device="meta"), bm),
+            errors.SpecdecTypeError,
+        ),
+        (
+            "object bitmask",
+            lambda: specdec.apply_token_bitmask(logits, bm.astype(object)),
+            errors.SpecdecTypeError,
+        ),
+        (
+            "logits needing grad",
+            lambda: specdec.apply_token_bitmask(torch.zeros(1, 6, requires_grad=True), bm * 0 + 1),
+            errors.SpecdecTypeError,
+        ),
+    ]
+    state = (m._m.state, m.num_accepted)
+    check(cases)
+    assert (m._m.state, m.num_accepted) == state, "a refusal changed the matcher"
+    assert (logits == 0).all() and kv.sequences() == []
+    # An int threshold past int64 is still a number (np.isnan raised TypeError on it).
+    assert specdec.build_ddtree(lp, ids, 4, min_logprob=2**70).num_drafted == 0
+    # A negative-stride numpy bitmask is read through a copy, like a read-only one.
+    x = torch.zeros(1, 40)
+    wide = np.stack([np.array([1, 0], dtype=np.int32)[::-1]])  # allows only token 32
+    specdec.apply_token_bitmask(x, wide)
+    assert torch.isfinite(x[0]).nonzero().flatten().tolist() == [32]
+
+
+def test_verify_root_token_of_a_wrong_type_is_refused(model: LlamaModel) -> None:
+    # int(root_token) raised ValueError/TypeError for junk before (found by make fuzz).
+    ver = Verifier(model)
+    cache = model.new_cache(16)
+    tree = specdec.tree_from_branches([[1, 2]])
+    for bad, cls in [
+        ("6x", errors.SpecdecTypeError),
+        ({}, errors.SpecdecTypeError),
+        (-1, errors.VerifyError),
+    ]:
+        with pytest.raises(cls):
+            ver.step(tree, cache, root_token=bad)  # type: ignore[arg-type]
+    assert cache.committed_len == 0 and cache.pending == 0
+
+
 @pytest.fixture(scope="module")
 def model() -> LlamaModel:
     cfg = LlamaConfig(

@@ -287,6 +287,19 @@ def test_bad_regex_and_size_limit(tekken: Vocabulary) -> None:
         RegexGrammar(tekken, "[ab]*a[ab]{20}", size_limit=1 << 16)
     with pytest.raises(GrammarError):
         RegexGrammar(tekken, b"abc")  # type: ignore[arg-type]
+    # Refused from the pattern's match length, before seconds of expansion (found by make fuzz).
+    with pytest.raises(GrammarError, match="too large"):
+        RegexGrammar(tekken, "a{1000000}")
+
+
+def test_huge_precompute_budget_is_no_limit(tekken: Vocabulary) -> None:
+    # A finite budget too long for a Rust Duration panicked (PanicException) before; found by
+    # `make fuzz`. Any budget that long means: precompute every state.
+    for ms in (1e30, 2.0**64 * 1e3, float("inf")):
+        g = RegexGrammar(tekken, r"\d+", precompute_ms=ms)
+        assert g.matches("42") and not g.matches("4a")
+    with pytest.raises(GrammarError, match="precompute_ms"):
+        RegexGrammar(tekken, r"\d+", precompute_ms=-1e30)
 
 
 def test_bad_buffers_and_tokens_leave_matcher_unchanged(tekken: Vocabulary) -> None:

@@ -4,15 +4,26 @@ stage's own error class."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from .errors import SpecdecError, SpecdecTypeError, TreeError
 
-__all__ = ["as_array", "check_int", "check_float", "token_tensor", "F32", "I64", "I32"]
+__all__ = [
+    "as_array",
+    "as_list",
+    "check_int",
+    "check_float",
+    "token_tensor",
+    "F32",
+    "I64",
+    "I32",
+]
 
 F32, I64, I32 = np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.int32)
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 _DTYPES: dict[type, np.dtype[Any]] = {np.float32: F32, np.int64: I64, np.int32: I32}
 
 
@@ -43,7 +54,8 @@ def as_array(
     if x.ndim != ndim:
         raise error(f"{name} must be {ndim}-D, got shape {x.shape}")
     if x.dtype != dtype:
-        if exact or not np.issubdtype(x.dtype, np.integer):
+        # Integers convert only to another integer dtype (never to floats: no silent rounding).
+        if exact or not (np.issubdtype(x.dtype, np.integer) and np.issubdtype(dtype, np.integer)):
             raise SpecdecTypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {x.dtype}")
         info = np.iinfo(dtype)
         if x.size and (x.min() < info.min or x.max() > info.max):
@@ -78,6 +90,8 @@ def check_int(
         value = int(value)
     if minimum is not None and value < minimum:
         raise error(f"{name} must be >= {minimum}, got {value}")
+    if not I64_MIN <= value <= I64_MAX:  # Rust would raise OverflowError
+        raise error(f"{name} must fit in int64, got {value}")
     out: int = value
     return out
 
@@ -86,9 +100,24 @@ def check_float(x: Any, name: str, error: type[SpecdecError] = TreeError) -> flo
     """``x`` as a float (ints accepted, bools and NaN refused)."""
     if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
         raise SpecdecTypeError(f"{name} must be a number, got {type(x).__name__}")
-    if np.isnan(x):
+    try:
+        out = float(x)
+    except OverflowError:  # an int beyond the float range
+        raise error(f"{name} is out of the float range, got {x}") from None
+    if math.isnan(out):
         raise error(f"{name} must not be NaN")
-    return float(x)
+    return out
+
+
+def as_list(x: Any, name: str) -> list[Any]:
+    """The items of a list-like ``x`` (list, tuple, 1-D array, any iterable); a str, bytes,
+    scalar or 0-D array is refused with :class:`SpecdecTypeError`."""
+    if not isinstance(x, (str, bytes)):
+        try:
+            return list(x)
+        except TypeError:  # not iterable, or a 0-D array or tensor
+            pass
+    raise SpecdecTypeError(f"{name} must be a sequence, got {type(x).__name__}")
 
 
 def check_bool(x: Any, name: str) -> bool:

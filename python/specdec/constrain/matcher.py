@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _core
-from .._arrays import I32, check_int
+from .._arrays import I32, I64_MAX, as_list, check_int
 from ..errors import GrammarError, SpecdecTypeError
 from .bitmask import bitmask_rows
 from .grammar import CfgGrammar
@@ -42,11 +42,15 @@ class Matcher:
         """Advance by ``token``; False (state unchanged) if the grammar rejects it."""
         if type(token) is not int:
             token = check_int(token, "token", None, GrammarError)
-        return self._m.accept_token(token)
+        try:
+            return self._m.accept_token(token)
+        except OverflowError:  # a Python int past int64 (the fast path skips check_int)
+            raise GrammarError(f"token {token} out of range") from None
 
     def accept_tokens(self, tokens: Iterable[int]) -> int:
         """Accept in order until one is rejected; returns how many were accepted."""
-        return self._m.accept_tokens([check_int(t, "token", None, GrammarError) for t in tokens])
+        ids = [check_int(t, "token", None, GrammarError) for t in as_list(tokens, "tokens")]
+        return self._m.accept_tokens(ids)
 
     def is_terminated(self) -> bool:
         """EOS was accepted."""
@@ -73,7 +77,7 @@ class Matcher:
     def fill_next_token_bitmask(self, bitmask: np.ndarray | torch.Tensor, row: int = 0) -> None:
         """Write the allowed tokens into row ``row`` of an int32 ``[B, >= ceil(V/32)]``
         buffer (numpy, or a CPU torch tensor). After EOS only EOS is allowed."""
-        if type(row) is not int:
+        if type(row) is not int or not 0 <= row <= I64_MAX:
             row = check_int(row, "row", 0, GrammarError)
         # A CPU tensor is filled through a numpy view of its memory: no raw pointer crosses
         # into Rust, and numpy's borrow checks (writable, no aliasing) apply.

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import check_int
+from .._arrays import as_list, check_int
 from ..errors import GrammarError, SpecdecTypeError
 from .bitmask import check_rows_allow_some, get_bitmask_shape
 
@@ -70,7 +70,7 @@ def apply_token_bitmask_inplace(
         )
     rows: Any = slice(None)
     if indices is not None:
-        rows = [check_int(i, "index", 0, GrammarError) for i in indices]
+        rows = [check_int(i, "index", 0, GrammarError) for i in as_list(indices, "indices")]
         if max(rows, default=-1) >= lg.shape[0]:
             raise GrammarError(f"indices {rows} outside logits of {lg.shape[0]} rows")
     v = lg.shape[-1] if vocab_size is None else check_int(vocab_size, "vocab_size", 1, GrammarError)

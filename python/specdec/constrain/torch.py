@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._arrays import check_int
+from .._arrays import as_list, check_int
 from ..errors import GrammarError, SpecdecTypeError
 from .bitmask import check_rows_allow_some, get_bitmask_shape
 
@@ -46,22 +46,32 @@ def apply_token_bitmask_inplace(
     ``indices`` (the logits rows to mask). Ids at or past ``32 * W`` are disallowed;
     ``vocab_size`` limits the columns considered (default ``V``). Raises
     :class:`~specdec.NoAllowedTokens` (logits untouched) if a row allows no token."""
-    if isinstance(bitmask, np.ndarray):
-        # torch warns on read-only numpy memory even when only reading it: copy that case.
-        bitmask = torch.from_numpy(bitmask if bitmask.flags.writeable else bitmask.copy())
+    if isinstance(bitmask, np.ndarray) and bitmask.dtype == np.int32:
+        # torch warns on read-only numpy memory even when only reading it, and cannot view
+        # negative strides: copy those cases.
+        ok = bitmask.flags.writeable and min(bitmask.strides, default=0) >= 0
+        bitmask = torch.from_numpy(bitmask if ok else bitmask.copy())
     if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32:
         raise SpecdecTypeError("bitmask must be an int32 numpy array or torch tensor")
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
         raise SpecdecTypeError("logits must be a floating-point torch tensor")
+    if logits.device.type == "meta" or bitmask.device.type == "meta":
+        raise SpecdecTypeError("logits and bitmask on the meta device hold no values")
     lg = logits.unsqueeze(0) if logits.dim() == 1 else logits
     bm = bitmask.unsqueeze(0) if bitmask.dim() == 1 else bitmask
-    rows: Any = slice(None) if indices is None else [check_int(i, "index", 0) for i in indices]
-    v = lg.shape[-1] if vocab_size is None else check_int(vocab_size, "vocab_size", 1)
-    if lg.dim() != 2 or bm.dim() != 2 or v > lg.shape[-1]:
+    rows: Any = (
+        slice(None)
+        if indices is None
+        else [check_int(i, "index", 0) for i in as_list(indices, "indices")]
+    )
+    if lg.dim() != 2 or bm.dim() != 2:
         raise GrammarError(
             f"logits {tuple(logits.shape)} and bitmask {tuple(bitmask.shape)} must be [B, V] "
             "and [B, ceil(V/32)]"
         )
+    v = lg.shape[-1] if vocab_size is None else check_int(vocab_size, "vocab_size", 1)
+    if v > lg.shape[-1]:
+        raise GrammarError(f"vocab_size {v} is over the logits' {lg.shape[-1]} columns")
     n_rows = lg.shape[0] if indices is None else len(rows)
     if indices is not None and max(rows, default=-1) >= lg.shape[0]:
         raise GrammarError(f"indices {rows} outside logits of {lg.shape[0]} rows")
@@ -77,8 +87,11 @@ def apply_token_bitmask_inplace(
         allowed = torch.cat([allowed, pad], dim=1)
     allowed = allowed[:, :v]
     check_rows_allow_some(allowed.any(dim=1).cpu().numpy())
-    if indices is None:
-        lg[:, :v].masked_fill_(~allowed, float("-inf"))
-    else:
-        idx = torch.tensor(rows, dtype=torch.long, device=lg.device)
-        lg[idx, :v] = lg[idx, :v].masked_fill(~allowed, float("-inf"))
+    try:
+        if indices is None:
+            lg[:, :v].masked_fill_(~allowed, float("-inf"))
+        else:
+            idx = torch.tensor(rows, dtype=torch.long, device=lg.device)
+            lg[idx, :v] = lg[idx, :v].masked_fill(~allowed, float("-inf"))
+    except RuntimeError as e:  # autograd refuses in-place writes to a leaf that requires grad
+        raise SpecdecTypeError(f"logits cannot be masked in place: {e}") from None

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
-from .._arrays import check_int
+from .._arrays import as_list, check_int
 from ..errors import GrammarError, SpecdecTypeError
 
 if TYPE_CHECKING:
@@ -41,9 +41,7 @@ def _bytes_to_unicode() -> dict[str, int]:
 
 
 def _ids(eos_ids: Iterable[int]) -> list[int]:
-    if isinstance(eos_ids, (str, bytes)) or not isinstance(eos_ids, Iterable):
-        raise SpecdecTypeError(f"eos_ids must be a list of ints, got {type(eos_ids).__name__}")
-    return [check_int(e, "eos id", 0, GrammarError) for e in eos_ids]
+    return [check_int(e, "eos id", 0, GrammarError) for e in as_list(eos_ids, "eos_ids")]
 
 
 def _sp_piece_bytes(piece: str) -> bytes:

@@ -9,7 +9,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _core
-from .._arrays import F32, I64, as_array, check_bool, check_float, check_int
+from .._arrays import (
+    F32,
+    I64,
+    I64_MAX,
+    I64_MIN,
+    as_array,
+    as_list,
+    check_bool,
+    check_float,
+    check_int,
+)
 from ..errors import SpecdecTypeError, TreeError
 from .draft_tree import DraftTree
 
@@ -25,6 +35,8 @@ def _token(t: Any) -> int:
     # int() would truncate floats silently; token ids must be integers.
     if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
         raise TypeError(f"token ids must be ints, got {type(t).__name__}")
+    if not I64_MIN <= t <= I64_MAX:
+        raise TreeError(f"token id {t} is outside int64")
     return int(t)
 
 
@@ -63,9 +75,11 @@ def build_ddtree(
         lp = as_array(lp, np.float32, "logprobs", 2, exact=True)
     if not (type(ids) is _NDARRAY and ids.dtype is I64 and ids.ndim == 2):
         ids = as_array(ids, np.int64, "token_ids", 2, exact=False)
-    return DraftTree._from_core(
-        _core.build_ddtree(lp, ids, budget, root_token, min_logprob, check_duplicates)
-    )
+    try:
+        arrays = _core.build_ddtree(lp, ids, budget, root_token, min_logprob, check_duplicates)
+    except OverflowError:  # an int past int64 that skipped check_int on the fast path above
+        raise TreeError(f"budget {budget} or root_token {root_token} is outside int64") from None
+    return DraftTree._from_core(arrays)
 
 
 def build_ddtree_batch(
@@ -103,7 +117,9 @@ def tree_from_branches(branches: Sequence[Sequence[int]], *, root_token: int = -
     prefixes once, packed breadth-first (by depth, then parent, then first appearance).
     ``logprobs`` are 0 and ``expected_acceptance`` NaN: branches carry no probabilities."""
     try:
-        paths = [[_token(t) for t in b] for b in branches]
+        paths = [[_token(t) for t in as_list(b, "branch")] for b in as_list(branches, "branches")]
+    except TreeError:
+        raise
     except (TypeError, ValueError) as e:
         raise SpecdecTypeError(f"branches must be a sequence of token-id sequences: {e}") from None
     return DraftTree._from_core(
@@ -142,7 +158,7 @@ def ddtree_from_logits(
     if isinstance(budget, (int, np.integer)) and not isinstance(budget, bool):
         budgets = [int(budget)] * x.shape[0]
     elif isinstance(budget, (Sequence, np.ndarray)):
-        budgets = [check_int(b, "budget") for b in budget]
+        budgets = [check_int(b, "budget") for b in as_list(budget, "budget")]
     else:
         raise SpecdecTypeError(f"budget must be an int or one int per request, got {budget!r}")
     if not budgets or len(budgets) != x.shape[0] or min(budgets) <= 0:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from .. import _core
-from .._arrays import as_array, check_int
+from .._arrays import I64_MAX, as_array, check_int
 from ..errors import TreeError
 
 if TYPE_CHECKING:
@@ -139,14 +139,14 @@ class DraftTree:
         ancestors (itself included), never siblings. ``kind="bool"`` gives True = visible;
         ``"additive"`` gives float32 0 / -inf."""
         prefix_len = check_int(prefix_len, "prefix_len", 0)
-        if kind not in ("bool", "additive"):
+        if not isinstance(kind, str) or kind not in ("bool", "additive"):
             raise TreeError(f"kind must be 'bool' or 'additive', got {kind!r}")
         return self._arrays.attention_mask(prefix_len, kind == "additive")
 
     def position_ids(self, prefix_len: int) -> np.ndarray:
         """int64 ``prefix_len + depth`` (RoPE positions follow depth, never the packed index).
         ``prefix_len`` is the root's position: the number of tokens committed before it."""
-        if type(prefix_len) is not int or prefix_len < 0:
+        if type(prefix_len) is not int or not 0 <= prefix_len <= I64_MAX:
             prefix_len = check_int(prefix_len, "prefix_len", 0)
         return self._arrays.position_ids(prefix_len)
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .. import _core
-from .._arrays import as_array
+from .._arrays import as_array, as_list
 from ..errors import SpecdecTypeError
 from .draft_tree import DraftTree
 
@@ -68,6 +68,7 @@ def walk(tree: DraftTree, chosen_tokens: Any) -> WalkResult:
 def walk_batch(trees: Sequence[DraftTree], chosen_tokens: Any) -> list[WalkResult]:
     """:func:`walk` for R trees in one call; ``chosen_tokens`` is ``[R, n_max]`` (row i uses
     its first ``trees[i].num_nodes`` entries)."""
+    trees = as_list(trees, "trees")
     chosen = as_array(chosen_tokens, np.int64, "chosen_tokens", 2, exact=False)
     outs = _core.walk_batch([_check_tree(t)._arrays for t in trees], chosen)
     return [_result(t, o) for t, o in zip(trees, outs, strict=True)]

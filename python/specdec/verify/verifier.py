@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .._arrays import token_tensor
+from .._arrays import check_int, token_tensor
 from ..errors import NoAllowedTokens, SpecdecTypeError, VerifyError
 from ..protocols import Constraint, KVCache, Target
 from ..tree import DraftTree, WalkResult, batch_tree_inputs, walk, walk_batch
@@ -146,7 +146,7 @@ class Verifier:
         if tree.num_nodes == 0:
             raise VerifyError("empty tree: it needs at least the root")
         if root_token is not None:
-            tree = tree.with_root(int(root_token))
+            tree = tree.with_root(check_int(root_token, "root_token", 0, VerifyError))
         if int(tree.tokens[0]) < 0:
             raise VerifyError("the tree's root token is unset (-1): pass root_token")
         if (tree.tokens[: tree.num_real] < 0).any():

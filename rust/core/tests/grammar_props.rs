@@ -241,6 +241,24 @@ fn bad_regex_and_size_limit() {
 }
 
 #[test]
+fn huge_counted_repetition_is_refused_before_expansion() {
+    // `a{1000000}` took seconds to expand before the table limit refused it (found by the
+    // Python fuzzer); the match-length bound now refuses it from the syntax tree alone.
+    let v = Arc::new(Vocabulary::new(vec![Some(b"a".to_vec()), None], &[1], None).unwrap());
+    for p in ["a{1000000}", "(ab){600000}", "a{0,1000000}", "x{70000}b*"] {
+        let err = CompiledRegex::new(v.clone(), p, RegexLimits::default(), 0).unwrap_err();
+        assert!(matches!(err, GrammarError::TooLarge(_)), "{p}: {err}");
+    }
+    // Long patterns whose table fits still compile.
+    for p in ["a{20000}", "a{0,20000}", "(ab){10000}b*"] {
+        assert!(
+            CompiledRegex::new(v.clone(), p, RegexLimits::default(), 0).is_ok(),
+            "{p}"
+        );
+    }
+}
+
+#[test]
 fn cache_cap_zero_still_correct() {
     let v = Arc::new(
         Vocabulary::new(

@@ -5,7 +5,7 @@ use specdec_core::testing::{self, all_prefixes, ancestors, naive_walk, Lcg};
 use specdec_core::tree::{
     attention_mask, build_checked, build_checked_with, build_ddtree, build_ddtree_filtered,
     check_sibling_tokens, check_tree_size, max_nodes, pad_tree, retrieve_indices,
-    tree_from_branches, walk, AllowAll, ChildLinks, Marginals, TreeError,
+    tree_from_branches, walk, AllowAll, ChildLinks, Marginals, TreeError, MAX_TREE_NODES,
 };
 
 fn marginals() -> impl Strategy<Value = (usize, usize, Vec<f32>, Vec<i64>, usize)> {
@@ -447,4 +447,9 @@ fn budgets_past_what_the_marginals_hold_allocate_nothing_extra_or_are_refused() 
     let small = build_checked(&lp, &ids, 16, 8, 4, -1, None).unwrap();
     assert!(pad_tree(&small.tree, usize::MAX, 0).is_err());
     assert!(check_tree_size(1025).is_ok());
+    // The node limit keeps the quadratic ancestor bitmap within 512 MiB: padding a small
+    // tree to 2^18 nodes built an 8 GiB bitmap for tens of seconds before.
+    assert!(check_tree_size(MAX_TREE_NODES).is_ok());
+    let err = pad_tree(&small.tree, 1 << 18, 0).unwrap_err();
+    assert!(matches!(err, TreeError::TooLarge(_)), "{err:?}");
 }

@@ -117,12 +117,14 @@ impl RegexGrammar {
                     limits,
                     cache_bytes.unwrap_or(core::DEFAULT_CACHE_BYTES),
                 )?;
-                if precompute_ms.is_infinite() {
-                    g.precompute();
-                } else if precompute_ms > 0.0 {
-                    // The budget covers the whole compile, DFA construction included.
-                    let budget = std::time::Duration::from_secs_f64(precompute_ms / 1e3);
-                    g.precompute_within(budget.saturating_sub(t0.elapsed()));
+                if precompute_ms > 0.0 {
+                    // The budget covers the whole compile, DFA construction included; one too
+                    // long for a Duration (inf, or finite but huge: from_secs_f64 would panic)
+                    // is no limit at all.
+                    match std::time::Duration::try_from_secs_f64(precompute_ms / 1e3) {
+                        Ok(budget) => g.precompute_within(budget.saturating_sub(t0.elapsed())),
+                        Err(_) => g.precompute(),
+                    }
                 }
                 Ok::<_, GrammarError>(g)
             })

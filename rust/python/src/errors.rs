@@ -2,7 +2,7 @@
 //! `specdec.errors` (so they can inherit from both `SpecdecError` and `ValueError`, ...); they
 //! are looked up once, when the extension is imported.
 
-use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyException, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
@@ -134,8 +134,12 @@ pub fn conversion_error(py: Python<'_>, err: PyErr, value: Class) -> PyErr {
         raise(Class::Type, message)
     } else if err.is_instance_of::<PyOverflowError>(py) || err.is_instance_of::<PyValueError>(py) {
         raise(value, message)
+    } else if err.is_instance_of::<PyException>(py) {
+        // The object's own conversion failed (a meta tensor's __index__ raises RuntimeError):
+        // it is not an argument of the expected type.
+        raise(Class::Type, message)
     } else {
-        err
+        err // KeyboardInterrupt and the like pass through
     }
 }
 

@@ -18,7 +18,7 @@ pub use build::{
 };
 pub use contract::{
     ancestor_bits, attention_mask, check_alloc, check_tree_size, child_links, pad_tree,
-    position_ids, retrieve_indices, AncestorBits, ChildLinks, MaskValue, Padded,
+    position_ids, retrieve_indices, AncestorBits, ChildLinks, MaskValue, Padded, MAX_TREE_NODES,
 };
 pub use error::TreeError;
 pub use walk::{walk, WalkOutcome};

@@ -82,6 +82,21 @@ pub struct TableDfa {
 
 impl TableDfa {
     pub fn compile(pattern: &str, limits: RegexLimits) -> Result<Self, GrammarError> {
+        let syntax_config = syntax::Config::new().utf8(true).unicode(true);
+        let max_states = (limits.table_bytes / (256 * 4)).max(2);
+        // A match of n bytes walks n + 1 distinct live states (a repeated one could be cut out
+        // of the shortest match, or pumped in the longest of a finite language): refuse a
+        // pattern whose table cannot fit before regex-automata spends seconds on `a{1000000}`.
+        let hir = syntax::parse_with(pattern, &syntax_config)
+            .map_err(|e| classify(pattern, &e.to_string()))?;
+        let props = hir.properties();
+        let longest = props.maximum_len().or(props.minimum_len()).unwrap_or(0);
+        if longest > max_states {
+            return Err(GrammarError::TooLarge(format!(
+                "{pattern:?} needs more than {max_states} DFA states (table limit {} bytes)",
+                limits.table_bytes
+            )));
+        }
         let lim = Some(limits.automaton_bytes);
         let dfa = dense::Builder::new()
             .configure(
@@ -91,7 +106,7 @@ impl TableDfa {
                     .dfa_size_limit(lim)
                     .determinize_size_limit(lim),
             )
-            .syntax(syntax::Config::new().utf8(true).unicode(true))
+            .syntax(syntax_config)
             .thompson(thompson::Config::new().nfa_size_limit(lim))
             .build(pattern)
             .map_err(|e| classify(pattern, &e.to_string()))?;
@@ -105,7 +120,6 @@ impl TableDfa {
         index.insert(start, 1);
         let mut edges: Vec<[u32; 256]> = vec![[0; 256]];
         let mut accepting = vec![false];
-        let max_states = (limits.table_bytes / (256 * 4)).max(2);
         let mut i = 0;
         while i < order.len() {
             let s = order[i];

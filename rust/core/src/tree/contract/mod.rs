@@ -17,12 +17,23 @@ pub use retrieve::retrieve_indices;
 
 use super::TreeError;
 
+/// The most nodes a tree may have: its ancestor bitmap (`n * ceil(n / 64)` words, quadratic)
+/// then stays within 512 MiB, and far larger than any tree one verifier forward can score.
+/// Larger trees took tens of seconds and gigabytes to build (found by `make fuzz`).
+pub const MAX_TREE_NODES: usize = 1 << 16;
+
 /// Refuse sizes whose arrays cannot exist instead of aborting on a failed allocation: node
 /// indices are int32, and the ancestor bitmap of `n` nodes takes `n * ceil(n / 64)` words.
 pub fn check_tree_size(n: usize) -> Result<(), TreeError> {
     if n > i32::MAX as usize {
         return Err(TreeError::TooLarge(format!(
             "a tree of {n} nodes: node indices must fit in int32"
+        )));
+    }
+    if n > MAX_TREE_NODES {
+        return Err(TreeError::TooLarge(format!(
+            "a tree of {n} nodes is over the {MAX_TREE_NODES}-node limit (its ancestor bitmap \
+             alone would take n^2 / 8 bytes)"
         )));
     }
     let words = n.div_ceil(64).max(1).checked_mul(n);
