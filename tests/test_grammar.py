@@ -290,6 +290,13 @@ def test_bad_regex_and_size_limit(tekken: Vocabulary) -> None:
     # Refused from the pattern's match length, before seconds of expansion (found by make fuzz).
     with pytest.raises(GrammarError, match="too large"):
         RegexGrammar(tekken, "a{1000000}")
+    # A limit so large that building up to it would take minutes is refused up front (the
+    # 1M-input fuzz run's only hangs had size_limit=2**31).
+    from specdec.constrain.regex import MAX_SIZE_LIMIT
+
+    with pytest.raises(GrammarError, match="size_limit .* over the maximum"):
+        RegexGrammar(tekken, r".*\(.{10023}", size_limit=2**31)
+    RegexGrammar(tekken, "ab", size_limit=MAX_SIZE_LIMIT)  # the maximum itself is fine
 
 
 def test_huge_precompute_budget_is_no_limit(tekken: Vocabulary) -> None:
