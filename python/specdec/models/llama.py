@@ -491,7 +491,9 @@ class LlamaModel(nn.Module):
         x = self.model.embed_tokens(ids.long())[:, None]  # [R, 1, hidden]
         cos, sin = rope_cos_sin(pos, hd, c.rope_theta, x.dtype)
         cos, sin = cos.view(r, 1, 1, hd), sin.view(r, 1, 1, hd)
-        mask = step.mask[:, None]  # [R, 1, S]
+        mask: Tensor | None = step.mask[:, None]  # [R, 1, S]
+        if mask is not None and bool(mask.all()):
+            mask = None  # every row sees its whole table (equal lengths): no mask needed
         flat = step.table.reshape(-1)
         for i, layer in enumerate(self.model.decoder_layers()):
             a = layer.self_attn
@@ -508,7 +510,9 @@ class LlamaModel(nn.Module):
             # (index_select: one flat gather, cheaper than advanced indexing).
             kk = ks.index_select(0, flat).view(r, -1, a.hkv, hd).transpose(1, 2)
             vv = vs.index_select(0, flat).view(r, -1, a.hkv, hd).transpose(1, 2)
-            o = attend(q, kk.to(q.dtype), vv.to(q.dtype), mask, backend=self.backend)
+            o = attend(
+                q, kk.to(q.dtype), vv.to(q.dtype), mask, backend=self.backend, checked=i > 0
+            )
             x = x + a.o_proj(o.transpose(1, 2).reshape(r, 1, a.h * hd))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.model.norm(x[:, 0])
