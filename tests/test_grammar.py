@@ -297,6 +297,13 @@ def test_bad_regex_and_size_limit(tekken: Vocabulary) -> None:
     with pytest.raises(GrammarError, match="size_limit .* over the maximum"):
         RegexGrammar(tekken, r".*\(.{10023}", size_limit=2**31)
     RegexGrammar(tekken, "ab", size_limit=MAX_SIZE_LIMIT)  # the maximum itself is fine
+    # Patterns whose automaton would take seconds to build before failing are refused from
+    # their expanded size or NFA size first (found by the 1M-input fuzz run).
+    with pytest.raises(GrammarError, match="expands to 333527 positions"):
+        RegexGrammar(tekken, "] }-*\\\\+a?{333522}")
+    with pytest.raises(GrammarError, match="NFA states"):
+        RegexGrammar(tekken, r".*\(.{10023}")
+    RegexGrammar(tekken, "(ab|cd){5000}")  # large but linear: accepted
 
 
 def test_huge_precompute_budget_is_no_limit(tekken: Vocabulary) -> None:

@@ -9,6 +9,7 @@ use regex_automata::dfa::{dense, Automaton, StartKind};
 use regex_automata::nfa::thompson;
 use regex_automata::util::{start, syntax};
 use regex_automata::{Anchored, MatchKind};
+use regex_syntax::hir::{Hir, HirKind};
 
 use crate::constrain::GrammarError;
 
@@ -72,6 +73,25 @@ impl From<StateId> for u32 {
 /// Dead state; it loops to itself.
 pub const DEAD: StateId = StateId::DEAD;
 
+/// Byte positions of `hir` with every counted repetition written out (saturating): an upper
+/// bound on the automaton positions regex-automata builds for it.
+fn expanded_positions(hir: &Hir) -> usize {
+    match hir.kind() {
+        HirKind::Empty | HirKind::Look(_) => 0,
+        HirKind::Literal(lit) => lit.0.len(),
+        HirKind::Class(_) => 1,
+        HirKind::Repetition(rep) => {
+            let copies = rep.max.unwrap_or(rep.min).max(1) as usize;
+            copies.saturating_mul(expanded_positions(&rep.sub).max(1))
+        }
+        HirKind::Capture(cap) => expanded_positions(&cap.sub),
+        HirKind::Concat(parts) | HirKind::Alternation(parts) => parts
+            .iter()
+            .map(expanded_positions)
+            .fold(0, usize::saturating_add),
+    }
+}
+
 /// Flat DFA: `trans[s.row() + byte]` is the next state of `s`.
 #[derive(Debug, Clone)]
 pub struct TableDfa {
@@ -97,18 +117,50 @@ impl TableDfa {
                 limits.table_bytes
             )));
         }
+        // Counted repetitions of unbounded or optional parts (`a?{333522}`, `(a|b*){99999}`)
+        // escape the length test but still expand into that many automaton positions, which
+        // regex-automata builds and determinizes for tens of seconds before a size limit
+        // stops it (found by the 1M-input fuzz run).
+        let expanded = expanded_positions(&hir);
+        if expanded > max_states {
+            return Err(GrammarError::TooLarge(format!(
+                "{pattern:?} expands to {expanded} positions, more than the {max_states} DFA \
+                 states of the table limit ({} bytes)",
+                limits.table_bytes
+            )));
+        }
         let lim = Some(limits.automaton_bytes);
+        let nfa = thompson::Compiler::new()
+            .syntax(syntax_config)
+            .configure(thompson::Config::new().nfa_size_limit(lim))
+            .build(pattern)
+            .map_err(|e| classify(pattern, &e.to_string()))?;
+        // An NFA larger than the table: determinizing it costs seconds (each DFA state is a
+        // set of NFA states) and the result rarely fits; refuse it now.
+        if nfa.states().len() > max_states {
+            return Err(GrammarError::TooLarge(format!(
+                "{pattern:?} compiles to {} NFA states, more than the {max_states} DFA states \
+                 of the table limit ({} bytes)",
+                nfa.states().len(),
+                limits.table_bytes
+            )));
+        }
+        // Stop determinizing as soon as the DFA has more states than our table can hold:
+        // with few byte classes regex-automata's states are small, so its byte limit alone
+        // would let `.*X.{n}` (2^n states) run for seconds past the point of no use.
+        let stride = 1usize << nfa.byte_classes().stride2();
+        let states_bytes = (max_states + 8).saturating_mul(stride * 4) + (64 << 10);
         let dfa = dense::Builder::new()
             .configure(
                 dense::Config::new()
                     .match_kind(MatchKind::All)
                     .start_kind(StartKind::Anchored)
-                    .dfa_size_limit(lim)
-                    .determinize_size_limit(lim),
+                    .dfa_size_limit(Some(states_bytes.min(limits.automaton_bytes)))
+                    // A quarter of the budget for the state sets being determinized: their
+                    // growth is what takes the time (about 1 s per 16 MiB here).
+                    .determinize_size_limit(Some(limits.automaton_bytes / 4)),
             )
-            .syntax(syntax_config)
-            .thompson(thompson::Config::new().nfa_size_limit(lim))
-            .build(pattern)
+            .build_from_nfa(&nfa)
             .map_err(|e| classify(pattern, &e.to_string()))?;
         let start = dfa
             .start_state(&start::Config::new().anchored(Anchored::Yes))
