@@ -510,9 +510,7 @@ class LlamaModel(nn.Module):
             # (index_select: one flat gather, cheaper than advanced indexing).
             kk = ks.index_select(0, flat).view(r, -1, a.hkv, hd).transpose(1, 2)
             vv = vs.index_select(0, flat).view(r, -1, a.hkv, hd).transpose(1, 2)
-            o = attend(
-                q, kk.to(q.dtype), vv.to(q.dtype), mask, backend=self.backend, checked=i > 0
-            )
+            o = attend(q, kk.to(q.dtype), vv.to(q.dtype), mask, backend=self.backend, checked=i > 0)
             x = x + a.o_proj(o.transpose(1, 2).reshape(r, 1, a.h * hd))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.model.norm(x[:, 0])
