@@ -11,6 +11,7 @@ and checks that every greedy output is token-identical to transformers'.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import platform
@@ -107,7 +108,42 @@ def _engines(
             ),  # fmt: skip
         )
     )
+    return out + _trained_engines(budgets, cost)
+
+
+def _trained_engines(
+    budgets: Sequence[int], cost: Any
+) -> list[tuple[str, int | None, Callable[[Any], Any]]]:
+    """Chain, DDTree and adaptive engines for each drafter trained for SmolLM2 that this
+    install ships (``specdec/draft/weights/``; none when absent)."""
+    from .draft import BlockDrafter, MedusaDrafter
+    from .draft.checkpoint import shipped_path
+    from .errors import CheckpointError
+
+    out: list[tuple[str, int | None, Callable[[Any], Any]]] = []
+    for kind, cls in (("block", BlockDrafter), ("medusa", MedusaDrafter)):
+        try:
+            shipped_path(kind)
+        except CheckpointError:
+            continue
+        loaded: dict[int, Any] = {}  # one drafter per target: it follows its requests
+        mk = functools.partial(_trained_generator, cls=cls, loaded=loaded)
+        out.append((f"{kind} chain", None, functools.partial(mk, strategy="chain")))
+        for b in budgets:
+            out.append((f"{kind} ddtree B={b}", b, functools.partial(mk, budget=b)))
+        auto = functools.partial(mk, budget="auto", max_budget=max(budgets), cost_model=cost)
+        out.append((f"{kind} ddtree auto", None, auto))
     return out
+
+
+def _trained_generator(t: Any, *, cls: Any, loaded: dict[int, Any], **kw: Any) -> Any:
+    from .decode import SpeculativeGenerator
+
+    if id(t) not in loaded:
+        loaded[id(t)] = cls.shipped(t)
+    d = loaded[id(t)]
+    depth = getattr(d.config, "block_size", None) or d.config.num_heads
+    return SpeculativeGenerator(t, d, depth=depth, **kw)
 
 
 def run_demo(
