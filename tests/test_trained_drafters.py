@@ -109,13 +109,21 @@ def causal_hidden(t: LlamaModel, ids: list[int]) -> torch.Tensor:
 @settings(
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(seed=st.integers(0, 1000), strategy=st.sampled_from(["chain", "ddtree"]))
-def test_hidden_states_are_the_committed_positions(target, seed, strategy) -> None:  # type: ignore[no-untyped-def]
+@given(
+    seed=st.integers(0, 1000),
+    strategy=st.sampled_from(["chain", "ddtree"]),
+    cache=st.sampled_from(["dense", "paged"]),
+)
+def test_hidden_states_are_the_committed_positions(target, seed, strategy, cache) -> None:  # type: ignore[no-untyped-def]
     """Each request's hidden states are a fresh causal forward's at the positions just
-    committed (prefill: the prompt but its last token; a step: root + accepted)."""
+    committed (prefill: the prompt but its last token, after any prefix-cache hit; a step:
+    root + accepted)."""
     rec = Recorder(block(target))
-    gen = SpeculativeGenerator(target, rec, strategy=strategy, depth=4, budget=8, max_batch=2)
-    gen.generate(prompts(seed, 2), 12)
+    gen = SpeculativeGenerator(
+        target, rec, strategy=strategy, depth=4, budget=8, max_batch=2, cache=cache, block_size=4
+    )
+    ps = prompts(seed, 2)
+    gen.generate(ps + ps, 12)  # the repeats start from cached prefixes when paged
     assert rec.seen
     for r in rec.seen:
         assert r.hidden_states is not None
@@ -301,3 +309,105 @@ def test_data_split_is_by_file_and_seeded() -> None:
         split_files(fs[:1], seed=0)
     with pytest.raises(ConfigError):
         TrainConfig("other")  # type: ignore[arg-type]
+
+
+# -- SmolLM2 against transformers --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smol() -> Any:
+    from specdec.models import smollm2
+
+    return smollm2()
+
+
+@pytest.fixture(scope="module")
+def hf_smol() -> Any:
+    transformers = pytest.importorskip("transformers")
+    from specdec.models.gguf import smollm2_path
+
+    f = smollm2_path()
+    m = transformers.AutoModelForCausalLM.from_pretrained(
+        f.parent, gguf_file=f.name, dtype=torch.float32
+    )
+    return m.eval()
+
+
+def smol_drafter(kind: str, model: LlamaModel) -> Any:
+    """The shipped weights when this checkout has them, else untrained ones (still lossless)."""
+    cls: Any = BlockDrafter if kind == "block" else MedusaDrafter
+    try:
+        return cls.shipped(model)
+    except CheckpointError:
+        return cls.for_target(model)
+
+
+@pytest.mark.parametrize("kind", ["block", "medusa"])
+@pytest.mark.parametrize("strategy", ["chain", "ddtree"])
+def test_smollm2_greedy_matches_transformers_generate(smol, hf_smol, kind, strategy) -> None:  # type: ignore[no-untyped-def]
+    ids = smol.encode_chat([{"role": "user", "content": "Write a Python function that adds."}])
+    with torch.no_grad():
+        ref = hf_smol.generate(
+            torch.tensor([ids]), do_sample=False, max_new_tokens=16, eos_token_id=2
+        )[0, len(ids) :].tolist()
+    d = smol_drafter(kind, smol.model)
+    depth = 4
+    gen = SpeculativeGenerator(smol.model, d, strategy=strategy, budget=16, depth=depth)
+    res = gen.generate(ids, 16, eos_token_id=smol.eos_token_id)
+    assert res.tokens == ref, (smol.tokenizer.decode(res.tokens), smol.tokenizer.decode(ref))
+
+
+# -- sampling ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["block", "medusa"])
+def test_sampling_matches_the_target_distribution(kind) -> None:  # type: ignore[no-untyped-def]
+    """At temperature 1 the first two tokens follow the target's own distribution (exact, by
+    enumeration), whatever the drafter proposes (chi-square)."""
+    from collections import Counter
+
+    from scipy import stats
+
+    from specdec.verify.rules import Sampling
+
+    v = 6
+    cfg = LlamaConfig(
+        vocab_size=v,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+    )
+    t = LlamaModel(cfg).double().init_random(7, std=0.6)
+    prompt = [1, 2, 3]
+
+    def probs(seq: list[int]) -> torch.Tensor:
+        lg = t(torch.tensor(seq), torch.arange(len(seq)), t.new_cache(16), None)
+        return torch.softmax(lg[-1], -1)
+
+    p1 = probs(prompt)
+    exact = {(a, b): float(p1[a] * probs(prompt + [a])[b]) for a in range(v) for b in range(v)}
+    d: Any = (
+        BlockDrafter.for_target(t, block_size=3, seed=2)
+        if kind == "block"
+        else MedusaDrafter.for_target(t, num_heads=3)
+    )
+    gen = SpeculativeGenerator(
+        t,
+        d,
+        rule=Sampling(temperature=1.0),
+        generator=torch.Generator().manual_seed(4),
+        budget=6,
+        depth=3,
+    )
+    n = 1500
+    counts: Counter = Counter()
+    accepted = 0
+    for _ in range(n):
+        res = gen.generate(prompt, 3)
+        counts[tuple(res.tokens[:2])] += 1
+        accepted += sum(res.accepted)
+    assert accepted > 0
+    keys = sorted(exact, key=lambda k: -exact[k])
+    big = [k for k in keys if exact[k] * n >= 5]
+    obs = [counts.get(k, 0) for k in big] + [n - sum(counts.get(k, 0) for k in big)]
+    exp = [exact[k] * n for k in big] + [n * (1 - sum(exact[k] for k in big))]
+    assert stats.chisquare(obs, exp).pvalue > 1e-3
