@@ -1,9 +1,10 @@
 """The trained drafters on SmolLM2-135M-Instruct: mean acceptance length and tokens/s of chain
 versus DDTree at several budgets and the adaptive budget, for the block drafter, the Medusa
-heads and the suffix drafter, greedy (every output checked token-identical to transformers'
-``generate``) and at temperature 1, on the demo's held-out prompts; plus the two questions
-DDTree leaves open: what ``-inf`` marginals (tokens the drafter bans: all but its top k per
-depth) do to acceptance, and how acceptance and speed move with the budget.
+heads, the suffix drafter and block + suffix combined, greedy (every output checked
+token-identical to transformers' ``generate``) and at temperature 1, on the demo's held-out
+prompts; plus the two questions DDTree leaves open: what ``-inf`` marginals (tokens the
+drafter bans: all but its top k per depth) do to acceptance, and how acceptance and speed
+move with the budget.
 
 Run: ``python benches/bench_drafters.py --json FILE`` (prints markdown tables; needs the
 shipped weights, or ``--block DIR`` / ``--medusa DIR``). ``--smoke``: a tiny random model,
@@ -22,7 +23,13 @@ from typing import Any
 import torch
 
 from specdec.decode import SpeculativeGenerator, autoregressive_generate
-from specdec.draft import BlockDrafter, DraftRequest, MedusaDrafter, SuffixDrafter
+from specdec.draft import (
+    BlockDrafter,
+    CombinedDrafter,
+    DraftRequest,
+    MedusaDrafter,
+    SuffixDrafter,
+)
 from specdec.verify.rules import Sampling
 
 
@@ -73,6 +80,15 @@ def engines(
         kinds.append(("block", lambda: block, block.config.block_size))
     if medusa is not None:
         kinds.append(("medusa", lambda: medusa, medusa.config.num_heads))
+    if block is not None:
+        el = block.config.block_size
+        kinds.append(
+            (
+                "block+suffix",
+                lambda: CombinedDrafter(block, SuffixDrafter(max_depth=16), depth=el),
+                el,
+            )
+        )
     for name, mk, depth in kinds:
         out.append(
             (

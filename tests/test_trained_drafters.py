@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec.decode import SpeculativeGenerator, autoregressive_generate
-from specdec.draft import BlockDrafter, DraftRequest, MedusaDrafter
+from specdec.draft import BlockDrafter, CombinedDrafter, DraftRequest, MedusaDrafter, SuffixDrafter
 from specdec.errors import CheckpointError, ConfigError, DraftError
 from specdec.models import LlamaConfig, LlamaModel
 from specdec.train import TrainConfig, split_files, stdlib_files, train
@@ -75,6 +75,18 @@ def test_greedy_equals_autoregressive(target, kind, strategy, cache) -> None:  #
     )
     assert [r.tokens for r in gen.generate(ps, 24)] == ref
     assert gen.generate(ps[0], 24).tokens == ref[0]  # alone, after the batch
+
+
+@pytest.mark.parametrize("strategy", ["chain", "ddtree"])
+def test_combined_drafter_equals_autoregressive(target, strategy) -> None:  # type: ignore[no-untyped-def]
+    ps = [p * 3 for p in prompts(4, 4)]  # repeats: the suffix index finds matches
+    ref = [autoregressive_generate(target, p, 24).tokens for p in ps]
+    d = CombinedDrafter(block(target), SuffixDrafter(max_depth=6), depth=6)
+    gen = SpeculativeGenerator(target, d, strategy=strategy, depth=6, budget=10, max_batch=2)
+    assert [r.tokens for r in gen.generate(ps, 24)] == ref
+    assert d.chose_model > 0 and d.chose_suffix > 0
+    with pytest.raises(DraftError):
+        CombinedDrafter(SuffixDrafter())  # type: ignore[arg-type]
 
 
 def test_adaptive_budget_equals_autoregressive(target) -> None:  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..protocols import Drafter, DraftRequest, TreeDrafter
 from .base import SequenceDrafter
 from .block import BlockDrafter, BlockDrafterConfig
+from .combined import CombinedDrafter
 from .medusa import MedusaConfig, MedusaDrafter
 from .model import ModelDrafter, greedy_rollout
 from .ngram import NgramDrafter
@@ -27,5 +28,6 @@ __all__ = [
     "BlockDrafterConfig",
     "MedusaDrafter",
     "MedusaConfig",
+    "CombinedDrafter",
     "TreeDrafter",
 ]

@@ -30,6 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--heads", type=int, default=4, help="Medusa heads")
     ap.add_argument("--layers", type=int, default=1, help="block drafter layers")
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--blocks", type=int, default=32, help="block anchors per chunk")
+    ap.add_argument("--positions", type=int, default=128, help="Medusa positions per chunk")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--fresh", action="store_true", help="ignore an existing train_state.pt")
     a = ap.parse_args(argv)
@@ -52,7 +54,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         drafter = MedusaDrafter.for_target(target, num_heads=a.heads)
     split = split_files(stdlib_files(), seed=a.seed)
     cfg = TrainConfig(
-        a.kind, seed=a.seed, minutes=a.minutes, steps=a.steps, seq_len=a.seq_len, lr=a.lr
+        a.kind,
+        seed=a.seed,
+        minutes=a.minutes,
+        steps=a.steps,
+        seq_len=a.seq_len,
+        lr=a.lr,
+        blocks=a.blocks,
+        positions=a.positions,
     )
     try:
         res = train(

@@ -38,7 +38,7 @@ __all__ = ["TrainConfig", "TrainResult", "train", "teacher_pass", "Kind"]
 Kind = Literal["block", "medusa"]
 STATE = "train_state.pt"
 # What a resumed run must share with the run it continues (the budget and steps may grow).
-_RESUMABLE_FIELDS = ("kind", "seed", "seq_len", "blocks", "positions", "lr", "warmup")
+_RESUMABLE_FIELDS = ("kind", "seed", "seq_len", "blocks", "positions", "lr", "warmup", "decay")
 LOG = "train_log.json"
 
 
@@ -46,7 +46,8 @@ LOG = "train_log.json"
 class TrainConfig:
     """``minutes``: time budget (the run stops at the first step past it, all runs of a
     resumed training together); ``steps``: most steps; ``seq_len``: tokens per chunk;
-    ``blocks`` / ``positions``: predictions per chunk (block drafter / Medusa heads)."""
+    ``blocks`` / ``positions``: predictions per chunk (block drafter / Medusa heads);
+    ``decay``: the loss weight of depth d is ``exp(-d / decay)`` (0: equal)."""
 
     kind: Kind
     seed: int = 0
@@ -57,6 +58,7 @@ class TrainConfig:
     positions: int = 64
     lr: float = 1e-3
     warmup: int = 20
+    decay: float = 4.0
     eval_every: int = 50
     eval_chunks: int = 8
     save_every: int = 25
@@ -96,10 +98,17 @@ def teacher_pass(target: Any, ids: Sequence[int]) -> tuple[torch.Tensor, torch.T
     return hidden.float(), torch.log_softmax(logits.float(), -1)
 
 
-def _kl(student_logits: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
-    """Mean over rows of KL(teacher || student) (nats)."""
+def _kl(
+    student_logits: torch.Tensor, teacher_logp: torch.Tensor, decay: float = 0.0
+) -> torch.Tensor:
+    """KL(teacher || student) (nats) over ``[N, D, V]``: the mean over N of a weighted mean
+    over depths, depth d weighted ``exp(-d / decay)`` (0: equal weights). A drafted token
+    only counts if every shallower one was accepted, so shallow depths matter most."""
     logq = torch.log_softmax(student_logits.float(), -1)
-    return (teacher_logp.exp() * (teacher_logp - logq)).sum(-1).mean()
+    kl = (teacher_logp.exp() * (teacher_logp - logq)).sum(-1)  # [N, D]
+    d = torch.arange(kl.shape[-1], dtype=kl.dtype)
+    w = torch.exp(-d / decay) if decay > 0 else torch.ones_like(d)
+    return (kl * w).sum(-1).mean() / w.sum()
 
 
 def _predict(
@@ -227,7 +236,7 @@ def train(
         with torch.no_grad():
             hidden, logp = teacher_pass(target, ids)
         logits, where = _predict(drafter, cfg, ids, hidden, gen)
-        loss = _kl(logits, logp[where])
+        loss = _kl(logits, logp[where], cfg.decay)
         for g in opt.param_groups:
             g["lr"] = cfg.lr * min(1.0, (res.steps + 1) / cfg.warmup)
         opt.zero_grad()
