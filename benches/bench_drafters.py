@@ -215,7 +215,11 @@ def run(args: argparse.Namespace) -> list[Row]:
         )  # fmt: skip
         for mode in ("greedy", "t=1"):
             for drafter, engine, budget, make in table:
-                if mode == "t=1" and not args.sample:
+                # At temperature 1: the chains, B = 8 and 32 and the adaptive budget.
+                sampled = engine.startswith("chain") or (
+                    budget in ("8", "32", "auto") and "-inf" not in drafter
+                )
+                if mode == "t=1" and not (args.sample and sampled):
                     continue
                 rule = None if mode == "greedy" else Sampling(temperature=1.0)
                 gen = make(target, rule)
