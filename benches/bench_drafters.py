@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> list[Row]:
             f"{kind}#{i}": lm.encode_chat([{"role": "user", "content": text}])
             for kind, texts in PROMPTS.items()
             if kind in args.kinds.split(",")
-            for i, text in enumerate(texts)
+            for i, text in enumerate(texts[: args.prompts])
         }
     from specdec.decode import CostModel
 
@@ -273,6 +273,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--budgets", default="4,8,16,32,64")
     ap.add_argument("--kinds", default="code,edit,qa", help="demo prompt kinds")
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per kind (default: all)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sample", action="store_true", help="also at temperature 1")
     ap.add_argument("--block", help="block drafter checkpoint directory (default: shipped)")

@@ -4,7 +4,8 @@ SmolLM2-135M-Instruct (the GGUF the set-up installs) runs held-out prompts of th
 (write code, edit or repeat given text, answer a question) through transformers ``generate``
 (greedy autoregressive, and its prompt-lookup decoding) and through specdec (autoregressive,
 chain, DDTree at several budgets and the adaptive budget, with the suffix and n-gram
-drafters), on the same weights and threads. For each it prints the acceptance length (tokens
+drafters, and the shipped block drafter and Medusa heads when present), on the same
+weights and threads. For each it prints the acceptance length (tokens
 per target forward), tokens/s and the speed-up over transformers' autoregressive decoding,
 and checks that every greedy output is token-identical to transformers'.
 """
