@@ -4,13 +4,15 @@ SmolLM2-135M-Instruct (the GGUF the set-up installs) runs held-out prompts of th
 (write code, edit or repeat given text, answer a question) through transformers ``generate``
 (greedy autoregressive, and its prompt-lookup decoding) and through specdec (autoregressive,
 chain, DDTree at several budgets and the adaptive budget, with the suffix and n-gram
-drafters), on the same weights and threads. For each it prints the acceptance length (tokens
+drafters, and the shipped block drafter and Medusa heads when present), on the same
+weights and threads. For each it prints the acceptance length (tokens
 per target forward), tokens/s and the speed-up over transformers' autoregressive decoding,
 and checks that every greedy output is token-identical to transformers'.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import platform
@@ -118,7 +120,42 @@ def _engines(
             ),  # fmt: skip
         )
     )
+    return out + _trained_engines(budgets, cost)
+
+
+def _trained_engines(
+    budgets: Sequence[int], cost: Any
+) -> list[tuple[str, int | None, Callable[[Any], Any]]]:
+    """Chain, DDTree and adaptive engines for each drafter trained for SmolLM2 that this
+    install ships (``specdec/draft/weights/``; none when absent)."""
+    from .draft import BlockDrafter, MedusaDrafter
+    from .draft.checkpoint import shipped_path
+    from .errors import CheckpointError
+
+    out: list[tuple[str, int | None, Callable[[Any], Any]]] = []
+    for kind, cls in (("block", BlockDrafter), ("medusa", MedusaDrafter)):
+        try:
+            shipped_path(kind)
+        except CheckpointError:
+            continue
+        loaded: dict[int, Any] = {}  # one drafter per target: it follows its requests
+        mk = functools.partial(_trained_generator, cls=cls, loaded=loaded)
+        out.append((f"{kind} chain", None, functools.partial(mk, strategy="chain")))
+        for b in budgets:
+            out.append((f"{kind} ddtree B={b}", b, functools.partial(mk, budget=b)))
+        auto = functools.partial(mk, budget="auto", max_budget=max(budgets), cost_model=cost)
+        out.append((f"{kind} ddtree auto", None, auto))
     return out
+
+
+def _trained_generator(t: Any, *, cls: Any, loaded: dict[int, Any], **kw: Any) -> Any:
+    from .decode import SpeculativeGenerator
+
+    if id(t) not in loaded:
+        loaded[id(t)] = cls.shipped(t)
+    d = loaded[id(t)]
+    depth = getattr(d.config, "block_size", None) or d.config.num_heads
+    return SpeculativeGenerator(t, d, depth=depth, **kw)
 
 
 def run_demo(

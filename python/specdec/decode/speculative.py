@@ -56,6 +56,7 @@ class _Request:
     cache_salt: bytes | str | None = None
     on_step: StepCallback | None = None
     blocks: int = 0  # paged blocks set aside for it at admission
+    hidden: torch.Tensor | None = None  # the target's hidden states of the last commit
 
     @property
     def context(self) -> list[int]:
@@ -123,6 +124,23 @@ class SpeculativeGenerator:
                 "drafter must follow specdec.protocols.Drafter or TreeDrafter, got "
                 f"{type(drafter).__name__}"
             )
+        # A drafter that reads the target's hidden states (block drafter, Medusa heads) says
+        # which (``hidden_layers``, ``hidden_final``); the target keeps them from each forward.
+        self.reads_hidden = strategy != "ar" and hasattr(drafter, "hidden_layers")
+        if self.reads_hidden:
+            capture = getattr(target, "capture_hidden", None)
+            if capture is None:
+                raise ConfigError(
+                    f"{type(drafter).__name__} reads the target's hidden states; "
+                    f"{type(target).__name__} exposes none (it needs capture_hidden)"
+                )
+            check = getattr(drafter, "check_target", None)
+            if callable(check):
+                check(target)
+        self._capture = (
+            tuple(getattr(drafter, "hidden_layers", ())) if self.reads_hidden else (),
+            bool(getattr(drafter, "hidden_final", False)) if self.reads_hidden else False,
+        )
         vocab = getattr(drafter, "vocab_size", None)
         if isinstance(vocab, int) and vocab != target.vocab_size:
             raise ConfigError(
@@ -180,7 +198,7 @@ class SpeculativeGenerator:
 
     def propose(self, context: Sequence[int]) -> DraftTree:
         """A TreeDrafter's tree for the tokens after ``context``."""
-        return self._pad(self._trees([list(context)])[0])
+        return self._pad(self._trees([list(context)], [None])[0])
 
     def build(self, logits: torch.Tensor, root_token: int) -> DraftTree:
         """The tree from one request's draft logits (padded when ``pad_to_budget``)."""
@@ -282,6 +300,7 @@ class SpeculativeGenerator:
         """Admit waiting requests, then one speculative step for every running request (one
         target forward). Returns what each request committed in it; a finished request's
         output carries its result."""
+        self._sync_capture()
         outputs = self._admit()
         if not self._running:
             return outputs
@@ -289,7 +308,7 @@ class SpeculativeGenerator:
         timings = dict.fromkeys(("draft", *STAGES), 0.0)
         t0 = time.perf_counter()
         contexts = [r.context for r in reqs]
-        trees = self._trees(contexts)
+        trees = self._trees(contexts, [r.hidden for r in reqs])
         t1 = time.perf_counter()
         # No node deeper than the request still needs (accepted + bonus <= what is left).
         trees = [
@@ -308,15 +327,19 @@ class SpeculativeGenerator:
         caches = [r.cache for r in reqs]
         matchers = [r.matcher for r in reqs]
         if len(reqs) == 1 or not hasattr(self.target, "forward_batch"):
-            steps = [
-                self.verifier.step(t, c, constraint=m)  # type: ignore[arg-type]
-                for t, c, m in zip(trees, caches, matchers, strict=True)
-            ]
+            steps = []
+            for r, t, c, m in zip(reqs, trees, caches, matchers, strict=True):
+                steps.append(self.verifier.step(t, c, constraint=m))  # type: ignore[arg-type]
+                r.hidden = self._hidden_rows(steps[-1].kept_nodes())
             for s in steps[1:]:  # separate forwards: sum their stage times
                 for k, v in s.timings.items():
                     steps[0].timings[k] += v
         else:
             steps = self.verifier.step_batch(trees, caches, matchers)  # type: ignore[arg-type]
+            if self.reads_hidden:
+                rows = self._hidden_rows(None)
+                for i, (r, s) in enumerate(zip(reqs, steps, strict=True)):
+                    r.hidden = None if rows is None else rows[i][torch.from_numpy(s.kept_nodes())]
         timings.update({k: v for k, v in steps[0].timings.items() if k != "build"})
         if self.adaptive is not None:
             host = sum(timings.values()) - timings["forward"]
@@ -406,11 +429,36 @@ class SpeculativeGenerator:
             f"{type(constraint).__name__}"
         )
 
-    def _trees(self, contexts: list[list[int]]) -> list[DraftTree]:
-        """One unpadded tree per context, by the strategy."""
+    def _sync_capture(self) -> None:
+        """The target keeps the hidden states this generator's drafter reads, and none
+        otherwise (another generator over the same target may have changed the setting)."""
+        capture = getattr(self.target, "capture_hidden", None)
+        layers, final = self._capture
+        have = (
+            tuple(getattr(self.target, "hidden_layers", ())),
+            bool(getattr(self.target, "hidden_final", False)),
+        )
+        if capture is not None and have != self._capture:
+            capture(layers, final=final)
+
+    def _hidden_rows(self, rows: Any) -> torch.Tensor | None:
+        """The target's hidden states of its last forward (``rows`` of them, or all), when
+        the drafter reads them."""
+        if not self.reads_hidden:
+            return None
+        hs: torch.Tensor | None = getattr(self.target, "last_hidden_states", None)
+        if hs is None or rows is None:
+            return hs
+        return hs[torch.as_tensor(rows, device=hs.device)]
+
+    def _trees(
+        self, contexts: list[list[int]], hidden: Sequence[torch.Tensor | None]
+    ) -> list[DraftTree]:
+        """One unpadded tree per context, by the strategy (``hidden``: each request's hidden
+        states of its last commit, for drafters that read them)."""
         if self.drafter is None or self.shape is None:
             return [DraftTree([c[-1]], [-1]) for c in contexts]
-        requests = [DraftRequest(c) for c in contexts]
+        requests = [DraftRequest(c, h) for c, h in zip(contexts, hidden, strict=True)]
         if self.tree_drafter is not None:
             trees = self.tree_drafter.propose(requests, self.max_budget)
             if self.strategy == "chain":
@@ -488,6 +536,10 @@ class SpeculativeGenerator:
                     self._running.remove(req)
                     self._release(req, "cancelled")
                     raise
+                req.hidden = self._hidden_rows(None)
+            elif self.reads_hidden:  # nothing fed: no hidden states yet
+                width = int(getattr(self.target, "hidden_width", 0))
+                req.hidden = torch.zeros(0, width, device=self.target.device)
             req.result.timings["prefill"] += time.perf_counter() - t0
         return []
 

@@ -1,12 +1,17 @@
 """Stage 1 of the decode step, draft: drafters (:class:`~specdec.protocols.Drafter`), one file
 each (:class:`NgramDrafter` and :class:`SuffixDrafter` need no model and also propose whole
 trees, :class:`~specdec.protocols.TreeDrafter`). :class:`SequenceDrafter` adapts a
-one-sequence drafter to the batched protocol."""
+one-sequence drafter to the batched protocol. :class:`BlockDrafter` (DFlash-style) and
+:class:`MedusaDrafter` are trained (``python -m specdec.train``) and read the target's hidden
+states."""
 
 from __future__ import annotations
 
 from ..protocols import Drafter, DraftRequest, TreeDrafter
 from .base import SequenceDrafter
+from .block import BlockDrafter, BlockDrafterConfig
+from .combined import CombinedDrafter
+from .medusa import MedusaConfig, MedusaDrafter
 from .model import ModelDrafter, greedy_rollout
 from .ngram import NgramDrafter
 from .suffix import SuffixDrafter
@@ -19,5 +24,10 @@ __all__ = [
     "greedy_rollout",
     "NgramDrafter",
     "SuffixDrafter",
+    "BlockDrafter",
+    "BlockDrafterConfig",
+    "MedusaDrafter",
+    "MedusaConfig",
+    "CombinedDrafter",
     "TreeDrafter",
 ]

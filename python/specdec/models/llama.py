@@ -256,6 +256,37 @@ class LlamaModel(nn.Module):
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.backend: Backend = backend
+        self.hidden_layers: tuple[int, ...] = ()
+        self.hidden_final = False
+        self.last_hidden_states: torch.Tensor | None = None
+
+    # -- hidden states -------------------------------------------------------------------
+    def capture_hidden(self, layers: Sequence[int] = (), *, final: bool = False) -> None:
+        """Keep, from every later :meth:`forward` / :meth:`forward_batch`, the outputs of the
+        decoder ``layers`` (0-based, increasing) and, with ``final``, the final-norm hidden
+        state (what the LM head reads) in :attr:`last_hidden_states`:
+        ``[T, (len(layers) + final) * H]`` (``[R, T, ...]`` for a batch), in that order.
+        Block drafters and Medusa heads read them, so drafting costs no extra target pass.
+        No layers and no ``final``: off."""
+        n = self.config.num_hidden_layers
+        ids = tuple(int(i) for i in layers)
+        bad = [i for i in ids if not 0 <= i < n]
+        if bad:
+            raise ConfigError(f"hidden-state layers {bad} are not in [0, {n}) (the model's layers)")
+        if list(ids) != sorted(set(ids)):
+            raise ConfigError(f"hidden-state layers must be strictly increasing, got {list(ids)}")
+        self.hidden_layers, self.hidden_final = ids, bool(final)
+        self.last_hidden_states = None
+
+    @property
+    def hidden_width(self) -> int:
+        """Width of a :attr:`last_hidden_states` row."""
+        return (len(self.hidden_layers) + self.hidden_final) * self.config.hidden_size
+
+    def _keep_hidden(self, kept: list[torch.Tensor], x: torch.Tensor) -> None:
+        if self.hidden_final:
+            kept.append(x)
+        self.last_hidden_states = torch.cat(kept, -1) if kept else None
 
     # -- target protocol -----------------------------------------------------------------
     @property
@@ -328,6 +359,7 @@ class LlamaModel(nn.Module):
         x = self.model.embed_tokens(ids.long())
         cos, sin = rope_cos_sin(pos, hd, c.rope_theta, x.dtype)
         cos, sin = cos[None], sin[None]  # broadcast over heads: [1, T, D]
+        kept: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.decoder_layers()):
             a = layer.self_attn
             h = layer.input_layernorm(x)
@@ -342,7 +374,10 @@ class LlamaModel(nn.Module):
             )[0]
             x = x + a.o_proj(o.transpose(0, 1).reshape(t_new, a.h * hd))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in self.hidden_layers:
+                kept.append(x)
         x = self.model.norm(x)
+        self._keep_hidden(kept, x)
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         out: torch.Tensor = x @ w.T
         return out
@@ -406,6 +441,7 @@ class LlamaModel(nn.Module):
         cos, sin = rope_cos_sin(pos.reshape(-1), hd, c.rope_theta, x.dtype)
         cos, sin = cos.view(r, 1, t_new, hd), sin.view(r, 1, t_new, hd)
         lens = [cache.committed_len for cache in caches]
+        kept: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.decoder_layers()):
             a = layer.self_attn
             h = layer.input_layernorm(x)
@@ -426,7 +462,10 @@ class LlamaModel(nn.Module):
             o = attend(q, kk, vv, mask, backend=self.backend)
             x = x + a.o_proj(o.transpose(1, 2).reshape(r, t_new, a.h * hd))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in self.hidden_layers:
+                kept.append(x)
         x = self.model.norm(x)
+        self._keep_hidden(kept, x)
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         out: torch.Tensor = x @ w.T
         return out

@@ -1,0 +1,292 @@
+"""The trained drafters on SmolLM2-135M-Instruct: mean acceptance length and tokens/s of chain
+versus DDTree at several budgets and the adaptive budget, for the block drafter, the Medusa
+heads, the suffix drafter and block + suffix combined, greedy (every output checked
+token-identical to transformers' ``generate``) and at temperature 1, on the demo's held-out
+prompts; plus the two questions DDTree leaves open: what ``-inf`` marginals (tokens the
+drafter bans: all but its top k per depth) do to acceptance, and how acceptance and speed
+move with the budget.
+
+Run: ``python benches/bench_drafters.py --json FILE`` (prints markdown tables; needs the
+shipped weights, or ``--block DIR`` / ``--medusa DIR``). ``--smoke``: a tiny random model,
+two prompts (a test that the script works, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from specdec.decode import SpeculativeGenerator, autoregressive_generate
+from specdec.draft import (
+    BlockDrafter,
+    CombinedDrafter,
+    DraftRequest,
+    MedusaDrafter,
+    SuffixDrafter,
+)
+from specdec.verify.rules import Sampling
+
+
+@dataclass
+class Row:
+    prompt: str
+    mode: str  # greedy / t=1
+    drafter: str
+    engine: str
+    budget: str
+    tokens: int
+    seconds: float
+    accept_len: float
+    identical: bool | None
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class Banned:
+    """A drafter whose marginals keep only its top ``k`` tokens per depth (the rest -inf)."""
+
+    def __init__(self, inner: Any, k: int) -> None:
+        self.inner, self.k = inner, k
+        self.hidden_layers = inner.hidden_layers
+        self.hidden_final = inner.hidden_final
+        self.vocab_size = inner.vocab_size
+
+    def check_target(self, target: Any) -> None:
+        self.inner.check_target(target)
+
+    def draft(self, requests: Sequence[DraftRequest], depth: int) -> torch.Tensor:
+        x = self.inner.draft(requests, depth)
+        kth = x.topk(self.k, -1).values[..., -1:]
+        return x.masked_fill(x < kth, float("-inf"))
+
+
+def engines(
+    block: Any, medusa: Any, budgets: Sequence[int], cost: Any
+) -> list[tuple[str, str, str, Callable[[Any, Any], Any]]]:
+    """(drafter, engine, budget label, factory(target, rule))."""
+    out: list[tuple[str, str, str, Callable[[Any, Any], Any]]] = []
+    kinds: list[tuple[str, Callable[[], Any], int]] = [
+        ("suffix", lambda: SuffixDrafter(max_depth=16), 8)
+    ]
+    if block is not None:
+        kinds.append(("block", lambda: block, block.config.block_size))
+    if medusa is not None:
+        kinds.append(("medusa", lambda: medusa, medusa.config.num_heads))
+    if block is not None:
+        el = block.config.block_size
+        kinds.append(
+            (
+                "block+suffix",
+                lambda: CombinedDrafter(block, SuffixDrafter(max_depth=16), depth=el),
+                el,
+            )
+        )
+    for name, mk, depth in kinds:
+        out.append(
+            (
+                name,
+                f"chain {depth}",
+                str(depth),
+                lambda t, r, mk=mk, d=depth: SpeculativeGenerator(
+                    t, mk(), strategy="chain", depth=d, rule=r
+                ),
+            )
+        )
+        if name == "block" and depth > 4:  # the same depth as the Medusa heads
+            out.append(
+                (
+                    name,
+                    "chain 4",
+                    "4",
+                    lambda t, r, mk=mk: SpeculativeGenerator(
+                        t, mk(), strategy="chain", depth=4, rule=r
+                    ),
+                )
+            )
+        for b in budgets:
+            out.append(
+                (
+                    name,
+                    f"ddtree B={b}",
+                    str(b),
+                    lambda t, r, mk=mk, d=depth, b=b: SpeculativeGenerator(
+                        t, mk(), depth=d, budget=b, rule=r
+                    ),
+                )
+            )
+        out.append(
+            (
+                name,
+                "ddtree auto",
+                "auto",
+                lambda t, r, mk=mk, d=depth: SpeculativeGenerator(
+                    t,
+                    mk(),
+                    depth=d,
+                    budget="auto",
+                    max_budget=max(budgets),
+                    cost_model=cost,
+                    rule=r,
+                ),  # fmt: skip
+            )
+        )
+    return out
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    torch.set_num_threads(args.threads)
+    if args.smoke:
+        from specdec.models import LlamaConfig, LlamaModel
+
+        target = LlamaModel(LlamaConfig(vocab_size=64, num_hidden_layers=3)).init_random(0)
+        block = BlockDrafter.for_target(target, block_size=6)
+        medusa = MedusaDrafter.for_target(target, num_heads=3)
+        prompts = {"smoke#0": [1, 2, 3, 4], "smoke#1": [5, 6, 5, 6, 5]}
+        eos = None
+        hf = None
+    else:
+        from specdec.demo import _hf_model
+        from specdec.demo_prompts import PROMPTS
+        from specdec.models import smollm2
+        from specdec.models.gguf import smollm2_path
+
+        lm = smollm2()
+        target, eos = lm.model, lm.eos_token_id
+        hf = _hf_model(smollm2_path())
+        block = (
+            BlockDrafter.load(args.block, target) if args.block else _shipped(BlockDrafter, target)
+        )
+        medusa = (
+            MedusaDrafter.load(args.medusa, target)
+            if args.medusa
+            else _shipped(MedusaDrafter, target)
+        )
+        prompts = {
+            f"{kind}#{i}": lm.encode_chat([{"role": "user", "content": text}])
+            for kind, texts in PROMPTS.items()
+            if kind in args.kinds.split(",")
+            for i, text in enumerate(texts[: args.prompts])
+        }
+    from specdec.decode import CostModel
+
+    cost = CostModel.calibrate(target, sizes=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64])
+    budgets = [int(b) for b in args.budgets.split(",")]
+    table = engines(block, medusa, budgets, cost)
+    if block is not None:
+        for k in (1, 4):
+            table.append(
+                (
+                    f"block top-{k} (rest -inf)",
+                    "ddtree B=32",
+                    "32",
+                    lambda t, r, k=k: SpeculativeGenerator(
+                        t, Banned(block, k), depth=block.config.block_size, budget=32, rule=r
+                    ),
+                )
+            )
+    rows: list[Row] = []
+    for name, ids in prompts.items():
+        n = args.tokens
+        if hf is not None:
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                ref = hf.generate(
+                    torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=eos,
+                    pad_token_id=eos,
+                )[0, len(ids):].tolist()  # fmt: skip
+            dt = time.perf_counter() - t0
+            rows.append(Row(name, "greedy", "transformers", "AR", "-", len(ref), dt, 1.0, True))
+        else:
+            ref = autoregressive_generate(target, ids, n).tokens
+        stop = [eos] if eos is not None else None
+        t0 = time.perf_counter()
+        res = SpeculativeGenerator(target, strategy="ar").generate(ids, n, stop_tokens=stop)
+        rows.append(
+            Row(name, "greedy", "specdec", "AR", "-", len(res.tokens),
+                time.perf_counter() - t0, 1.0, res.tokens == ref)
+        )  # fmt: skip
+        for mode in ("greedy", "t=1"):
+            for drafter, engine, budget, make in table:
+                # At temperature 1: the chains, B = 8 and 32 and the adaptive budget.
+                sampled = engine.startswith("chain") or (
+                    budget in ("8", "32", "auto") and "-inf" not in drafter
+                )
+                if mode == "t=1" and not (args.sample and sampled):
+                    continue
+                rule = None if mode == "greedy" else Sampling(temperature=1.0)
+                gen = make(target, rule)
+                if rule is not None:
+                    gen.verifier.generator = torch.Generator().manual_seed(0)
+                t0 = time.perf_counter()
+                res = gen.generate(ids, n, stop_tokens=stop)
+                dt = time.perf_counter() - t0
+                rows.append(
+                    Row(name, mode, drafter, engine, budget, len(res.tokens), dt,
+                        res.acceptance_length, res.tokens == ref if mode == "greedy" else None)
+                )  # fmt: skip
+                print(
+                    f"{name} {mode} {drafter} {engine}: {rows[-1].accept_len:.2f} "
+                    f"{rows[-1].tok_s:.1f} tok/s {rows[-1].identical}",
+                    flush=True,
+                )
+    return rows
+
+
+def _shipped(cls: Any, target: Any) -> Any:
+    try:
+        return cls.shipped(target)
+    except Exception:  # noqa: BLE001 - a kind not shipped is left out of the tables
+        return None
+
+
+def summary(rows: list[Row]) -> str:
+    """Markdown: per (mode, drafter, engine) mean acceptance length over prompts and
+    tokens/s summed over prompts (total tokens / total seconds)."""
+    keys = list(dict.fromkeys((r.mode, r.drafter, r.engine) for r in rows))
+    ar = [r for r in rows if r.drafter == "transformers"]
+    base = sum(r.tokens for r in ar) / sum(r.seconds for r in ar) if ar else float("nan")
+    out = [
+        "| mode | drafter | engine | mean acceptance length | tok/s | vs transformers AR | "
+        "greedy identical |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
+    for mode, drafter, engine in keys:
+        rs = [r for r in rows if (r.mode, r.drafter, r.engine) == (mode, drafter, engine)]
+        acc = sum(r.accept_len for r in rs) / len(rs)
+        tps = sum(r.tokens for r in rs) / sum(r.seconds for r in rs)
+        same = "-" if rs[0].identical is None else ("yes" if all(r.identical for r in rs) else "NO")
+        cells = [mode, drafter, engine, f"{acc:.2f}", f"{tps:.1f}", f"{tps / base:.2f}x", same]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--budgets", default="4,8,16,32,64")
+    ap.add_argument("--kinds", default="code,edit,qa", help="demo prompt kinds")
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per kind (default: all)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--sample", action="store_true", help="also at temperature 1")
+    ap.add_argument("--block", help="block drafter checkpoint directory (default: shipped)")
+    ap.add_argument("--medusa", help="Medusa checkpoint directory (default: shipped)")
+    ap.add_argument("--json", help="write every row here")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    rows = run(args)
+    print(summary(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) | {"tok_s": r.tok_s} for r in rows], f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

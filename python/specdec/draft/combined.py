@@ -1,0 +1,58 @@
+"""A model drafter and a suffix drafter together: per request and step, whichever tree
+expects to accept more (DDTree's surrogate: the drafted prefixes' probabilities summed, the
+model's marginals against the suffix index's empirical path probabilities). Repeated text
+goes to the suffix index, new text to the model."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .._arrays import check_int
+from ..errors import DraftError
+from ..protocols import Drafter, DraftRequest
+from ..tree import DDTreeShape, DraftTree
+from .suffix import SuffixDrafter
+
+__all__ = ["CombinedDrafter"]
+
+
+class CombinedDrafter:
+    """A :class:`~specdec.protocols.TreeDrafter` over a per-depth ``model`` drafter (e.g.
+    :class:`~specdec.draft.BlockDrafter`, drafting ``depth`` tokens) and a ``suffix``
+    drafter. The model drafts every step (it keeps its per-request state) and reads the
+    target's hidden states when it does."""
+
+    def __init__(self, model: Drafter, suffix: SuffixDrafter | None = None, *, depth: int = 8):
+        if not isinstance(model, Drafter):
+            raise DraftError(f"model must be a Drafter, got {type(model).__name__}")
+        self.model = model
+        self.suffix = suffix if suffix is not None else SuffixDrafter(max_depth=16)
+        self.depth = check_int(depth, "depth", 1, DraftError)
+        self.chose_suffix = 0  # trees taken from the suffix index (the rest: the model)
+        self.chose_model = 0
+
+    def __getattr__(self, name: str) -> Any:
+        # What the generator reads off a drafter of hidden states (hidden_layers,
+        # hidden_final, vocab_size, check_target) is the model's.
+        if name in ("hidden_layers", "hidden_final", "vocab_size", "check_target"):
+            return getattr(self.model, name)
+        raise AttributeError(name)
+
+    def propose(self, requests: Sequence[DraftRequest], budget: int) -> list[DraftTree]:
+        budget = check_int(budget, "budget", 1, DraftError)
+        logits = self.model.draft(requests, self.depth)
+        shape = DDTreeShape(budget)
+        suffix = self.suffix.propose(requests, budget)
+        out = []
+        for r, lg, st in zip(requests, logits, suffix, strict=True):
+            mt = shape.build(lg, int(r.context[-1]))
+            s_exp = st.expected_acceptance if st.num_drafted else 0.0
+            if math.isfinite(s_exp) and s_exp > mt.expected_acceptance:
+                self.chose_suffix += 1
+                out.append(st)
+            else:
+                self.chose_model += 1
+                out.append(mt)
+        return out

@@ -1,0 +1,425 @@
+"""The drafters that read the target's hidden states (block drafter, Medusa heads) and their
+training: greedy output equals the target's own autoregressive output (the oracle) for every
+strategy and cache; the hidden states the generator hands over equal a fresh causal
+forward's; incremental drafting equals drafting from scratch; checkpoints round-trip and
+bad ones are refused naming the mismatch; training is deterministic, resumable and stops at
+its budget."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specdec.decode import SpeculativeGenerator, autoregressive_generate
+from specdec.draft import BlockDrafter, CombinedDrafter, DraftRequest, MedusaDrafter, SuffixDrafter
+from specdec.errors import CheckpointError, ConfigError, DraftError
+from specdec.models import LlamaConfig, LlamaModel
+from specdec.train import TrainConfig, split_files, stdlib_files, train
+
+VOCAB = 40
+CFG = LlamaConfig(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=200,
+)
+
+
+def make_target(cfg: LlamaConfig = CFG, seed: int = 3) -> LlamaModel:
+    return LlamaModel(cfg).double().init_random(seed)
+
+
+@pytest.fixture(scope="module")
+def target() -> LlamaModel:
+    return make_target()
+
+
+def block(t: LlamaModel, size: int = 6) -> BlockDrafter:
+    return BlockDrafter.for_target(t, block_size=size, target_layers=(0, 2), num_layers=2, seed=1)
+
+
+def medusa(t: LlamaModel, heads: int = 4) -> MedusaDrafter:
+    m = MedusaDrafter.for_target(t, num_heads=heads)
+    with torch.no_grad():  # away from the zero start, so heads differ
+        g = torch.Generator().manual_seed(5)
+        for p in m.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+    return m
+
+
+def prompts(seed: int, count: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(VOCAB) for _ in range(rng.randrange(1, 12))] for _ in range(count)]
+
+
+@pytest.mark.parametrize("kind", ["block", "medusa"])
+@pytest.mark.parametrize("strategy", ["chain", "ddtree"])
+@pytest.mark.parametrize("cache", ["dense", "paged"])
+def test_greedy_equals_autoregressive(target, kind, strategy, cache) -> None:  # type: ignore[no-untyped-def]
+    ps = prompts(1, 5)
+    ref = [autoregressive_generate(target, p, 24).tokens for p in ps]
+    d = block(target) if kind == "block" else medusa(target)
+    gen = SpeculativeGenerator(
+        target, d, strategy=strategy, depth=4, budget=12, cache=cache, max_batch=3
+    )
+    assert [r.tokens for r in gen.generate(ps, 24)] == ref
+    assert gen.generate(ps[0], 24).tokens == ref[0]  # alone, after the batch
+
+
+@pytest.mark.parametrize("strategy", ["chain", "ddtree"])
+def test_combined_drafter_equals_autoregressive(target, strategy) -> None:  # type: ignore[no-untyped-def]
+    ps = [p * 3 for p in prompts(4, 4)]  # repeats: the suffix index finds matches
+    ref = [autoregressive_generate(target, p, 24).tokens for p in ps]
+    d = CombinedDrafter(block(target), SuffixDrafter(max_depth=6), depth=6)
+    gen = SpeculativeGenerator(target, d, strategy=strategy, depth=6, budget=10, max_batch=2)
+    assert [r.tokens for r in gen.generate(ps, 24)] == ref
+    assert d.chose_model > 0 and d.chose_suffix > 0
+    with pytest.raises(DraftError):
+        CombinedDrafter(SuffixDrafter())  # type: ignore[arg-type]
+
+
+def test_adaptive_budget_equals_autoregressive(target) -> None:  # type: ignore[no-untyped-def]
+    ps = prompts(2, 3)
+    ref = [autoregressive_generate(target, p, 20).tokens for p in ps]
+    gen = SpeculativeGenerator(target, block(target), budget="auto", max_budget=16, depth=6)
+    assert [r.tokens for r in gen.generate(ps, 20)] == ref
+
+
+class Recorder:
+    """A block drafter that keeps every request it was given."""
+
+    def __init__(self, inner: BlockDrafter) -> None:
+        self.inner = inner
+        self.hidden_layers = inner.hidden_layers
+        self.hidden_final = False
+        self.seen: list[DraftRequest] = []
+
+    def draft(self, requests: Sequence[DraftRequest], depth: int) -> torch.Tensor:
+        self.seen += list(requests)
+        return self.inner.draft(requests, depth)
+
+
+def causal_hidden(t: LlamaModel, ids: list[int]) -> torch.Tensor:
+    cache = t.new_cache(len(ids))
+    t(torch.tensor(ids), torch.arange(len(ids)), cache, None)
+    cache.rollback()
+    assert t.last_hidden_states is not None
+    return t.last_hidden_states
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    seed=st.integers(0, 1000),
+    strategy=st.sampled_from(["chain", "ddtree"]),
+    cache=st.sampled_from(["dense", "paged"]),
+)
+def test_hidden_states_are_the_committed_positions(target, seed, strategy, cache) -> None:  # type: ignore[no-untyped-def]
+    """Each request's hidden states are a fresh causal forward's at the positions just
+    committed (prefill: the prompt but its last token, after any prefix-cache hit; a step:
+    root + accepted)."""
+    rec = Recorder(block(target))
+    gen = SpeculativeGenerator(
+        target, rec, strategy=strategy, depth=4, budget=8, max_batch=2, cache=cache, block_size=4
+    )
+    ps = prompts(seed, 2)
+    gen.generate(ps + ps, 12)  # the repeats start from cached prefixes when paged
+    assert rec.seen
+    for r in rec.seen:
+        assert r.hidden_states is not None
+        ctx = list(r.context)
+        m = r.hidden_states.shape[0]
+        full = causal_hidden(target, ctx[:-1]) if len(ctx) > 1 else None
+        if m:
+            assert full is not None
+            torch.testing.assert_close(r.hidden_states, full[len(ctx) - 1 - m :])
+
+
+def test_incremental_drafting_equals_from_scratch(target) -> None:  # type: ignore[no-untyped-def]
+    """The drafter's kept context K/V, grown step by step, drafts what one built from the
+    whole context's hidden states at once drafts."""
+    rec = Recorder(block(target))
+    gen = SpeculativeGenerator(target, rec, strategy="ddtree", depth=6, budget=8)
+    gen.generate([3, 1, 4, 1, 5, 9, 2, 6], 30)
+    d = block(target)  # replays the steps: its state grows as in the generator
+    target.capture_hidden(d.hidden_layers)
+    assert len(rec.seen) > 3
+    for r in rec.seen:
+        got = d.draft([r], 6)
+        ctx = list(r.context)
+        want = block(target).draft([DraftRequest(ctx, causal_hidden(target, ctx[:-1]))], 6)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(d.draft([r], 6), got)  # the same request again: no change
+
+
+def test_medusa_reads_the_last_hidden_state(target) -> None:  # type: ignore[no-untyped-def]
+    m = medusa(target, 3)
+    target.capture_hidden((), final=True)
+    ctx = [5, 6, 7, 8]
+    h = causal_hidden(target, ctx[:-1])
+    got = m.draft([DraftRequest(ctx, h)], 3)[0]
+    w = target.model.embed_tokens.weight if target.lm_head is None else target.lm_head.weight
+    for k, lin in enumerate(m.heads):
+        x = h[-1]
+        assert isinstance(lin, torch.nn.Linear)
+        want = (x + torch.nn.functional.silu(lin(x))) @ w.T
+        torch.testing.assert_close(got[k], want.float())
+
+
+@pytest.mark.parametrize("kind", ["block", "medusa"])
+def test_checkpoint_round_trip(target, kind, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    d: Any = block(target) if kind == "block" else medusa(target)
+    d.save(tmp_path / "ck", note="test")
+    cls = BlockDrafter if kind == "block" else MedusaDrafter
+    back = cls.load(tmp_path / "ck", target)
+    for (k, a), (k2, b) in zip(d.state_dict().items(), back.state_dict().items(), strict=True):
+        assert k == k2
+        torch.testing.assert_close(b, a.to(torch.float16).to(b.dtype))  # stored as float16
+    assert json.loads((tmp_path / "ck" / "config.json").read_text())["note"] == "test"
+
+
+def test_bad_checkpoints_name_the_mismatch(target, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    block(target).save(tmp_path / "b")
+    medusa(target).save(tmp_path / "m")
+    wider = make_target(LlamaConfig(**{**CFG.__dict__, "hidden_size": 48, "head_dim": None}))
+    other_vocab = make_target(LlamaConfig(**{**CFG.__dict__, "vocab_size": VOCAB + 1}))
+    shallow = make_target(LlamaConfig(**{**CFG.__dict__, "num_hidden_layers": 2}))
+    for t, word in ((wider, "hidden_size"), (other_vocab, "vocab_size"), (shallow, "num_layers")):
+        for cls, d in ((BlockDrafter, "b"), (MedusaDrafter, "m")):
+            with pytest.raises(ConfigError, match=word):
+                cls.load(tmp_path / d, t)
+    with pytest.raises(CheckpointError, match="not a 'medusa'"):
+        MedusaDrafter.load(tmp_path / "b", target)
+    (tmp_path / "b" / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        BlockDrafter.load(tmp_path / "b", target)
+    with pytest.raises(CheckpointError, match="no drafter checkpoint"):
+        BlockDrafter.load(tmp_path / "nothing", target)
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, "num_heads": 7}))
+    with pytest.raises(CheckpointError, match="heads"):
+        MedusaDrafter.load(tmp_path / "m", target)
+    # A layer id the target lacks (a checkpoint for a deeper target).
+    block(target).save(tmp_path / "b2")
+    cfg = json.loads((tmp_path / "b2" / "config.json").read_text())
+    cfg["dflash_config"]["target_layer_ids"] = [0, 5]
+    (tmp_path / "b2" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="target_layers"):
+        BlockDrafter.load(tmp_path / "b2", target)
+
+
+def test_bad_input(target) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match="block_size"):
+        BlockDrafter.for_target(target, block_size=0)
+    with pytest.raises(ConfigError, match="target_layers"):
+        BlockDrafter.for_target(target, target_layers=(2, 1))
+    with pytest.raises(ConfigError, match="num_heads"):
+        MedusaDrafter.for_target(target, num_heads=0)
+    with pytest.raises(ConfigError, match="layers"):
+        target.capture_hidden((0, 3))
+    d = block(target, 4)
+    with pytest.raises(DraftError, match="block_size"):
+        SpeculativeGenerator(target, d, strategy="chain", depth=5).generate([1, 2], 4)
+    with pytest.raises(DraftError, match="hidden_states is None"):
+        d.draft([DraftRequest([1, 2, 3])], 2)
+    with pytest.raises(DraftError, match="hidden_states is None"):
+        medusa(target).draft([DraftRequest([1, 2, 3])], 2)
+    with pytest.raises(DraftError, match="hidden states must be"):
+        d.draft([DraftRequest([1, 2, 3], torch.zeros(2, 5, dtype=torch.float64))], 2)
+    with pytest.raises(ConfigError, match="another target"):
+        SpeculativeGenerator(make_target(LlamaConfig(**{**CFG.__dict__, "vocab_size": 50})), d)
+
+    class NoHidden:  # a target that exposes no hidden states
+        vocab_size, max_positions, device = VOCAB, 200, torch.device("cpu")
+
+        def new_cache(self, n: int | None = None) -> Any:
+            return target.new_cache(n)
+
+        def __call__(self, *a: Any) -> torch.Tensor:
+            return torch.as_tensor(target(*a))
+
+    with pytest.raises(ConfigError, match="exposes none"):
+        SpeculativeGenerator(NoHidden(), d)  # type: ignore[arg-type]
+
+
+# -- training ----------------------------------------------------------------------------------
+def encode(text: str) -> list[int]:
+    return [b % VOCAB for b in text.encode()]
+
+
+@pytest.fixture(scope="module")
+def files() -> Any:
+    return split_files(stdlib_files()[:30], seed=0)
+
+
+def small_run(kind: str, files: Any, out: Path, steps: int, **kw: Any) -> tuple[Any, Any]:
+    t = make_target()
+    d: Any = block(t, 4) if kind == "block" else MedusaDrafter.for_target(t, num_heads=3)
+    cfg = TrainConfig(
+        kind,  # type: ignore[arg-type]
+        steps=steps,
+        seq_len=48,
+        blocks=4,
+        positions=8,
+        eval_every=4,
+        eval_chunks=2,
+        save_every=3,
+        **kw,
+    )
+    res = train(d, t, encode, files.train, files.held_out, cfg, out, progress=False)
+    return d, res
+
+
+@pytest.mark.parametrize("kind", ["block", "medusa"])
+def test_training_lowers_the_loss_and_writes_a_checkpoint(kind, files, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    d, res = small_run(kind, files, tmp_path, 12, lr=3e-3)
+    assert res.steps == 12 and res.held_out[-1]["step"] == 12
+    assert res.held_out[-1]["kl"] < res.held_out[0]["kl"]
+    cls = BlockDrafter if kind == "block" else MedusaDrafter
+    back = cls.load(tmp_path, make_target())
+    assert "12 steps" in json.loads((tmp_path / "config.json").read_text())["note"]
+    assert back.config == d.config
+
+
+def test_training_is_deterministic_and_resumable(files, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    a, _ = small_run("block", files, tmp_path / "a", 6)
+    b, _ = small_run("block", files, tmp_path / "b", 6)
+    small_run("block", files, tmp_path / "c", 3)  # stops, then resumes to 6
+    c, res = small_run("block", files, tmp_path / "c", 6)
+    assert res.steps == 6
+    for x, y, z in zip(a.parameters(), b.parameters(), c.parameters(), strict=True):
+        assert torch.equal(x, y)
+        torch.testing.assert_close(x, z)
+    with pytest.raises(CheckpointError, match="another training config"):
+        small_run("block", files, tmp_path / "c", 6, lr=0.5)
+
+
+def test_training_stops_at_its_time_budget(files, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _, res = small_run("medusa", files, tmp_path, 10_000, minutes=1e-9)
+    assert res.steps <= 1
+
+
+def test_data_split_is_by_file_and_seeded() -> None:
+    fs = stdlib_files()
+    a, b = split_files(fs, seed=1), split_files(fs, seed=1)
+    assert a == b and not set(a.train) & set(a.held_out)
+    assert sorted(a.train + a.held_out) == sorted(fs)
+    assert split_files(fs, seed=2).held_out != a.held_out
+    with pytest.raises(ConfigError):
+        split_files(fs[:1], seed=0)
+    with pytest.raises(ConfigError):
+        TrainConfig("other")  # type: ignore[arg-type]
+
+
+# -- SmolLM2 against transformers --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smol() -> Any:
+    from specdec.models import smollm2
+
+    return smollm2()
+
+
+@pytest.fixture(scope="module")
+def hf_smol() -> Any:
+    transformers = pytest.importorskip("transformers")
+    from specdec.models.gguf import smollm2_path
+
+    f = smollm2_path()
+    m = transformers.AutoModelForCausalLM.from_pretrained(
+        f.parent, gguf_file=f.name, dtype=torch.float32
+    )
+    return m.eval()
+
+
+def smol_drafter(kind: str, model: LlamaModel) -> Any:
+    """The shipped weights when this checkout has them, else untrained ones (still lossless)."""
+    cls: Any = BlockDrafter if kind == "block" else MedusaDrafter
+    try:
+        return cls.shipped(model)
+    except CheckpointError:
+        return cls.for_target(model)
+
+
+@pytest.mark.parametrize("kind", ["block", "medusa"])
+@pytest.mark.parametrize("strategy", ["chain", "ddtree"])
+def test_smollm2_greedy_matches_transformers_generate(smol, hf_smol, kind, strategy) -> None:  # type: ignore[no-untyped-def]
+    ids = smol.encode_chat([{"role": "user", "content": "Write a Python function that adds."}])
+    with torch.no_grad():
+        ref = hf_smol.generate(
+            torch.tensor([ids]), do_sample=False, max_new_tokens=16, eos_token_id=2
+        )[0, len(ids) :].tolist()
+    d = smol_drafter(kind, smol.model)
+    depth = 4
+    gen = SpeculativeGenerator(smol.model, d, strategy=strategy, budget=16, depth=depth)
+    res = gen.generate(ids, 16, eos_token_id=smol.eos_token_id)
+    assert res.tokens == ref, (smol.tokenizer.decode(res.tokens), smol.tokenizer.decode(ref))
+
+
+# -- sampling ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["block", "medusa"])
+def test_sampling_matches_the_target_distribution(kind) -> None:  # type: ignore[no-untyped-def]
+    """At temperature 1 the first two tokens follow the target's own distribution (exact, by
+    enumeration), whatever the drafter proposes (chi-square)."""
+    from collections import Counter
+
+    from scipy import stats
+
+    from specdec.verify.rules import Sampling
+
+    v = 6
+    cfg = LlamaConfig(
+        vocab_size=v,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+    )
+    t = LlamaModel(cfg).double().init_random(7, std=0.6)
+    prompt = [1, 2, 3]
+
+    def probs(seq: list[int]) -> torch.Tensor:
+        lg = t(torch.tensor(seq), torch.arange(len(seq)), t.new_cache(16), None)
+        return torch.softmax(lg[-1], -1)
+
+    p1 = probs(prompt)
+    exact = {(a, b): float(p1[a] * probs(prompt + [a])[b]) for a in range(v) for b in range(v)}
+    d: Any = (
+        BlockDrafter.for_target(t, block_size=3, seed=2)
+        if kind == "block"
+        else MedusaDrafter.for_target(t, num_heads=3)
+    )
+    gen = SpeculativeGenerator(
+        t,
+        d,
+        rule=Sampling(temperature=1.0),
+        generator=torch.Generator().manual_seed(4),
+        budget=6,
+        depth=3,
+    )
+    n = 1500
+    counts: Counter = Counter()
+    accepted = 0
+    for _ in range(n):
+        res = gen.generate(prompt, 3)
+        counts[tuple(res.tokens[:2])] += 1
+        accepted += sum(res.accepted)
+    assert accepted > 0
+    keys = sorted(exact, key=lambda k: -exact[k])
+    big = [k for k in keys if exact[k] * n >= 5]
+    obs = [counts.get(k, 0) for k in big] + [n - sum(counts.get(k, 0) for k in big)]
+    exp = [exact[k] * n for k in big] + [n * (1 - sum(exact[k] for k in big))]
+    assert stats.chisquare(obs, exp).pvalue > 1e-3
