@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import warnings
 
 import numpy as np
 import pytest
@@ -407,6 +409,47 @@ def test_json_schema_walks_on_tekken_give_valid_instances(tekken: Vocabulary) ->
     assert finished >= 6
 
 
+NUMBER_BOUNDS = [
+    {"minimum": 1.1},
+    {"exclusiveMaximum": -0.25},
+    {"minimum": -2, "exclusiveMaximum": 3.5},
+    {"maximum": 0},
+    {"exclusiveMinimum": 0},
+    {"exclusiveMaximum": 0},
+    {"minimum": 0.05, "maximum": 0.5},
+    {"exclusiveMinimum": -10.01, "maximum": 10},
+]
+# Exponent-free decimals around those bounds (and texts that are not JSON at all).
+NUMBER_TEXTS = sorted(
+    s + i + f
+    for s in ["", "-"]
+    for i in ["0", "1", "2", "3", "9", "10", "11", "01"]
+    for f in ["", ".", ".0", ".00", ".009", ".01", ".011", ".05", ".049", ".1", ".25", ".5"]
+    + [".50", ".51", ".9", ".099"]
+)
+
+
+@pytest.mark.parametrize("bounds", NUMBER_BOUNDS)
+def test_json_schema_number_bounds_equal_jsonschema(bounds: dict[str, float]) -> None:
+    import jsonschema
+
+    schema = {"type": "number", **bounds}
+    g = small_vocab().json_schema(schema)
+    for text in NUMBER_TEXTS:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            assert not g.matches(text), text
+            continue
+        valid = jsonschema.Draft202012Validator(schema).is_valid(value)
+        # Bounded numbers are generated without `-0` (a subset of the valid texts).
+        if value == 0 and text.startswith("-"):
+            assert not g.matches(text) or valid, text
+        else:
+            assert g.matches(text) == valid, (schema, text)
+        assert not g.matches(text + "e0")
+
+
 def test_json_schema_options_and_errors() -> None:
     v = small_vocab()
     schema = {"properties": {"a": {"type": "array"}}}
@@ -416,10 +459,8 @@ def test_json_schema_options_and_errors() -> None:
     tight = v.json_schema(schema, whitespace=False, separators=(",", ":"))
     assert tight.matches('{"a":[1,2],"z":null}') and not tight.matches('{"a": []}')
     assert v.json_schema(schema) is v.json_schema(json.dumps(schema))
-    with pytest.raises(
-        GrammarError, match=r"minimum on a number \(at #/properties/n\).*uniqueItems"
-    ):
-        v.json_schema({"properties": {"n": {"minimum": 0}}, "uniqueItems": True})
+    with pytest.raises(GrammarError, match=r"multipleOf \(at #/properties/n\).*uniqueItems"):
+        v.json_schema({"properties": {"n": {"multipleOf": 2}}, "uniqueItems": True})
     with pytest.raises(GrammarError, match="not JSON"):
         v.json_schema("{")
     with pytest.raises(GrammarError, match="points to nothing"):
@@ -470,3 +511,79 @@ def test_gbnf_escapes_and_empty_alternatives() -> None:
         ('\x7f\x01"', False),
     ]:
         assert g.matches(text) == ok, text
+
+
+# Python's own expression parser is the oracle: over this alphabet (no unary operators, no
+# power, no empty tuple) it accepts exactly this grammar's language.
+PY_EXPR_LARK = r"""
+?start: expr
+expr: term ("&" term)*     // bitwise and
+    | "(" expr ")" "%" atom -> mod_of_group
+term: atom
+    | term "%" atom
+atom: INT
+    | "(" expr ")"
+INT: DIGIT+
+%import common (DIGIT)
+%ignore " "
+"""
+
+
+def test_lark_matches_python_expression_parser() -> None:
+    g = small_vocab().lark(PY_EXPR_LARK)
+    rng = random.Random(5)
+    checked = accepted = 0
+    for _ in range(3000):
+        text = "".join(rng.choice("12 ()%&") for _ in range(rng.randint(1, 9)))
+        if re.search(r"\(\s*\)|[\d)]\s*\(", text) or text != text.lstrip():
+            continue  # an empty tuple or a call (Python syntax, not this grammar's); an indent
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                compile(text, "<lark>", "eval")
+            valid = True
+        except SyntaxError:
+            valid = False
+        assert g.matches(text) == valid, text
+        checked += 1
+        accepted += valid
+    assert checked > 1000 and accepted > 100
+
+
+LARK_REGULAR = [
+    # (Lark grammar, the same language as a Python regex)
+    ('start: "ab"i ("x" | /[0-9]{2}/)~2..3', r"[aA][bB](?:x|[0-9]{2}){2,3}"),
+    ('start: WORD ("-" WORD)* [":" HEX]\nWORD: "a".."c"+\nHEX: /[0-9a-f]+/', None),
+    ('start: A B?\nA: /a+/s\nB: C C\nC: "\\t" | "\\x41"', r"a+(?:(?:\t|A)(?:\t|A))?"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(LARK_REGULAR)))
+def test_lark_regular_grammars_equal_python_re(case: int) -> None:
+    text, pattern = LARK_REGULAR[case]
+    if pattern is None:
+        pattern = r"[a-c]+(?:-[a-c]+)*(?::[0-9a-f]+)?"
+    g = small_vocab().lark(text)
+    rng = random.Random(case)
+    alphabet = "aAbBx0123-:f\tc"
+    for _ in range(1500):
+        s = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
+        assert g.matches(s) == (re.fullmatch(pattern, s) is not None), (text, s)
+
+
+def test_lark_errors_name_what_is_wrong() -> None:
+    v = small_vocab()
+    for text, match in [
+        ('start: "a"\n%declare X', r"%declare"),
+        ('start: _sep{x}\nx: "a"', "template"),
+        ("start: X\n%import other.X", "only `common`"),
+        ('start: X\nX: "a" X', "recursive"),
+        ("start: y", "undefined name"),
+        ('x: "a"', 'no rule named "start"'),
+        ('start: "a"\nstart: "b"', "defined twice"),
+        ('start: "a" /b/q', "regex flag"),
+        ('start: "ab".."c"', "two single characters"),
+        ('start: ("a"', "expected '\\)'"),
+    ]:
+        with pytest.raises(GrammarError, match=match):
+            v.lark(text)

@@ -89,10 +89,15 @@ fn integer_bounds() {
         .to_string()
         .contains("no integer lies in [3, 2]"));
     let e = compile_with(
-        json!({"type": "number", "minimum": 0}),
+        json!({"type": "number", "minimum": 0, "multipleOf": 2}),
         JsonOptions::default(),
     );
-    assert!(e.unwrap_err().to_string().contains("minimum on a number"));
+    assert!(e.unwrap_err().to_string().contains("multipleOf (at #)"));
+    check(
+        &compile(json!({"type": "number", "exclusiveMinimum": -1.5, "maximum": 2})),
+        &["-1.25", "0", "2", "2.000", "1.99"],
+        &["-1.5", "-2", "2.01", "3", "1e0", "-0"],
+    );
 }
 
 #[test]
@@ -232,13 +237,22 @@ fn combinators_and_recursive_refs() {
     );
     let merged = json!({"allOf": [
         {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-        {"properties": {"b": {"type": "null"}}, "required": ["b"], "additionalProperties": false}
+        {"properties": {"b": {"type": "null"}}, "required": ["b"]}
     ]});
     check(
         &compile(merged),
         &["{\"a\": 1, \"b\": null}"],
         &["{\"a\": 1}", "{\"b\": null}"],
     );
+    // additionalProperties reads its own member's properties: merging would let "a" through.
+    let closed = json!({"allOf": [
+        {"properties": {"a": {"type": "integer"}}},
+        {"properties": {"b": {"type": "null"}}, "additionalProperties": false}
+    ]});
+    let e = compile_with(closed, JsonOptions::default()).unwrap_err();
+    assert!(e
+        .to_string()
+        .contains("additionalProperties beside properties of another member"));
     let self_ref = json!({"type": "array", "items": {"$ref": "#"}});
     check(&compile(self_ref), &["[]", "[[], [[]]]"], &["[1]"]);
 }

@@ -207,6 +207,24 @@ impl CfgGrammar {
         Ok(CfgGrammar(Arc::new(g)))
     }
 
+    /// Compile a Lark grammar (the supported subset; start rule `start`), GIL released.
+    #[staticmethod]
+    #[pyo3(signature = (vocab, text, cache_bytes=None, max_depth=None))]
+    fn from_lark(
+        py: Python<'_>,
+        vocab: &Vocabulary,
+        text: String,
+        cache_bytes: Option<usize>,
+        max_depth: Option<usize>,
+    ) -> PyResult<Self> {
+        let v = vocab.0.clone();
+        let limits = grammar_limits(cache_bytes, max_depth);
+        let g = py
+            .detach(|| CompiledGrammar::from_lark(v, &text, limits))
+            .or_raise()?;
+        Ok(CfgGrammar(Arc::new(g)))
+    }
+
     /// Compile a JSON Schema (JSON text) to the grammar of the JSON texts it accepts.
     #[staticmethod]
     #[pyo3(signature = (vocab, schema, whitespace=true, item_separator=",".to_owned(), key_separator=":".to_owned(), strict=false, cache_bytes=None, max_depth=None))]

@@ -5,11 +5,11 @@
 //! `const`, `anyOf`, `oneOf` (as `anyOf`: exclusivity is not context-free in general),
 //! `allOf` (one member, or objects merged), `$ref` into the same document (`#`, `#/$defs/x`,
 //! `#/definitions/x`, any JSON pointer; recursion allowed), `$defs`/`definitions`, `pattern`,
-//! `minLength`, `maxLength`, `format` (date, time, date-time, uuid, email), `minimum`,
-//! `maximum`, `exclusiveMinimum`, `exclusiveMaximum` on integers (not yet on numbers). Without
-//! `type`, the kind is inferred from the keywords present (`properties` -> object, `items`
-//! -> array, `pattern` -> string, `minimum` -> number), narrowing the schema. Annotations
-//! (`title`, `description`, `default`, ...) are ignored. Any other keyword raises
+//! `minLength`, `maxLength`, `format` (date, time, date-time, uuid, email, ipv4, ipv6, uri),
+//! `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` on integers and numbers
+//! (bounded numbers without exponents). Without `type`, every kind is allowed, each
+//! constrained by its own keywords (as the spec reads). Annotations (`title`,
+//! `description`, `default`, ...) are ignored. Any other keyword raises
 //! [`GrammarError::Unsupported`] listing every one found, with its location.
 //!
 //! Output shape: properties in declared order, optional ones omitted at will, additional
@@ -206,8 +206,17 @@ impl Compiler<'_> {
                 .keys()
                 .all(|k| k == "$ref" || ANNOTATIONS.contains(&k.as_str()));
             if !only_ref {
-                self.unsupported
-                    .push(format!("keywords beside $ref (at {path})"));
+                // Since draft 2019-09 siblings of $ref apply beside it: an allOf.
+                let mut rest = obj.clone();
+                rest.remove("$ref");
+                let mut reference = Map::new();
+                reference.insert("$ref".into(), Value::String(r.to_owned()));
+                let mut all = Map::new();
+                all.insert(
+                    "allOf".into(),
+                    Value::Array(vec![Value::Object(reference), Value::Object(rest)]),
+                );
+                return self.schema(&Value::Object(all), path, depth + 1);
             }
             return self.reference(r);
         }
@@ -255,6 +264,10 @@ impl Compiler<'_> {
                     "{path}: enum must be an array"
                 )));
             };
+            if vals.is_empty() {
+                // No value is allowed: the false schema.
+                return self.schema(&Value::Bool(false), path, depth);
+            }
             let mut alts = Vec::new();
             for v in vals {
                 alts.push(vec![self.literal(v)?]);
@@ -263,18 +276,13 @@ impl Compiler<'_> {
         }
         let types: Vec<&str> = match obj.get("type") {
             None => {
-                // Without a type, the keywords present say which kinds are constrained.
-                if obj.keys().any(|k| OBJECT_KEYS.contains(&k.as_str())) {
-                    vec!["object"]
-                } else if obj.keys().any(|k| ARRAY_KEYS.contains(&k.as_str())) {
-                    vec!["array"]
-                } else if obj.keys().any(|k| STRING_KEYS.contains(&k.as_str())) {
-                    vec!["string"]
-                } else if obj.keys().any(|k| NUMBER_KEYS.contains(&k.as_str())) {
-                    vec!["number"]
-                } else {
+                // Without a type every kind is allowed, each constrained only by its own
+                // keywords (`minimum` says nothing about strings).
+                let kinds = [OBJECT_KEYS, ARRAY_KEYS, STRING_KEYS, NUMBER_KEYS];
+                if !kinds.concat().iter().any(|k| obj.contains_key(*k)) {
                     return self.any_value();
                 }
+                vec!["object", "array", "string", "number", "boolean", "null"]
             }
             Some(Value::String(t)) => vec![t.as_str()],
             Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
@@ -288,13 +296,7 @@ impl Compiler<'_> {
                 "object" => self.object(obj, path, depth)?,
                 "array" => self.array(obj, path, depth)?,
                 "string" => self.string(obj, path)?,
-                "number" => {
-                    for k in NUMBER_KEYS.iter().filter(|k| obj.contains_key(**k)) {
-                        self.unsupported
-                            .push(format!("{k} on a number (at {path})"));
-                    }
-                    self.b.lexeme(NUMBER)?
-                }
+                "number" => self.number(obj, path)?,
                 "integer" => self.integer(obj, path)?,
                 "boolean" => self.b.lexeme("true|false")?,
                 "null" => self.b.lexeme("null")?,
@@ -361,6 +363,37 @@ impl Compiler<'_> {
                 _ => {
                     self.unsupported
                         .push(format!("allOf with a false member (at {path})"));
+                }
+            }
+        }
+        // Keywords that read their siblings (items after prefixItems, additionalProperties
+        // beside properties) would change meaning if merged across members.
+        let has = |p: &Map<String, Value>, k: &str| p.contains_key(k);
+        for (i, p) in parts.iter().enumerate() {
+            for (j, q) in parts.iter().enumerate() {
+                if i == j {
+                    continue;
+                }
+                if has(p, "items") && has(q, "prefixItems") && !has(p, "prefixItems") {
+                    self.unsupported.push(format!(
+                        "allOf with items and prefixItems in different members (at {path})"
+                    ));
+                }
+                let closed = p
+                    .get("additionalProperties")
+                    .is_some_and(|a| *a != Value::Bool(true));
+                let names = |m: &Map<String, Value>| {
+                    m.get("properties")
+                        .and_then(Value::as_object)
+                        .map(|o| o.keys().cloned().collect::<Vec<_>>())
+                        .unwrap_or_default()
+                };
+                let own = names(p);
+                if closed && names(q).iter().any(|n| !own.contains(n)) {
+                    self.unsupported.push(format!(
+                        "allOf with additionalProperties beside properties of another member \
+                         (at {path})"
+                    ));
                 }
             }
         }
@@ -448,6 +481,11 @@ impl Compiler<'_> {
                     .collect();
                 format!("\\{{{ws}{}{ws}\\}}", inner.join(&sep(item)))
             }
+            // Numbers compare by value: an integral one may be written with a zero fraction.
+            Value::Number(n) => match n.as_f64().filter(|x| x.fract() == 0.0 && x.abs() < 9e15) {
+                Some(x) => format!("{}(?:\\.0+)?", regex_escape(&format!("{}", x as i64))),
+                None => regex_escape(&v.to_string()),
+            },
             _ => regex_escape(&v.to_string()),
         }
     }
@@ -552,6 +590,42 @@ impl Compiler<'_> {
         self.b.lexeme(&int_range_regex(lo, hi))
     }
 
+    /// A number within `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum`: bounded
+    /// numbers are written without an exponent and never as `-0` (a subset of their texts),
+    /// so each bound is a digit-wise comparison; two bounds are intersected as DFAs.
+    fn number(&mut self, obj: &Map<String, Value>, path: &str) -> Result<Sym, GrammarError> {
+        let mut parts = Vec::new();
+        for (key, is_lo, strict) in [
+            ("minimum", true, false),
+            ("exclusiveMinimum", true, true),
+            ("maximum", false, false),
+            ("exclusiveMaximum", false, true),
+        ] {
+            let Some(v) = obj.get(key) else { continue };
+            let Some(x) = v.as_f64().filter(|x| x.is_finite()) else {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: {key} must be a number"
+                )));
+            };
+            let bound = Decimal::parse(v, x).ok_or_else(|| {
+                GrammarError::Unsupported(format!("{key} {v} (at {path}): beyond +-9.2e18"))
+            })?;
+            parts.push(bound.regex(is_lo, strict));
+        }
+        if parts.is_empty() {
+            return self.b.lexeme(NUMBER);
+        }
+        let limits = self.b.limits().lexeme;
+        let key = format!("number {}", parts.join(" & "));
+        self.b.lexeme_dfa(&key, || {
+            let mut dfa = TableDfa::compile(&parts[0], limits)?;
+            for p in &parts[1..] {
+                dfa = dfa.intersect(&TableDfa::compile(p, limits)?, limits)?;
+            }
+            Ok(dfa)
+        })
+    }
+
     fn count(
         &mut self,
         obj: &Map<String, Value>,
@@ -573,7 +647,7 @@ impl Compiler<'_> {
         depth: usize,
     ) -> Result<Sym, GrammarError> {
         let empty = Map::new();
-        let props = match obj.get("properties") {
+        let mut props = match obj.get("properties") {
             None => &empty,
             Some(Value::Object(p)) => p,
             Some(_) => {
@@ -587,12 +661,26 @@ impl Compiler<'_> {
             .and_then(Value::as_array)
             .map(|r| r.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
-        for r in &required {
-            if !props.contains_key(*r) {
-                self.unsupported.push(format!(
-                    "required property {r:?} without a schema in properties (at {path})"
-                ));
+        // A required property without a schema of its own: any value, after the declared ones
+        // (unless additionalProperties forbids it: then no object is valid).
+        let mut with_required;
+        let forbids_more = obj.get("additionalProperties") == Some(&Value::Bool(false))
+            || (self.opts.strict && !obj.contains_key("additionalProperties"));
+        if required.iter().any(|r| !props.contains_key(*r)) {
+            with_required = props.clone();
+            for r in &required {
+                if !with_required.contains_key(*r) {
+                    let s = match forbids_more {
+                        true => Value::Bool(false),
+                        false => obj
+                            .get("additionalProperties")
+                            .cloned()
+                            .unwrap_or(Value::Bool(true)),
+                    };
+                    with_required.insert((*r).to_owned(), s);
+                }
             }
+            props = &with_required;
         }
         let additional = match obj.get("additionalProperties") {
             None if self.opts.strict => None,
@@ -823,6 +911,162 @@ fn format_regex(f: &str) -> Option<&'static str> {
         }
         "uuid" => r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
         "email" => r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+",
+        "ipv4" => {
+            r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+        }
+        // RFC 4291 text forms: eight groups, or fewer around one `::` (no embedded IPv4).
+        "ipv6" => concat!(
+            r"(?:(?:[0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}",
+            r"|(?:[0-9a-fA-F]{1,4}:){1,7}:",
+            r"|(?:[0-9a-fA-F]{1,4}:){1,6}:[0-9a-fA-F]{1,4}",
+            r"|(?:[0-9a-fA-F]{1,4}:){1,5}(?::[0-9a-fA-F]{1,4}){1,2}",
+            r"|(?:[0-9a-fA-F]{1,4}:){1,4}(?::[0-9a-fA-F]{1,4}){1,3}",
+            r"|(?:[0-9a-fA-F]{1,4}:){1,3}(?::[0-9a-fA-F]{1,4}){1,4}",
+            r"|(?:[0-9a-fA-F]{1,4}:){1,2}(?::[0-9a-fA-F]{1,4}){1,5}",
+            r"|[0-9a-fA-F]{1,4}:(?::[0-9a-fA-F]{1,4}){1,6}",
+            r"|:(?:(?::[0-9a-fA-F]{1,4}){1,7}|:))"
+        ),
+        // RFC 3986 absolute URI: scheme, then unreserved, reserved or percent-encoded.
+        "uri" => {
+            r"[A-Za-z][A-Za-z0-9+.-]*:(?:[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=-]|%[0-9A-Fa-f]{2})*"
+        }
         _ => return None,
     })
+}
+
+/// A decimal bound `-?int.frac` (frac without trailing zeros), exact for JSON's literals.
+struct Decimal {
+    neg: bool,
+    int: i64,
+    frac: Vec<u8>,
+}
+
+/// Unsigned decimal magnitudes, no exponent.
+const MAG: &str = r"(?:0|[1-9][0-9]*)(?:\.[0-9]+)?";
+const FRAC_ANY: &str = r"(?:\.[0-9]+)?";
+
+impl Decimal {
+    fn parse(v: &Value, x: f64) -> Option<Decimal> {
+        if x.abs() >= 9.2e18 {
+            return None;
+        }
+        // Integers exactly as written; floats through `Display`, which never uses an exponent.
+        let text = match (v.as_i64(), v.as_u64()) {
+            (Some(i), _) => i.to_string(),
+            (_, Some(u)) => u.to_string(),
+            _ => format!("{x}"),
+        };
+        let (neg, text) = match text.strip_prefix('-') {
+            Some(t) => (true, t),
+            None => (false, text.as_str()),
+        };
+        let (int, frac) = text.split_once('.').unwrap_or((text, ""));
+        let frac = frac.trim_end_matches('0').as_bytes().to_vec();
+        let int: i64 = int.parse().ok()?;
+        let neg = neg && (int != 0 || !frac.is_empty());
+        Some(Decimal { neg, int, frac })
+    }
+
+    /// The signed number texts above (`is_lo`) or below this bound.
+    fn regex(&self, is_lo: bool, strict: bool) -> String {
+        let negative = format!("-{}", self.mag_gt_zero());
+        match (is_lo, self.neg) {
+            (true, false) => self.mag_ge(strict),
+            (true, true) => alts(vec![MAG.to_owned(), format!("-{}", self.mag_le(strict))]),
+            (false, false) => alts(vec![negative, self.mag_le(strict)]),
+            (false, true) => format!("-{}", self.mag_ge(strict)),
+        }
+    }
+
+    fn mag_gt_zero(&self) -> String {
+        Decimal {
+            neg: false,
+            int: 0,
+            frac: Vec::new(),
+        }
+        .mag_ge(true)
+    }
+
+    /// Magnitudes >= (or >, `strict`) this one's absolute value.
+    fn mag_ge(&self, strict: bool) -> String {
+        let mut out = vec![format!(
+            "{}{FRAC_ANY}",
+            int_range_regex(Some(self.int + 1), None)
+        )];
+        let mut f = Vec::new();
+        for (i, &d) in self.frac.iter().enumerate() {
+            if d < b'9' {
+                f.push(format!(
+                    "{}[{}-9][0-9]*",
+                    digits(&self.frac[..i]),
+                    (d + 1) as char
+                ));
+            }
+        }
+        let exact = digits(&self.frac);
+        if strict {
+            f.push(format!("{exact}[0-9]*[1-9][0-9]*"));
+        } else if self.frac.is_empty() {
+            f.push("[0-9]+".into());
+        } else {
+            f.push(format!("{exact}[0-9]*"));
+        }
+        let mut tail = format!("\\.{}", alts(f));
+        if !strict && self.frac.is_empty() {
+            tail = format!("(?:{tail})?");
+        }
+        out.push(format!("{}{tail}", self.int));
+        alts(out)
+    }
+
+    /// Magnitudes <= (or <, `strict`) this one's absolute value.
+    fn mag_le(&self, strict: bool) -> String {
+        let mut out = Vec::new();
+        if self.int > 0 {
+            out.push(format!(
+                "{}{FRAC_ANY}",
+                int_range_regex(Some(0), Some(self.int - 1))
+            ));
+        }
+        // Fractions below `frac` (none at all is zero).
+        let mut f = Vec::new();
+        for (i, &d) in self.frac.iter().enumerate() {
+            let prefix = digits(&self.frac[..i]);
+            if d > b'0' {
+                f.push(format!("{prefix}[0-{}][0-9]*", (d - 1) as char));
+            }
+            if i > 0 {
+                f.push(prefix);
+            }
+        }
+        if !strict {
+            f.push(match self.frac.is_empty() {
+                true => "0+".into(),
+                false => format!("{}0*", digits(&self.frac)),
+            });
+        }
+        let below_zero_frac = strict && self.frac.is_empty();
+        if !below_zero_frac {
+            f.retain(|x| !x.is_empty());
+            let tail = if f.is_empty() {
+                String::new()
+            } else {
+                format!("(?:\\.{})?", alts(f))
+            };
+            out.push(format!("{}{tail}", self.int));
+        }
+        if out.is_empty() {
+            // Nothing below zero in magnitude.
+            return "[^\\x{0}-\\x{10FFFF}]".into();
+        }
+        alts(out)
+    }
+}
+
+fn digits(d: &[u8]) -> String {
+    String::from_utf8_lossy(d).into_owned()
+}
+
+fn alts(v: Vec<String>) -> String {
+    format!("(?:{})", v.join("|"))
 }

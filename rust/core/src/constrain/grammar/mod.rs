@@ -27,6 +27,7 @@ mod earley;
 pub mod gbnf;
 mod int_range;
 pub mod json_schema;
+pub mod lark;
 mod lexer;
 mod mask;
 
@@ -91,6 +92,15 @@ impl CompiledGrammar {
         limits: GrammarLimits,
     ) -> Result<Self, GrammarError> {
         Ok(CompiledGrammar::new(vocab, gbnf::parse(text, limits)?))
+    }
+
+    /// Parse a Lark grammar (the subset [`lark`] documents; start rule `start`) and compile it.
+    pub fn from_lark(
+        vocab: Arc<Vocabulary>,
+        text: &str,
+        limits: GrammarLimits,
+    ) -> Result<Self, GrammarError> {
+        Ok(CompiledGrammar::new(vocab, lark::parse(text, limits)?))
     }
 
     /// Compile a JSON Schema document to the grammar of the JSON texts it accepts.
