@@ -280,7 +280,7 @@ fn layout_options() {
 #[test]
 fn unsupported_keywords_are_listed() {
     let e = compile_with(
-        json!({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}, "s": {"not": {}}}, "patternProperties": {}}),
+        json!({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}, "s": {"not": {}}}, "uniqueItems": true, "x-ignored": 1}),
         JsonOptions::default(),
     )
     .unwrap_err();
@@ -288,10 +288,12 @@ fn unsupported_keywords_are_listed() {
     for k in [
         "multipleOf (at #/properties/n)",
         "not (at #/properties/s)",
-        "patternProperties (at #)",
+        "uniqueItems (at #)",
     ] {
         assert!(m.contains(k), "{m}");
     }
+    // Keywords outside the JSON Schema vocabularies are annotations.
+    assert!(!m.contains("x-ignored"), "{m}");
     assert!(matches!(e, GrammarError::Unsupported(_)));
     let bad_ref =
         compile_with(json!({"$ref": "#/$defs/missing"}), JsonOptions::default()).unwrap_err();
@@ -361,4 +363,26 @@ proptest! {
             text.extend_from_slice(v.token_bytes(t));
         }
     }
+}
+
+#[test]
+fn parser_state_cap_is_a_clear_error() {
+    // Nested arrays need a new parser state per level: a small cap is reached quickly.
+    let limits = GrammarLimits {
+        max_states: 64,
+        ..GrammarLimits::default()
+    };
+    let g = CompiledGrammar::from_json_schema(
+        byte_vocab(),
+        &json!({"type": "array", "items": {"$ref": "#"}}),
+        &JsonOptions::default(),
+        limits,
+    )
+    .unwrap();
+    assert!(g.check_limits().is_ok());
+    let s = g.step_bytes(g.start(), &b"[".repeat(200));
+    assert_eq!(s, <CompiledGrammar as Constraint>::DEAD);
+    let e = g.check_limits().unwrap_err().to_string();
+    assert!(e.contains("more than 64 parser states (max_states)"), "{e}");
+    assert!(g.num_states() <= 64);
 }

@@ -9,8 +9,12 @@
 //! `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` on integers and numbers
 //! (bounded numbers without exponents). Without `type`, every kind is allowed, each
 //! constrained by its own keywords (as the spec reads). Annotations (`title`,
-//! `description`, `default`, ...) are ignored. Any other keyword raises
-//! [`GrammarError::Unsupported`] listing every one found, with its location.
+//! `description`, `default`, ...) and keywords outside the JSON Schema vocabularies (`x-...`,
+//! `example`) are ignored, as the spec ignores unknown keywords; so are formats the spec does
+//! not define. An assertion or applicator of drafts 4 to 2020-12 not compiled yet (`not`,
+//! `patternProperties`, `uniqueItems`, ...) or a spec format not supported raises
+//! [`GrammarError::Unsupported`] listing every one found, with its location. Draft-4 array
+//! forms (`items` as an array, `additionalItems`) read as `prefixItems` and `items`.
 //!
 //! Output shape: properties in declared order, optional ones omitted at will, additional
 //! ones (keys other than the declared, in their canonical escaping) after them; the
@@ -191,8 +195,11 @@ impl Compiler<'_> {
                 )))
             }
         };
+        // Keywords outside the JSON Schema vocabularies (`x-...`, `example`, draft-4 `id`)
+        // are annotations (the spec ignores unknown keywords); only assertions and
+        // applicators the compiler lacks are refused.
         for k in obj.keys() {
-            if !KNOWN.contains(&k.as_str()) && !ANNOTATIONS.contains(&k.as_str()) {
+            if NOT_YET.contains(&k.as_str()) {
                 self.unsupported.push(format!("{k} (at {path})"));
             }
         }
@@ -202,9 +209,7 @@ impl Compiler<'_> {
                     "{path}: $ref must be a string"
                 )));
             };
-            let only_ref = obj
-                .keys()
-                .all(|k| k == "$ref" || ANNOTATIONS.contains(&k.as_str()));
+            let only_ref = obj.keys().all(|k| k == "$ref" || ignored(k));
             if !only_ref {
                 // Since draft 2019-09 siblings of $ref apply beside it: an allOf.
                 let mut rest = obj.clone();
@@ -236,7 +241,7 @@ impl Compiler<'_> {
                 base.remove(key);
                 let mut syms = Vec::new();
                 for (i, a) in alts.iter().enumerate() {
-                    let sub = if base.keys().all(|k| ANNOTATIONS.contains(&k.as_str())) {
+                    let sub = if base.keys().all(|k| ignored(k)) {
                         a.clone()
                     } else {
                         let mut all = Map::new();
@@ -430,7 +435,7 @@ impl Compiler<'_> {
                             ));
                         }
                     }
-                    (_, Some(prev)) if *prev == v || ANNOTATIONS.contains(&k.as_str()) => {}
+                    (_, Some(prev)) if *prev == v || ignored(&k) => {}
                     (key, Some(_)) => {
                         self.unsupported
                             .push(format!("allOf merging two {key:?} (at {path})"));
@@ -499,10 +504,13 @@ impl Compiler<'_> {
             None => None,
             Some(f) => match format_regex(f) {
                 Some(r) => Some(r.to_owned()),
-                None => {
+                // A format the spec defines but this compiler lacks is refused; others are
+                // annotations no validator checks.
+                None if SPEC_FORMATS.contains(&f) => {
                     self.unsupported.push(format!("format {f:?} (at {path})"));
                     None
                 }
+                None => None,
             },
         };
         let len = match max {
@@ -510,6 +518,9 @@ impl Compiler<'_> {
             None => format!("{{{min},}}"),
         };
         let has_len = min > 0 || max.is_some();
+        if let (None, None, Some(max)) = (pattern, &body, max.filter(|&m| m > CHUNK)) {
+            return self.long_string(min, max);
+        }
         if pattern.is_none() && !(body.is_some() && has_len) {
             let content = body.unwrap_or_else(|| format!("{STRING_CHAR}{len}"));
             return self.b.lexeme(&format!("\"(?:{content})\""));
@@ -522,6 +533,7 @@ impl Compiler<'_> {
         let content = self.b.lexeme_dfa(&key, || {
             let mut dfa = TableDfa::compile(&plain, limits)?;
             if let Some(p) = pattern {
+                let p = ecma_classes(p);
                 let p = TableDfa::compile(&format!("(?s:.)*(?:{p})(?s:.)*"), limits)?;
                 dfa = dfa.intersect(&p, limits)?;
             }
@@ -533,6 +545,38 @@ impl Compiler<'_> {
         let quote = self.b.lexeme("\"")?;
         let nt = self.b.fresh("string");
         self.b.rule(nt, vec![quote, content, quote])?;
+        Ok(Sym::Nt(nt))
+    }
+
+    /// A string of `min..=max` characters, `max` large: a DFA counting to `max` would be
+    /// `max` times the size of one character's, so the count is split over a sequence of
+    /// lexemes of at most [`CHUNK`] characters each (the same language; the split points
+    /// are ambiguous, which the Earley parser absorbs).
+    fn long_string(&mut self, min: u64, max: u64) -> Result<Sym, GrammarError> {
+        if min > max {
+            return Err(GrammarError::Grammar(format!(
+                "minLength {min} exceeds maxLength {max}"
+            )));
+        }
+        let n = max.div_ceil(CHUNK);
+        if n as usize > self.b.limits().max_symbols {
+            return Err(GrammarError::TooLarge(format!(
+                "a string of up to {max} characters exceeds max_symbols"
+            )));
+        }
+        let quote = self.b.lexeme("\"")?;
+        let mut rhs = vec![quote];
+        let (mut need, mut left) = (min, max);
+        for _ in 0..n {
+            let hi = left.min(CHUNK);
+            let lo = need.min(hi);
+            rhs.push(self.b.lexeme(&format!("{STRING_CHAR}{{{lo},{hi}}}"))?);
+            need -= lo;
+            left -= hi;
+        }
+        rhs.push(quote);
+        let nt = self.b.fresh("string");
+        self.b.rule(nt, rhs)?;
         Ok(Sym::Nt(nt))
     }
 
@@ -693,42 +737,121 @@ impl Compiler<'_> {
         let sep = self.item_sep()?;
         let key_sep = self.opts.key_separator.clone();
         let key_sep = self.punct(&key_sep)?;
-        // Tails after the declared properties: more properties under additionalProperties.
-        let (end_first, end_rest) = match additional {
-            None => {
-                let e = self.b.fresh("end");
-                self.b.rule(e, vec![])?;
-                (e, e)
+        let patterns: Vec<(String, Value)> = match obj.get("patternProperties") {
+            None => Vec::new(),
+            Some(Value::Object(p)) => p.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            Some(_) => {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: patternProperties must be an object"
+                )))
             }
-            Some(schema) => {
-                // Any key but the declared ones (JSON keys are unique).
-                let key = if props.is_empty() {
-                    self.b.lexeme(STRING)?
+        };
+        // Tails after the declared properties: more properties, each key in one class with
+        // its value schema. Keys are never the declared names (JSON keys are unique). With
+        // patternProperties, a key matching pattern i (and no other) takes schema i, a key
+        // matching none takes additionalProperties; keys matching two patterns, or written
+        // with escapes, are not generated (a subset of the valid objects).
+        let declared: Vec<String> = props
+            .keys()
+            .map(|k| regex_escape(&Value::String(k.clone()).to_string()))
+            .collect();
+        let limits = self.b.limits().lexeme;
+        let plain_key = r#""[^"\\\x00-\x1F]*""#;
+        let mut bad_pattern = false;
+        for (p, _) in &patterns {
+            if embed_pattern(p).is_none() {
+                bad_pattern = true;
+                self.unsupported.push(format!(
+                    "patternProperties {p:?} with ^ or $ inside (at {path})"
+                ));
+            }
+        }
+        if bad_pattern {
+            return self.b.lexeme(STRING); // a placeholder: compile ends in the error
+        }
+        let pattern_key = |p: &str| {
+            let (pre, body, post) = embed_pattern(p).expect("checked above");
+            format!(r#""{pre}(?:{}){post}""#, ecma_classes(body))
+        };
+        // A declared property matching a pattern must satisfy both schemas: not merged yet.
+        for (p, _) in &patterns {
+            let dfa = TableDfa::compile(&pattern_key(p), limits)?;
+            for name in props.keys() {
+                let text = Value::String(name.clone()).to_string();
+                if dfa.is_accepting(dfa.run(dfa.start(), text.as_bytes())) {
+                    self.unsupported.push(format!(
+                        "property {name:?} also matching patternProperties {p:?} (at {path})"
+                    ));
+                }
+            }
+        }
+        let mut classes: Vec<(Sym, Sym)> = Vec::new();
+        for (i, (p, schema)) in patterns.iter().enumerate() {
+            let others: Vec<String> = patterns
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, (q, _))| pattern_key(q))
+                .collect();
+            let key_desc = format!("key {p:?} but {declared:?} {others:?}");
+            let key = self.b.lexeme_dfa(&key_desc, || {
+                let mut d = TableDfa::compile(plain_key, limits)?
+                    .intersect(&TableDfa::compile(&pattern_key(p), limits)?, limits)?;
+                for o in others
+                    .iter()
+                    .chain(&[declared.join("|")])
+                    .filter(|x| !x.is_empty())
+                {
+                    d = d.difference(&TableDfa::compile(o, limits)?, limits)?;
+                }
+                Ok(d)
+            })?;
+            let value = self.schema(schema, &format!("{path}/patternProperties/{p}"), depth + 1)?;
+            classes.push((key, value));
+        }
+        if let Some(schema) = additional {
+            let key = if props.is_empty() && patterns.is_empty() {
+                self.b.lexeme(STRING)?
+            } else {
+                let excluded: Vec<String> = patterns
+                    .iter()
+                    .map(|(q, _)| pattern_key(q))
+                    .chain((!declared.is_empty()).then(|| declared.join("|")))
+                    .collect();
+                let base = if patterns.is_empty() {
+                    STRING
                 } else {
-                    let names: Vec<String> = props
-                        .keys()
-                        .map(|k| regex_escape(&Value::String(k.clone()).to_string()))
-                        .collect();
-                    let limits = self.b.limits().lexeme;
-                    let declared = names.join("|");
-                    self.b.lexeme_dfa(&format!("string but {declared}"), || {
-                        TableDfa::compile(STRING, limits)?
-                            .difference(&TableDfa::compile(&declared, limits)?, limits)
-                    })?
+                    plain_key
                 };
-                let value =
-                    self.schema(&schema, &format!("{path}/additionalProperties"), depth + 1)?;
-                // rest ::= rest sep key : value | ε ; first ::= key : value rest | ε
-                let rest = self.b.fresh("more");
+                self.b.lexeme_dfa(&format!("{base} but {excluded:?}"), || {
+                    let mut d = TableDfa::compile(base, limits)?;
+                    for o in &excluded {
+                        d = d.difference(&TableDfa::compile(o, limits)?, limits)?;
+                    }
+                    Ok(d)
+                })?
+            };
+            let value = self.schema(&schema, &format!("{path}/additionalProperties"), depth + 1)?;
+            classes.push((key, value));
+        }
+        let (end_first, end_rest) = if classes.is_empty() {
+            let e = self.b.fresh("end");
+            self.b.rule(e, vec![])?;
+            (e, e)
+        } else {
+            // rest ::= rest sep key_c : value_c (each class c) | ε
+            // first ::= key_c : value_c rest (each class c) | ε
+            let rest = self.b.fresh("more");
+            let first = self.b.fresh("more");
+            for &(key, value) in &classes {
                 self.b
                     .rule(rest, vec![Sym::Nt(rest), sep, key, key_sep, value])?;
-                self.b.rule(rest, vec![])?;
-                let first = self.b.fresh("more");
                 self.b
                     .rule(first, vec![key, key_sep, value, Sym::Nt(rest)])?;
-                self.b.rule(first, vec![])?;
-                (first, rest)
             }
+            self.b.rule(rest, vec![])?;
+            self.b.rule(first, vec![])?;
+            (first, rest)
         };
         // From the last property back: first_i (nothing emitted yet) and rest_i (something
         // was: a separator comes first).
@@ -761,20 +884,26 @@ impl Compiler<'_> {
         let min = self.count(obj, "minItems", path)?.unwrap_or(0) as usize;
         let max = self.count(obj, "maxItems", path)?.map(|m| m as usize);
         let mut prefix = Vec::new();
-        if let Some(p) = obj.get("prefixItems") {
+        // Drafts 4 to 2019-09: `items` as an array is 2020-12's prefixItems, and
+        // `additionalItems` its `items`.
+        let (prefix_key, items_key) = match obj.get("items") {
+            Some(Value::Array(_)) => ("items", "additionalItems"),
+            _ => ("prefixItems", "items"),
+        };
+        if let Some(p) = obj.get(prefix_key) {
             let Some(p) = p.as_array() else {
                 return Err(GrammarError::Grammar(format!(
-                    "{path}: prefixItems must be an array"
+                    "{path}: {prefix_key} must be an array"
                 )));
             };
             for (i, s) in p.iter().enumerate() {
-                prefix.push(self.schema(s, &format!("{path}/prefixItems/{i}"), depth + 1)?);
+                prefix.push(self.schema(s, &format!("{path}/{prefix_key}/{i}"), depth + 1)?);
             }
         }
-        let items = match obj.get("items") {
+        let items = match obj.get(items_key) {
             None | Some(Value::Bool(true)) => Some(self.any_value()?),
             Some(Value::Bool(false)) => None,
-            Some(s) => Some(self.schema(s, &format!("{path}/items"), depth + 1)?),
+            Some(s) => Some(self.schema(s, &format!("{path}/{items_key}"), depth + 1)?),
         };
         let open = self.punct("[")?;
         let close = self.punct("]")?;
@@ -870,44 +999,166 @@ impl Compiler<'_> {
     }
 }
 
-const OBJECT_KEYS: &[&str] = &["properties", "required", "additionalProperties"];
-const ARRAY_KEYS: &[&str] = &["items", "prefixItems", "minItems", "maxItems"];
-const STRING_KEYS: &[&str] = &["pattern", "minLength", "maxLength", "format"];
-const NUMBER_KEYS: &[&str] = &["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
-const KNOWN: &[&str] = &[
-    "type",
+const OBJECT_KEYS: &[&str] = &[
     "properties",
     "required",
     "additionalProperties",
+    "patternProperties",
+];
+const ARRAY_KEYS: &[&str] = &[
     "items",
     "prefixItems",
+    "additionalItems",
     "minItems",
     "maxItems",
-    "enum",
-    "const",
-    "anyOf",
-    "oneOf",
-    "allOf",
-    "$ref",
-    "pattern",
-    "format",
-    "minLength",
-    "maxLength",
-    "minimum",
-    "maximum",
-    "exclusiveMinimum",
-    "exclusiveMaximum",
+];
+/// Keywords compiled (beside the kind-specific ones).
+const GENERAL_KEYS: &[&str] = &["type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref"];
+
+/// Is `k` ignored: an annotation, or outside the JSON Schema vocabularies?
+fn ignored(k: &str) -> bool {
+    ANNOTATIONS.contains(&k)
+        || ![
+            GENERAL_KEYS,
+            OBJECT_KEYS,
+            ARRAY_KEYS,
+            STRING_KEYS,
+            NUMBER_KEYS,
+            NOT_YET,
+        ]
+        .iter()
+        .any(|keys| keys.contains(&k))
+}
+const STRING_KEYS: &[&str] = &["pattern", "minLength", "maxLength", "format"];
+const NUMBER_KEYS: &[&str] = &["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
+
+/// ECMA-262 reads `\d` and `\w` as ASCII (the regex engine here as Unicode): spell them out.
+/// (`\D`, `\W` outside classes too; inside a class they are left alone.)
+fn ecma_classes(p: &str) -> String {
+    let mut out = String::new();
+    let (mut chars, mut class) = (p.chars(), false);
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match (chars.next(), class) {
+                (Some('d'), false) => out.push_str("[0-9]"),
+                (Some('d'), true) => out.push_str("0-9"),
+                (Some('w'), false) => out.push_str("[0-9A-Za-z_]"),
+                (Some('w'), true) => out.push_str("0-9A-Za-z_"),
+                (Some('D'), false) => out.push_str("[^0-9]"),
+                (Some('W'), false) => out.push_str("[^0-9A-Za-z_]"),
+                (Some(e), _) => {
+                    out.push('\\');
+                    out.push(e);
+                }
+                (None, _) => out.push('\\'),
+            },
+            '[' if !class => {
+                class = true;
+                out.push(c);
+            }
+            ']' if class => {
+                class = false;
+                out.push(c);
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// An unanchored JSON Schema pattern as (prefix, body, suffix) to embed inside a larger
+/// regex: `^`/`$` at the ends become the absence of the `.*` padding; `None` if an anchor
+/// sits anywhere else.
+fn embed_pattern(p: &str) -> Option<(&'static str, &str, &'static str)> {
+    let (pre, body) = match p.strip_prefix('^') {
+        Some(b) => ("", b),
+        None => ("(?s:.)*", p),
+    };
+    let trailing_backslashes = |s: &str| s.chars().rev().take_while(|&c| c == '\\').count();
+    let (body, post) = match body.strip_suffix('$') {
+        Some(b) if trailing_backslashes(b) % 2 == 0 => (b, ""),
+        _ => (body, "(?s:.)*"),
+    };
+    let (mut escaped, mut class, mut prev) = (false, false, ' ');
+    for c in body.chars() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '[' if !class => class = true,
+            ']' if class => class = false,
+            '^' if class && prev == '[' => {}
+            '^' | '$' if !class => return None,
+            _ => {}
+        }
+        prev = c;
+    }
+    Some((pre, body, post))
+}
+
+/// Longest run of characters one string lexeme counts (see `long_string`).
+const CHUNK: u64 = 256;
+
+/// Assertions and applicators of drafts 4 to 2020-12 not compiled (yet).
+const NOT_YET: &[&str] = &[
+    "not",
+    "if",
+    "then",
+    "else",
+    "dependentSchemas",
+    "dependentRequired",
+    "dependencies",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "uniqueItems",
+    "minProperties",
+    "maxProperties",
+    "multipleOf",
+    "divisibleBy",
+    "$dynamicRef",
+    "$recursiveRef",
+    "extends",
+    "disallow",
+];
+
+/// Formats the spec defines (2020-12) beside the supported ones.
+const SPEC_FORMATS: &[&str] = &[
+    "duration",
+    "idn-email",
+    "hostname",
+    "idn-hostname",
+    "uri-reference",
+    "iri",
+    "iri-reference",
+    "uri-template",
+    "json-pointer",
+    "relative-json-pointer",
+    "regex",
 ];
 
 /// Regexes (over unescaped characters) of the supported string formats.
 fn format_regex(f: &str) -> Option<&'static str> {
     Some(match f {
-        "date" => r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])",
+        // Days per month; February 29 in leap years only (Gregorian rules).
+        "date" => concat!(
+            r"(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])",
+            r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))",
+            r"|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)"
+        ),
         "time" => {
             r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
         }
         "date-time" => {
-            r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+            concat!(
+                r"(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])",
+                r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))",
+                r"|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)",
+                r"T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?",
+                r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+            )
         }
         "uuid" => r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
         "email" => r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+",

@@ -156,6 +156,19 @@ impl CompiledGrammar {
         self.lock().chart.num_states()
     }
 
+    /// Err once a step needed more parser states than `max_states` allows (that step went
+    /// to the dead state, so its result must not be trusted).
+    pub fn check_limits(&self) -> Result<(), GrammarError> {
+        if self.lock().chart.overflowed() {
+            return Err(GrammarError::TooLarge(format!(
+                "the grammar needed more than {} parser states (max_states): the text is too \
+                 long or the grammar too ambiguous for one compiled grammar",
+                self.grammar.limits.max_states
+            )));
+        }
+        Ok(())
+    }
+
     pub fn cache_bytes(&self) -> usize {
         self.lock().masks.used_bytes()
     }
@@ -174,6 +187,7 @@ impl CompiledGrammar {
 
     /// Does `text` belong to the grammar's language?
     pub fn matches(&self, text: &[u8]) -> bool {
+        // (Callers that must tell "no" from "out of states" call check_limits after.)
         self.is_accepting(self.run_from_start(text))
     }
 }
