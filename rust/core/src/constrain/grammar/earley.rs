@@ -111,12 +111,12 @@ impl Chart {
         self.sets[s as usize].accepts
     }
 
-    /// Interned parser states, the dead one included.
     /// Did a step need a state past `max_states`?
     pub fn overflowed(&self) -> bool {
         self.overflowed
     }
 
+    /// Interned parser states, the dead one included.
     pub fn num_states(&self) -> usize {
         self.sets.len()
     }
