@@ -656,3 +656,22 @@ def test_json_schema_patterns_read_ecma_classes_as_ascii() -> None:
     g = small_vocab().json_schema({"type": "string", "pattern": r"^\w[\d-]+$"})
     assert g.matches('"a1-2"') and g.matches('"_9"')
     assert not g.matches('"\u00e91"') and not g.matches('"a\u0660"')  # é, Arabic-Indic 0
+
+
+def test_json_schema_all_of_merges_types_and_properties() -> None:
+    import jsonschema
+
+    schema = {
+        "allOf": [
+            {"type": ["object", "string", "number"], "properties": {"a": {"type": "number"}}},
+            {"type": ["integer", "object"], "properties": {"a": {"maximum": 3}}},
+        ]
+    }
+    g = small_vocab().json_schema(schema)
+    values: list[object] = [1, 2.5, "s", None, {}, {"a": 3}, {"a": 4}, {"a": 2.5}, {"a": "x"}]
+    values += [{"a": 1, "b": 2}, [1], True, -7]
+    for value in values:
+        valid = jsonschema.Draft202012Validator(schema).is_valid(value)
+        assert g.matches(json.dumps(value)) == valid, value
+    with pytest.raises(GrammarError, match="disjoint types"):
+        small_vocab().json_schema({"allOf": [{"type": "string"}, {"type": "null"}]})

@@ -411,12 +411,53 @@ impl Compiler<'_> {
                     }
                     ("properties", Some(Value::Object(props))) => {
                         for (name, s) in v.as_object().cloned().unwrap_or_default() {
-                            if props.contains_key(&name) {
-                                self.unsupported.push(format!(
-                                    "allOf constraining property {name:?} twice (at {path})"
-                                ));
-                            }
+                            // A property constrained twice must satisfy both schemas.
+                            let s = match props.remove(&name) {
+                                Some(prev) if prev != s => {
+                                    let mut both = Map::new();
+                                    both.insert("allOf".into(), Value::Array(vec![prev, s]));
+                                    Value::Object(both)
+                                }
+                                _ => s,
+                            };
                             props.insert(name, s);
+                        }
+                    }
+                    ("type", Some(prev)) => {
+                        // Both types hold: the kinds in both lists (integer within number).
+                        let kinds = |t: &Value| -> Vec<String> {
+                            match t {
+                                Value::String(k) => vec![k.clone()],
+                                Value::Array(ks) => ks
+                                    .iter()
+                                    .filter_map(|k| k.as_str().map(str::to_owned))
+                                    .collect(),
+                                _ => Vec::new(),
+                            }
+                        };
+                        let (a, b) = (kinds(prev), kinds(&v));
+                        let has = |ks: &[String], k: &str| {
+                            ks.iter()
+                                .any(|x| x == k || (k == "integer" && x == "number"))
+                        };
+                        let both: Vec<Value> = [
+                            "object", "array", "string", "number", "integer", "boolean", "null",
+                        ]
+                        .iter()
+                        .filter(|k| {
+                            has(&a, k)
+                                && has(&b, k)
+                                && !(**k == "number"
+                                    && (!a.iter().any(|x| x == "number")
+                                        || !b.iter().any(|x| x == "number")))
+                        })
+                        .map(|k| Value::String((*k).to_owned()))
+                        .collect();
+                        if both.is_empty() {
+                            self.unsupported
+                                .push(format!("allOf with disjoint types (at {path})"));
+                        } else {
+                            *prev = Value::Array(both);
                         }
                     }
                     ("required", Some(Value::Array(req))) => {
