@@ -675,3 +675,24 @@ def test_json_schema_all_of_merges_types_and_properties() -> None:
         assert g.matches(json.dumps(value)) == valid, value
     with pytest.raises(GrammarError, match="disjoint types"):
         small_vocab().json_schema({"allOf": [{"type": "string"}, {"type": "null"}]})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"not": {"type": ["array", "object", "null"]}},
+        {"type": ["string", "null"], "not": {"type": "null"}},
+        {"not": {"not": {"type": "boolean"}}},
+        {"properties": {"a": {"not": {}}}},
+        {"not": False},
+    ],
+)
+def test_json_schema_not_forms_equal_jsonschema(schema: dict[str, Any]) -> None:
+    import jsonschema
+
+    g = small_vocab().json_schema(schema)
+    for value in [1, 2.5, "s", None, True, [], [1], {}, {"a": 1}, {"b": None}]:
+        valid = jsonschema.Draft202012Validator(schema).is_valid(value)
+        assert g.matches(json.dumps(value)) == valid, (schema, value)
+    with pytest.raises(GrammarError, match=r"not \(at #\)"):
+        small_vocab().json_schema({"not": {"minLength": 2}})

@@ -3,6 +3,7 @@
 //! Supported: `type` (one or a list), `properties`, `required`, `additionalProperties`
 //! (false, true or a schema), `items`, `prefixItems`, `minItems`, `maxItems`, `enum`,
 //! `const`, `anyOf`, `oneOf` (as `anyOf`: exclusivity is not context-free in general),
+//! `not` (of `type`s, `{}`/`true`/`false`, or a double negation), `patternProperties`,
 //! `allOf` (one member, or objects merged), `$ref` into the same document (`#`, `#/$defs/x`,
 //! `#/definitions/x`, any JSON pointer; recursion allowed), `$defs`/`definitions`, `pattern`,
 //! `minLength`, `maxLength`, `format` (date, time, date-time, uuid, email, ipv4, ipv6, uri),
@@ -224,6 +225,64 @@ impl Compiler<'_> {
                 return self.schema(&Value::Object(all), path, depth + 1);
             }
             return self.reference(r);
+        }
+        if let Some(n) = obj.get("not") {
+            let mut rest = obj.clone();
+            rest.remove("not");
+            let only = |k: &str| {
+                n.as_object()
+                    .is_some_and(|o| o.contains_key(k) && o.keys().all(|x| x == k || ignored(x)))
+            };
+            let negated: Option<Value> = if *n == Value::Bool(true)
+                || n.as_object().is_some_and(|o| o.keys().all(|k| ignored(k)))
+            {
+                Some(Value::Bool(false)) // nothing is valid
+            } else if *n == Value::Bool(false) {
+                Some(Value::Object(Map::new()))
+            } else if only("type") {
+                // The kinds not listed (integer's complement within numbers is not regular).
+                let listed: Vec<&str> = match &n["type"] {
+                    Value::String(t) => vec![t.as_str()],
+                    Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+                    _ => Vec::new(),
+                };
+                if listed.contains(&"integer") && !listed.contains(&"number") {
+                    None
+                } else {
+                    let kinds: Vec<Value> =
+                        ["object", "array", "string", "number", "boolean", "null"]
+                            .iter()
+                            .filter(|k| !listed.contains(k))
+                            .map(|k| Value::String((*k).to_owned()))
+                            .collect();
+                    let mut t = Map::new();
+                    t.insert("type".into(), Value::Array(kinds));
+                    Some(Value::Object(t))
+                }
+            } else if only("not") {
+                Some(n["not"].clone()) // double negation
+            } else {
+                None
+            };
+            let Some(negated) = negated else {
+                self.unsupported.push(format!("not (at {path})"));
+                return self.any_value();
+            };
+            if negated == Value::Bool(false)
+                || negated.as_object().is_some_and(|o| {
+                    o.get("type")
+                        .and_then(Value::as_array)
+                        .is_some_and(|a| a.is_empty())
+                })
+            {
+                return self.schema(&Value::Bool(false), path, depth);
+            }
+            let mut all = Map::new();
+            all.insert(
+                "allOf".into(),
+                Value::Array(vec![Value::Object(rest), negated]),
+            );
+            return self.schema(&Value::Object(all), path, depth + 1);
         }
         if let Some(all) = obj.get("allOf") {
             let merged = self.merge_all_of(obj, all, path)?;
@@ -1054,7 +1113,9 @@ const ARRAY_KEYS: &[&str] = &[
     "maxItems",
 ];
 /// Keywords compiled (beside the kind-specific ones).
-const GENERAL_KEYS: &[&str] = &["type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref"];
+const GENERAL_KEYS: &[&str] = &[
+    "type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "not",
+];
 
 /// Is `k` ignored: an annotation, or outside the JSON Schema vocabularies?
 fn ignored(k: &str) -> bool {
@@ -1141,7 +1202,6 @@ const CHUNK: u64 = 256;
 
 /// Assertions and applicators of drafts 4 to 2020-12 not compiled (yet).
 const NOT_YET: &[&str] = &[
-    "not",
     "if",
     "then",
     "else",
