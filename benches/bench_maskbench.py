@@ -5,8 +5,8 @@ rejection, mask and compile times, specdec vs llguidance vs xgrammar in one run.
     python benches/bench_maskbench.py --smoke
 
 ``DIR`` is the JSONSchemaBench MaskBench data directory (public: guidance-ai/jsonschemabench,
-``maskbench/data``; one JSON file per schema with ``schema`` and ``tests``). Files are taken
-in sorted order, the first ``--limit`` of them.
+``maskbench/data``; one JSON file per schema with ``schema`` and ``tests``). ``--limit N``
+takes N files evenly spread over the sorted names (every source sampled).
 
 Every engine gets the same vocabulary (token bytes from :class:`specdec.Vocabulary`; Tekken
 or SmolLM2), the same instances and the same tokenization: each instance as compact JSON
@@ -290,7 +290,7 @@ def bench(vocab_name: str, tok: Tokens, cases: list[dict[str, Any]], args: Any) 
             f"{total('invalid_ok')}/{total('invalid_ok') + total('invalid_bad')}",
             f"{_pct(compiles, 50):.2f}",
             f"{_pct(compiles, 99):.1f}",
-            f"{_pct(masks, 50):.0f}",
+            f"{_pct(masks, 50):.1f}",
             f"{_pct(masks, 99):.0f}",
             len(masks),
         )
@@ -321,7 +321,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", help="the MaskBench data directory")
     ap.add_argument("--smoke", action="store_true", help="three inline schemas, Tekken only")
-    ap.add_argument("--limit", type=int, default=None, help="first N schema files only")
+    ap.add_argument("--limit", type=int, default=None, help="N schema files, evenly spread")
     ap.add_argument("--vocab", choices=["tekken", "smollm2", "both"], default="both")
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds per engine and schema")
@@ -331,7 +331,10 @@ def main() -> None:
     elif args.data is None:
         ap.error("--data DIR is required (or --smoke)")
     else:
-        files = sorted(Path(args.data).glob("*.json"))[: args.limit]
+        files = sorted(Path(args.data).glob("*.json"))
+        if args.limit is not None and args.limit < len(files):
+            # Evenly spread over the sorted names, so every source is sampled.
+            files = [files[i * len(files) // args.limit] for i in range(args.limit)]
         cases = [json.loads(f.read_text()) for f in files]
     print(
         f"specdec {specdec.__version__}, Python {platform.python_version()}, "
