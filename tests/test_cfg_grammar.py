@@ -696,3 +696,21 @@ def test_json_schema_not_forms_equal_jsonschema(schema: dict[str, Any]) -> None:
         assert g.matches(json.dumps(value)) == valid, (schema, value)
     with pytest.raises(GrammarError, match=r"not \(at #\)"):
         small_vocab().json_schema({"not": {"minLength": 2}})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "minProperties": 1},
+        {"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1},
+        {"properties": {"a": {}}, "additionalProperties": False, "minProperties": 1},
+        {"properties": {"a": {}}, "required": ["a"], "minProperties": 1},
+    ],
+)
+def test_json_schema_min_properties_one_equals_jsonschema(schema: dict[str, Any]) -> None:
+    import jsonschema
+
+    g = small_vocab().json_schema(schema)
+    for value in [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {"c": None}, {"a": 1, "c": 2}, 3]:
+        valid = jsonschema.Draft202012Validator(schema).is_valid(value)
+        assert g.matches(json.dumps(value)) == valid, (schema, value)

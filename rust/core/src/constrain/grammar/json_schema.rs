@@ -4,6 +4,7 @@
 //! (false, true or a schema), `items`, `prefixItems`, `minItems`, `maxItems`, `enum`,
 //! `const`, `anyOf`, `oneOf` (as `anyOf`: exclusivity is not context-free in general),
 //! `not` (of `type`s, `{}`/`true`/`false`, or a double negation), `patternProperties`,
+//! `minProperties` 0 or 1,
 //! `allOf` (one member, or objects merged), `$ref` into the same document (`#`, `#/$defs/x`,
 //! `#/definitions/x`, any JSON pointer; recursion allowed), `$defs`/`definitions`, `pattern`,
 //! `minLength`, `maxLength`, `format` (date, time, date-time, uuid, email, ipv4, ipv6, uri),
@@ -934,6 +935,19 @@ impl Compiler<'_> {
             let value = self.schema(&schema, &format!("{path}/additionalProperties"), depth + 1)?;
             classes.push((key, value));
         }
+        // minProperties 1 (the common case): a second chain, `nonempty_i`, as `first_i` without
+        // the empty ending. Other counts are not compiled yet.
+        let min_props = self.count(obj, "minProperties", path)?.unwrap_or(0);
+        if min_props > 1 {
+            self.unsupported
+                .push(format!("minProperties above 1 (at {path})"));
+        }
+        let mut nonempty: Option<u32> = None;
+        if min_props == 1 && !classes.is_empty() {
+            let ne = self.b.fresh("more");
+            nonempty = Some(ne);
+            // Filled below, once `rest` of the additional properties exists.
+        }
         let (end_first, end_rest) = if classes.is_empty() {
             let e = self.b.fresh("end");
             self.b.rule(e, vec![])?;
@@ -951,6 +965,11 @@ impl Compiler<'_> {
             }
             self.b.rule(rest, vec![])?;
             self.b.rule(first, vec![])?;
+            if let Some(ne) = nonempty {
+                for &(key, value) in &classes {
+                    self.b.rule(ne, vec![key, key_sep, value, Sym::Nt(rest)])?;
+                }
+            }
             (first, rest)
         };
         // From the last property back: first_i (nothing emitted yet) and rest_i (something
@@ -964,14 +983,31 @@ impl Compiler<'_> {
             self.b.rule(f, vec![key, key_sep, value, Sym::Nt(rest)])?;
             self.b
                 .rule(r, vec![sep, key, key_sep, value, Sym::Nt(rest)])?;
+            if min_props == 1 {
+                let ne = self.b.fresh("props");
+                self.b.rule(ne, vec![key, key_sep, value, Sym::Nt(rest)])?;
+                if let (Some(next), false) = (nonempty, required.contains(&name.as_str())) {
+                    self.b.rule(ne, vec![Sym::Nt(next)])?;
+                }
+                nonempty = Some(ne);
+            }
             if !required.contains(&name.as_str()) {
                 self.b.rule(f, vec![Sym::Nt(first)])?;
                 self.b.rule(r, vec![Sym::Nt(rest)])?;
             }
             (first, rest) = (f, r);
         }
+        let body = match (min_props, nonempty) {
+            (0, _) => first,
+            (_, Some(ne)) => ne,
+            (_, None) => {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: minProperties {min_props} but no property is allowed"
+                )))
+            }
+        };
         let nt = self.b.fresh("object");
-        self.b.rule(nt, vec![open, Sym::Nt(first), close])?;
+        self.b.rule(nt, vec![open, Sym::Nt(body), close])?;
         Ok(Sym::Nt(nt))
     }
 
@@ -1100,6 +1136,7 @@ impl Compiler<'_> {
 }
 
 const OBJECT_KEYS: &[&str] = &[
+    "minProperties",
     "properties",
     "required",
     "additionalProperties",
@@ -1215,7 +1252,6 @@ const NOT_YET: &[&str] = &[
     "minContains",
     "maxContains",
     "uniqueItems",
-    "minProperties",
     "maxProperties",
     "multipleOf",
     "divisibleBy",
