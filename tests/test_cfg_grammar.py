@@ -714,3 +714,17 @@ def test_json_schema_min_properties_one_equals_jsonschema(schema: dict[str, Any]
     for value in [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {"c": None}, {"a": 1, "c": 2}, 3]:
         valid = jsonschema.Draft202012Validator(schema).is_valid(value)
         assert g.matches(json.dumps(value)) == valid, (schema, value)
+
+
+def test_json_schema_type_filters_enum_and_const() -> None:
+    import jsonschema
+
+    for schema in [
+        {"type": "object", "enum": ["NAT", {"a": 1}]},
+        {"type": "integer", "enum": [1, 1.5, "1"]},
+        {"properties": {"k": {"type": "string", "const": 3}}},
+    ]:
+        g = small_vocab().json_schema(schema)
+        for value in ["NAT", {"a": 1}, 1, 1.5, "1", 3, {"k": 3}, {"k": "3"}, {}]:
+            valid = jsonschema.Draft202012Validator(schema).is_valid(value)
+            assert g.matches(json.dumps(value)) == valid, (schema, value)

@@ -320,7 +320,29 @@ impl Compiler<'_> {
                 return self.alt("anyOf", syms);
             }
         }
+        // `type` beside `enum`/`const` filters the listed values.
+        let type_ok = |v: &Value| -> bool {
+            let kinds: Vec<&str> = match obj.get("type") {
+                None => return true,
+                Some(Value::String(t)) => vec![t.as_str()],
+                Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+                Some(_) => return true,
+            };
+            let kind = match v {
+                Value::Null => "null",
+                Value::Bool(_) => "boolean",
+                Value::Number(_) => "number",
+                Value::String(_) => "string",
+                Value::Array(_) => "array",
+                Value::Object(_) => "object",
+            };
+            let integral = v.as_f64().is_some_and(|x| x.fract() == 0.0);
+            kinds.contains(&kind) || (kind == "number" && integral && kinds.contains(&"integer"))
+        };
         if let Some(c) = obj.get("const") {
+            if !type_ok(c) {
+                return self.schema(&Value::Bool(false), path, depth);
+            }
             return self.literal(c);
         }
         if let Some(e) = obj.get("enum") {
@@ -329,6 +351,7 @@ impl Compiler<'_> {
                     "{path}: enum must be an array"
                 )));
             };
+            let vals: Vec<&Value> = vals.iter().filter(|v| type_ok(v)).collect();
             if vals.is_empty() {
                 // No value is allowed: the false schema.
                 return self.schema(&Value::Bool(false), path, depth);
