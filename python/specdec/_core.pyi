@@ -368,6 +368,13 @@ class CfgGrammar:
         max_depth: int | None = None,
     ) -> CfgGrammar: ...
     @staticmethod
+    def from_lark(
+        vocab: Vocabulary,
+        text: str,
+        cache_bytes: int | None = None,
+        max_depth: int | None = None,
+    ) -> CfgGrammar: ...
+    @staticmethod
     def from_json_schema(
         vocab: Vocabulary,
         schema: str,

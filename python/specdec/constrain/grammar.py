@@ -1,5 +1,5 @@
-"""Context-free grammar constraints: GBNF text, a JSON Schema, or a regex as a one-lexeme
-grammar, compiled
+"""Context-free grammar constraints: GBNF text, a Lark grammar, a JSON Schema, or a regex as
+a one-lexeme grammar, compiled
 against one vocabulary; an Earley parser over regex lexemes whose states are interned, with
 allowed-token bitmasks cached per parser state (a :class:`~specdec.protocols.Constraint`
 engine beside :mod:`.regex`)."""
@@ -66,6 +66,33 @@ class CfgGrammar:
         if not isinstance(text, str):
             raise SpecdecTypeError(f"GBNF text must be a str, got {type(text).__name__}")
         core = _core.CfgGrammar.from_gbnf(
+            vocab._v,
+            text,
+            _opt_int(cache_bytes, "cache_bytes", 0),
+            _opt_int(max_depth, "max_depth", 1),
+        )
+        return cls(vocab, core, text)
+
+    @classmethod
+    def from_lark(
+        cls,
+        vocab: Vocabulary,
+        text: str,
+        *,
+        cache_bytes: int | None = None,
+        max_depth: int | None = None,
+    ) -> CfgGrammar:
+        """Compile a Lark grammar (start rule ``start``). Supported: rules and terminals
+        (``?rule``, ``!rule``, priorities and ``-> alias`` accepted and ignored), ``|``
+        continuation lines, ``"lit"``, ``"lit"i``, ``/regex/`` (flags ``i``, ``s``),
+        ``"a".."z"``, ``( )``, ``[ ]``, ``? * +``, ``~ n``, ``~ n..m``, ``%ignore``,
+        ``%import common.NAME``. Every tokenization the rules allow is accepted (no
+        contextual lexer). Anything else raises :class:`GrammarError` naming it."""
+        if not isinstance(vocab, Vocabulary):
+            raise SpecdecTypeError(f"vocab must be a Vocabulary, got {type(vocab).__name__}")
+        if not isinstance(text, str):
+            raise SpecdecTypeError(f"Lark text must be a str, got {type(text).__name__}")
+        core = _core.CfgGrammar.from_lark(
             vocab._v,
             text,
             _opt_int(cache_bytes, "cache_bytes", 0),

@@ -233,6 +233,18 @@ class Vocabulary:
             lambda: CfgGrammar.from_gbnf(self, text, cache_bytes=cache_bytes, max_depth=max_depth),
         )
 
+    def lark(
+        self, text: str, *, cache_bytes: int | None = None, max_depth: int | None = None
+    ) -> CfgGrammar:
+        """Compile a Lark grammar (the subset :meth:`CfgGrammar.from_lark` lists, start rule
+        ``start``) against this vocabulary; compiled grammars are cached per vocabulary."""
+        from .grammar import CfgGrammar
+
+        return self._cached(
+            ("lark", text, cache_bytes, max_depth),
+            lambda: CfgGrammar.from_lark(self, text, cache_bytes=cache_bytes, max_depth=max_depth),
+        )
+
     def json_schema(
         self,
         schema: dict[str, Any] | bool | str,

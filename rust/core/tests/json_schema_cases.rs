@@ -89,10 +89,15 @@ fn integer_bounds() {
         .to_string()
         .contains("no integer lies in [3, 2]"));
     let e = compile_with(
-        json!({"type": "number", "minimum": 0}),
+        json!({"type": "number", "minimum": 0, "multipleOf": 2}),
         JsonOptions::default(),
     );
-    assert!(e.unwrap_err().to_string().contains("minimum on a number"));
+    assert!(e.unwrap_err().to_string().contains("multipleOf (at #)"));
+    check(
+        &compile(json!({"type": "number", "exclusiveMinimum": -1.5, "maximum": 2})),
+        &["-1.25", "0", "2", "2.000", "1.99"],
+        &["-1.5", "-2", "2.01", "3", "1e0", "-0"],
+    );
 }
 
 #[test]
@@ -232,13 +237,22 @@ fn combinators_and_recursive_refs() {
     );
     let merged = json!({"allOf": [
         {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-        {"properties": {"b": {"type": "null"}}, "required": ["b"], "additionalProperties": false}
+        {"properties": {"b": {"type": "null"}}, "required": ["b"]}
     ]});
     check(
         &compile(merged),
         &["{\"a\": 1, \"b\": null}"],
         &["{\"a\": 1}", "{\"b\": null}"],
     );
+    // additionalProperties reads its own member's properties: merging would let "a" through.
+    let closed = json!({"allOf": [
+        {"properties": {"a": {"type": "integer"}}},
+        {"properties": {"b": {"type": "null"}}, "additionalProperties": false}
+    ]});
+    let e = compile_with(closed, JsonOptions::default()).unwrap_err();
+    assert!(e
+        .to_string()
+        .contains("additionalProperties beside properties of another member"));
     let self_ref = json!({"type": "array", "items": {"$ref": "#"}});
     check(&compile(self_ref), &["[]", "[[], [[]]]"], &["[1]"]);
 }
@@ -266,7 +280,7 @@ fn layout_options() {
 #[test]
 fn unsupported_keywords_are_listed() {
     let e = compile_with(
-        json!({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}, "s": {"not": {}}}, "patternProperties": {}}),
+        json!({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}, "s": {"not": {"minLength": 1}}}, "uniqueItems": true, "x-ignored": 1}),
         JsonOptions::default(),
     )
     .unwrap_err();
@@ -274,10 +288,12 @@ fn unsupported_keywords_are_listed() {
     for k in [
         "multipleOf (at #/properties/n)",
         "not (at #/properties/s)",
-        "patternProperties (at #)",
+        "uniqueItems (at #)",
     ] {
         assert!(m.contains(k), "{m}");
     }
+    // Keywords outside the JSON Schema vocabularies are annotations.
+    assert!(!m.contains("x-ignored"), "{m}");
     assert!(matches!(e, GrammarError::Unsupported(_)));
     let bad_ref =
         compile_with(json!({"$ref": "#/$defs/missing"}), JsonOptions::default()).unwrap_err();
@@ -347,4 +363,26 @@ proptest! {
             text.extend_from_slice(v.token_bytes(t));
         }
     }
+}
+
+#[test]
+fn parser_state_cap_is_a_clear_error() {
+    // Nested arrays need a new parser state per level: a small cap is reached quickly.
+    let limits = GrammarLimits {
+        max_states: 64,
+        ..GrammarLimits::default()
+    };
+    let g = CompiledGrammar::from_json_schema(
+        byte_vocab(),
+        &json!({"type": "array", "items": {"$ref": "#"}}),
+        &JsonOptions::default(),
+        limits,
+    )
+    .unwrap();
+    assert!(g.check_limits().is_ok());
+    let s = g.step_bytes(g.start(), &b"[".repeat(200));
+    assert_eq!(s, <CompiledGrammar as Constraint>::DEAD);
+    let e = g.check_limits().unwrap_err().to_string();
+    assert!(e.contains("more than 64 parser states (max_states)"), "{e}");
+    assert!(g.num_states() <= 64);
 }

@@ -209,6 +209,24 @@ impl CfgGrammar {
         Ok(CfgGrammar(Arc::new(g)))
     }
 
+    /// Compile a Lark grammar (the supported subset; start rule `start`), GIL released.
+    #[staticmethod]
+    #[pyo3(signature = (vocab, text, cache_bytes=None, max_depth=None))]
+    fn from_lark(
+        py: Python<'_>,
+        vocab: &Vocabulary,
+        text: String,
+        cache_bytes: Option<usize>,
+        max_depth: Option<usize>,
+    ) -> PyResult<Self> {
+        let v = vocab.0.clone();
+        let limits = grammar_limits(cache_bytes, max_depth);
+        let g = py
+            .detach(|| CompiledGrammar::from_lark(v, &text, limits))
+            .or_raise()?;
+        Ok(CfgGrammar(Arc::new(g)))
+    }
+
     /// Compile a JSON Schema (JSON text) to the grammar of the JSON texts it accepts.
     #[staticmethod]
     #[pyo3(signature = (vocab, schema, whitespace=true, item_separator=",".to_owned(), key_separator=":".to_owned(), strict=false, cache_bytes=None, max_depth=None))]
@@ -294,9 +312,11 @@ impl CfgGrammar {
     }
 
     /// Is `text` in the grammar's language?
-    fn matches(&self, py: Python<'_>, text: Vec<u8>) -> bool {
+    fn matches(&self, py: Python<'_>, text: Vec<u8>) -> PyResult<bool> {
         let g = &self.0;
-        py.detach(|| g.matches(&text))
+        let r = py.detach(|| g.matches(&text));
+        g.check_limits().or_raise()?;
+        Ok(r)
     }
 }
 
@@ -328,6 +348,14 @@ impl AnyMatcher {
 
     fn fill_bitmask(&self, out: &mut [u32]) -> Result<(), GrammarError> {
         with_matcher!(self, m => m.fill_bitmask(out))
+    }
+
+    /// A grammar's limits passed during the last step (regexes have none that late).
+    fn check_limits(&self) -> Result<(), GrammarError> {
+        match self {
+            AnyMatcher::Regex(_) => Ok(()),
+            AnyMatcher::Cfg(m) => m.grammar().check_limits(),
+        }
     }
 
     /// Is the current mask ready without a trie walk?
@@ -431,11 +459,15 @@ impl Matcher {
     }
 
     fn accept_token(&mut self, token: i64) -> PyResult<bool> {
-        with_matcher!(&mut self.0, m => m.accept_token(token)).or_raise()
+        let r = with_matcher!(&mut self.0, m => m.accept_token(token)).or_raise()?;
+        self.0.check_limits().or_raise()?;
+        Ok(r)
     }
 
     fn accept_tokens(&mut self, tokens: Vec<i64>) -> PyResult<usize> {
-        with_matcher!(&mut self.0, m => m.accept_tokens(&tokens)).or_raise()
+        let r = with_matcher!(&mut self.0, m => m.accept_tokens(&tokens)).or_raise()?;
+        self.0.check_limits().or_raise()?;
+        Ok(r)
     }
 
     fn is_terminated(&self) -> bool {
@@ -488,10 +520,11 @@ impl Matcher {
             buf.release &= !m.is_cheap(); // a cached mask is a copy: not worth a GIL round trip
             let out = row_slice(buf.words, buf.rows, buf.cols, row).or_raise()?;
             if buf.release {
-                py.detach(|| m.fill_bitmask(out)).or_raise()
+                py.detach(|| m.fill_bitmask(out)).or_raise()?;
             } else {
-                m.fill_bitmask(out).or_raise()
+                m.fill_bitmask(out).or_raise()?;
             }
+            m.check_limits().or_raise()
         })
     }
 }
@@ -549,8 +582,10 @@ fn fill_next_token_bitmask_batch(
                 .zip(&targets)
                 .map(|(m, &r)| (m, slots[r as usize].take().expect("row checked unique")))
                 .collect();
-            jobs.into_par_iter()
-                .try_for_each(|(m, out)| m.fill_bitmask(out))
+            jobs.into_par_iter().try_for_each(|(m, out)| {
+                m.fill_bitmask(out)?;
+                m.check_limits()
+            })
         };
         if release { py.detach(fill) } else { fill() }.or_raise()
     })

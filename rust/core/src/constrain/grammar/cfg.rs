@@ -36,6 +36,10 @@ pub struct GrammarLimits {
     pub lexeme: RegexLimits,
     /// Memory cap of the per-parser-state mask cache (beyond it masks are recomputed).
     pub cache_bytes: usize,
+    /// Parser states (interned Earley sets plus origin nodes) one compiled grammar may
+    /// create; states stay valid for the grammar's life, so past this every later step
+    /// raises [`GrammarError::TooLarge`] instead of growing memory without bound.
+    pub max_states: usize,
 }
 
 impl Default for GrammarLimits {
@@ -49,6 +53,7 @@ impl Default for GrammarLimits {
                 table_bytes: 16 << 20,
             },
             cache_bytes: crate::constrain::DEFAULT_CACHE_BYTES,
+            max_states: 1 << 22,
         }
     }
 }

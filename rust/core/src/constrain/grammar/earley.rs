@@ -72,6 +72,9 @@ pub struct Chart {
     projections: FxHashMap<(u32, u32), u32>,
     trans: FxHashMap<(u32, u8), u32>,
     start: u32,
+    max_states: usize,
+    /// A new state was needed past `max_states` (the step went to the dead state).
+    overflowed: bool,
 }
 
 impl Chart {
@@ -90,6 +93,8 @@ impl Chart {
             projections: FxHashMap::default(),
             trans: FxHashMap::default(),
             start: DEAD_SET,
+            max_states: g.limits.max_states,
+            overflowed: false,
         };
         let root = c.node(Vec::new(), start_nt);
         debug_assert_eq!(root, ROOT_NODE);
@@ -104,6 +109,11 @@ impl Chart {
 
     pub fn accepts(&self, s: u32) -> bool {
         self.sets[s as usize].accepts
+    }
+
+    /// Did a step need a state past `max_states`?
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
     }
 
     /// Interned parser states, the dead one included.
@@ -303,8 +313,11 @@ impl Chart {
         if let Some(&id) = self.index.get(&key) {
             return id;
         }
+        if self.sets.len() + self.nodes.len() >= self.max_states.min(SELF as usize - 1) {
+            self.overflowed = true;
+            return DEAD_SET;
+        }
         let id = self.sets.len() as u32;
-        assert!(id < SELF, "parser state ids exhausted");
         self.sets.push(Set { items, accepts });
         self.index.insert(key, id);
         id

@@ -16,7 +16,7 @@ use super::cfg::{Grammar, GrammarBuilder, GrammarLimits, Sym};
 use crate::constrain::GrammarError;
 
 #[derive(Debug, Clone)]
-enum Expr {
+pub(super) enum Expr {
     Alt(Vec<Expr>),
     Seq(Vec<Expr>),
     Lit(Vec<char>),
@@ -27,14 +27,25 @@ enum Expr {
     Any,
     Ref(String),
     Repeat(Box<Expr>, u32, Option<u32>),
+    /// A regex (the Lark front end's `/.../` and terminals).
+    Regex(String),
 }
 
 /// Parse GBNF `text` and build its grammar (start rule `root`).
 pub fn parse(text: &str, limits: GrammarLimits) -> Result<Grammar, GrammarError> {
     let rules = Parser::new(text, limits.max_depth).grammar()?;
+    build(&rules, "root", limits)
+}
+
+/// The grammar of named rules (`start` the start rule), each name defined once.
+pub(super) fn build(
+    rules: &[(String, Expr)],
+    start: &str,
+    limits: GrammarLimits,
+) -> Result<Grammar, GrammarError> {
     let mut b = GrammarBuilder::new(limits);
     let mut seen = std::collections::HashSet::new();
-    for (name, _) in &rules {
+    for (name, _) in rules {
         if !seen.insert(name.as_str()) {
             return Err(GrammarError::Grammar(format!(
                 "rule {name:?} is defined twice"
@@ -42,14 +53,14 @@ pub fn parse(text: &str, limits: GrammarLimits) -> Result<Grammar, GrammarError>
         }
         b.nonterminal(name);
     }
-    for (name, body) in &rules {
+    for (name, body) in rules {
         let lhs = b.nonterminal(name);
         lower_rule(&mut b, lhs, body)?;
     }
-    if !rules.iter().any(|(n, _)| n == "root") {
-        return Err(GrammarError::Grammar("no rule named \"root\"".into()));
+    if !rules.iter().any(|(n, _)| n == start) {
+        return Err(GrammarError::Grammar(format!("no rule named {start:?}")));
     }
-    let root = b.nonterminal("root");
+    let root = b.nonterminal(start);
     b.build(root)
 }
 
@@ -390,6 +401,7 @@ fn to_regex(e: &Expr) -> Option<String> {
             format!("[{}{body}]", if *negated { "^" } else { "" })
         }
         Expr::Any => "(?s:.)".into(),
+        Expr::Regex(r) => format!("(?:{r})"),
         Expr::Ref(_) => return None,
         Expr::Seq(xs) => {
             let parts: Option<Vec<String>> = xs.iter().map(to_regex).collect();

@@ -3,14 +3,20 @@
 //! Supported: `type` (one or a list), `properties`, `required`, `additionalProperties`
 //! (false, true or a schema), `items`, `prefixItems`, `minItems`, `maxItems`, `enum`,
 //! `const`, `anyOf`, `oneOf` (as `anyOf`: exclusivity is not context-free in general),
+//! `not` (of `type`s, `{}`/`true`/`false`, or a double negation), `patternProperties`,
+//! `minProperties` 0 or 1,
 //! `allOf` (one member, or objects merged), `$ref` into the same document (`#`, `#/$defs/x`,
 //! `#/definitions/x`, any JSON pointer; recursion allowed), `$defs`/`definitions`, `pattern`,
-//! `minLength`, `maxLength`, `format` (date, time, date-time, uuid, email), `minimum`,
-//! `maximum`, `exclusiveMinimum`, `exclusiveMaximum` on integers (not yet on numbers). Without
-//! `type`, the kind is inferred from the keywords present (`properties` -> object, `items`
-//! -> array, `pattern` -> string, `minimum` -> number), narrowing the schema. Annotations
-//! (`title`, `description`, `default`, ...) are ignored. Any other keyword raises
-//! [`GrammarError::Unsupported`] listing every one found, with its location.
+//! `minLength`, `maxLength`, `format` (date, time, date-time, uuid, email, ipv4, ipv6, uri),
+//! `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` on integers and numbers
+//! (bounded numbers without exponents). Without `type`, every kind is allowed, each
+//! constrained by its own keywords (as the spec reads). Annotations (`title`,
+//! `description`, `default`, ...) and keywords outside the JSON Schema vocabularies (`x-...`,
+//! `example`) are ignored, as the spec ignores unknown keywords; so are formats the spec does
+//! not define. An assertion or applicator of drafts 4 to 2020-12 not compiled yet (`not`,
+//! `patternProperties`, `uniqueItems`, ...) or a spec format not supported raises
+//! [`GrammarError::Unsupported`] listing every one found, with its location. Draft-4 array
+//! forms (`items` as an array, `additionalItems`) read as `prefixItems` and `items`.
 //!
 //! Output shape: properties in declared order, optional ones omitted at will, additional
 //! ones (keys other than the declared, in their canonical escaping) after them; the
@@ -191,8 +197,11 @@ impl Compiler<'_> {
                 )))
             }
         };
+        // Keywords outside the JSON Schema vocabularies (`x-...`, `example`, draft-4 `id`)
+        // are annotations (the spec ignores unknown keywords); only assertions and
+        // applicators the compiler lacks are refused.
         for k in obj.keys() {
-            if !KNOWN.contains(&k.as_str()) && !ANNOTATIONS.contains(&k.as_str()) {
+            if NOT_YET.contains(&k.as_str()) {
                 self.unsupported.push(format!("{k} (at {path})"));
             }
         }
@@ -202,14 +211,79 @@ impl Compiler<'_> {
                     "{path}: $ref must be a string"
                 )));
             };
-            let only_ref = obj
-                .keys()
-                .all(|k| k == "$ref" || ANNOTATIONS.contains(&k.as_str()));
+            let only_ref = obj.keys().all(|k| k == "$ref" || ignored(k));
             if !only_ref {
-                self.unsupported
-                    .push(format!("keywords beside $ref (at {path})"));
+                // Since draft 2019-09 siblings of $ref apply beside it: an allOf.
+                let mut rest = obj.clone();
+                rest.remove("$ref");
+                let mut reference = Map::new();
+                reference.insert("$ref".into(), Value::String(r.to_owned()));
+                let mut all = Map::new();
+                all.insert(
+                    "allOf".into(),
+                    Value::Array(vec![Value::Object(reference), Value::Object(rest)]),
+                );
+                return self.schema(&Value::Object(all), path, depth + 1);
             }
             return self.reference(r);
+        }
+        if let Some(n) = obj.get("not") {
+            let mut rest = obj.clone();
+            rest.remove("not");
+            let only = |k: &str| {
+                n.as_object()
+                    .is_some_and(|o| o.contains_key(k) && o.keys().all(|x| x == k || ignored(x)))
+            };
+            let negated: Option<Value> = if *n == Value::Bool(true)
+                || n.as_object().is_some_and(|o| o.keys().all(|k| ignored(k)))
+            {
+                Some(Value::Bool(false)) // nothing is valid
+            } else if *n == Value::Bool(false) {
+                Some(Value::Object(Map::new()))
+            } else if only("type") {
+                // The kinds not listed (integer's complement within numbers is not regular).
+                let listed: Vec<&str> = match &n["type"] {
+                    Value::String(t) => vec![t.as_str()],
+                    Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+                    _ => Vec::new(),
+                };
+                if listed.contains(&"integer") && !listed.contains(&"number") {
+                    None
+                } else {
+                    let kinds: Vec<Value> =
+                        ["object", "array", "string", "number", "boolean", "null"]
+                            .iter()
+                            .filter(|k| !listed.contains(k))
+                            .map(|k| Value::String((*k).to_owned()))
+                            .collect();
+                    let mut t = Map::new();
+                    t.insert("type".into(), Value::Array(kinds));
+                    Some(Value::Object(t))
+                }
+            } else if only("not") {
+                Some(n["not"].clone()) // double negation
+            } else {
+                None
+            };
+            let Some(negated) = negated else {
+                self.unsupported.push(format!("not (at {path})"));
+                return self.any_value();
+            };
+            if negated == Value::Bool(false)
+                || negated.as_object().is_some_and(|o| {
+                    o.get("type")
+                        .and_then(Value::as_array)
+                        .is_some_and(|a| a.is_empty())
+                })
+            {
+                return self.schema(&Value::Bool(false), path, depth);
+            }
+            let mut all = Map::new();
+            all.insert(
+                "allOf".into(),
+                Value::Array(vec![Value::Object(rest), negated]),
+            );
+            return self.schema(&Value::Object(all), path, depth + 1);
         }
         if let Some(all) = obj.get("allOf") {
             let merged = self.merge_all_of(obj, all, path)?;
@@ -227,7 +301,7 @@ impl Compiler<'_> {
                 base.remove(key);
                 let mut syms = Vec::new();
                 for (i, a) in alts.iter().enumerate() {
-                    let sub = if base.keys().all(|k| ANNOTATIONS.contains(&k.as_str())) {
+                    let sub = if base.keys().all(|k| ignored(k)) {
                         a.clone()
                     } else {
                         let mut all = Map::new();
@@ -246,7 +320,29 @@ impl Compiler<'_> {
                 return self.alt("anyOf", syms);
             }
         }
+        // `type` beside `enum`/`const` filters the listed values.
+        let type_ok = |v: &Value| -> bool {
+            let kinds: Vec<&str> = match obj.get("type") {
+                None => return true,
+                Some(Value::String(t)) => vec![t.as_str()],
+                Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+                Some(_) => return true,
+            };
+            let kind = match v {
+                Value::Null => "null",
+                Value::Bool(_) => "boolean",
+                Value::Number(_) => "number",
+                Value::String(_) => "string",
+                Value::Array(_) => "array",
+                Value::Object(_) => "object",
+            };
+            let integral = v.as_f64().is_some_and(|x| x.fract() == 0.0);
+            kinds.contains(&kind) || (kind == "number" && integral && kinds.contains(&"integer"))
+        };
         if let Some(c) = obj.get("const") {
+            if !type_ok(c) {
+                return self.schema(&Value::Bool(false), path, depth);
+            }
             return self.literal(c);
         }
         if let Some(e) = obj.get("enum") {
@@ -255,6 +351,11 @@ impl Compiler<'_> {
                     "{path}: enum must be an array"
                 )));
             };
+            let vals: Vec<&Value> = vals.iter().filter(|v| type_ok(v)).collect();
+            if vals.is_empty() {
+                // No value is allowed: the false schema.
+                return self.schema(&Value::Bool(false), path, depth);
+            }
             let mut alts = Vec::new();
             for v in vals {
                 alts.push(vec![self.literal(v)?]);
@@ -263,18 +364,13 @@ impl Compiler<'_> {
         }
         let types: Vec<&str> = match obj.get("type") {
             None => {
-                // Without a type, the keywords present say which kinds are constrained.
-                if obj.keys().any(|k| OBJECT_KEYS.contains(&k.as_str())) {
-                    vec!["object"]
-                } else if obj.keys().any(|k| ARRAY_KEYS.contains(&k.as_str())) {
-                    vec!["array"]
-                } else if obj.keys().any(|k| STRING_KEYS.contains(&k.as_str())) {
-                    vec!["string"]
-                } else if obj.keys().any(|k| NUMBER_KEYS.contains(&k.as_str())) {
-                    vec!["number"]
-                } else {
+                // Without a type every kind is allowed, each constrained only by its own
+                // keywords (`minimum` says nothing about strings).
+                let kinds = [OBJECT_KEYS, ARRAY_KEYS, STRING_KEYS, NUMBER_KEYS];
+                if !kinds.concat().iter().any(|k| obj.contains_key(*k)) {
                     return self.any_value();
                 }
+                vec!["object", "array", "string", "number", "boolean", "null"]
             }
             Some(Value::String(t)) => vec![t.as_str()],
             Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
@@ -288,13 +384,7 @@ impl Compiler<'_> {
                 "object" => self.object(obj, path, depth)?,
                 "array" => self.array(obj, path, depth)?,
                 "string" => self.string(obj, path)?,
-                "number" => {
-                    for k in NUMBER_KEYS.iter().filter(|k| obj.contains_key(**k)) {
-                        self.unsupported
-                            .push(format!("{k} on a number (at {path})"));
-                    }
-                    self.b.lexeme(NUMBER)?
-                }
+                "number" => self.number(obj, path)?,
                 "integer" => self.integer(obj, path)?,
                 "boolean" => self.b.lexeme("true|false")?,
                 "null" => self.b.lexeme("null")?,
@@ -364,6 +454,37 @@ impl Compiler<'_> {
                 }
             }
         }
+        // Keywords that read their siblings (items after prefixItems, additionalProperties
+        // beside properties) would change meaning if merged across members.
+        let has = |p: &Map<String, Value>, k: &str| p.contains_key(k);
+        for (i, p) in parts.iter().enumerate() {
+            for (j, q) in parts.iter().enumerate() {
+                if i == j {
+                    continue;
+                }
+                if has(p, "items") && has(q, "prefixItems") && !has(p, "prefixItems") {
+                    self.unsupported.push(format!(
+                        "allOf with items and prefixItems in different members (at {path})"
+                    ));
+                }
+                let closed = p
+                    .get("additionalProperties")
+                    .is_some_and(|a| *a != Value::Bool(true));
+                let names = |m: &Map<String, Value>| {
+                    m.get("properties")
+                        .and_then(Value::as_object)
+                        .map(|o| o.keys().cloned().collect::<Vec<_>>())
+                        .unwrap_or_default()
+                };
+                let own = names(p);
+                if closed && names(q).iter().any(|n| !own.contains(n)) {
+                    self.unsupported.push(format!(
+                        "allOf with additionalProperties beside properties of another member \
+                         (at {path})"
+                    ));
+                }
+            }
+        }
         let mut out = Map::new();
         for p in parts {
             for (k, v) in p {
@@ -373,12 +494,53 @@ impl Compiler<'_> {
                     }
                     ("properties", Some(Value::Object(props))) => {
                         for (name, s) in v.as_object().cloned().unwrap_or_default() {
-                            if props.contains_key(&name) {
-                                self.unsupported.push(format!(
-                                    "allOf constraining property {name:?} twice (at {path})"
-                                ));
-                            }
+                            // A property constrained twice must satisfy both schemas.
+                            let s = match props.remove(&name) {
+                                Some(prev) if prev != s => {
+                                    let mut both = Map::new();
+                                    both.insert("allOf".into(), Value::Array(vec![prev, s]));
+                                    Value::Object(both)
+                                }
+                                _ => s,
+                            };
                             props.insert(name, s);
+                        }
+                    }
+                    ("type", Some(prev)) => {
+                        // Both types hold: the kinds in both lists (integer within number).
+                        let kinds = |t: &Value| -> Vec<String> {
+                            match t {
+                                Value::String(k) => vec![k.clone()],
+                                Value::Array(ks) => ks
+                                    .iter()
+                                    .filter_map(|k| k.as_str().map(str::to_owned))
+                                    .collect(),
+                                _ => Vec::new(),
+                            }
+                        };
+                        let (a, b) = (kinds(prev), kinds(&v));
+                        let has = |ks: &[String], k: &str| {
+                            ks.iter()
+                                .any(|x| x == k || (k == "integer" && x == "number"))
+                        };
+                        let both: Vec<Value> = [
+                            "object", "array", "string", "number", "integer", "boolean", "null",
+                        ]
+                        .iter()
+                        .filter(|k| {
+                            has(&a, k)
+                                && has(&b, k)
+                                && !(**k == "number"
+                                    && (!a.iter().any(|x| x == "number")
+                                        || !b.iter().any(|x| x == "number")))
+                        })
+                        .map(|k| Value::String((*k).to_owned()))
+                        .collect();
+                        if both.is_empty() {
+                            self.unsupported
+                                .push(format!("allOf with disjoint types (at {path})"));
+                        } else {
+                            *prev = Value::Array(both);
                         }
                     }
                     ("required", Some(Value::Array(req))) => {
@@ -397,7 +559,7 @@ impl Compiler<'_> {
                             ));
                         }
                     }
-                    (_, Some(prev)) if *prev == v || ANNOTATIONS.contains(&k.as_str()) => {}
+                    (_, Some(prev)) if *prev == v || ignored(&k) => {}
                     (key, Some(_)) => {
                         self.unsupported
                             .push(format!("allOf merging two {key:?} (at {path})"));
@@ -448,6 +610,11 @@ impl Compiler<'_> {
                     .collect();
                 format!("\\{{{ws}{}{ws}\\}}", inner.join(&sep(item)))
             }
+            // Numbers compare by value: an integral one may be written with a zero fraction.
+            Value::Number(n) => match n.as_f64().filter(|x| x.fract() == 0.0 && x.abs() < 9e15) {
+                Some(x) => format!("{}(?:\\.0+)?", regex_escape(&format!("{}", x as i64))),
+                None => regex_escape(&v.to_string()),
+            },
             _ => regex_escape(&v.to_string()),
         }
     }
@@ -461,10 +628,13 @@ impl Compiler<'_> {
             None => None,
             Some(f) => match format_regex(f) {
                 Some(r) => Some(r.to_owned()),
-                None => {
+                // A format the spec defines but this compiler lacks is refused; others are
+                // annotations no validator checks.
+                None if SPEC_FORMATS.contains(&f) => {
                     self.unsupported.push(format!("format {f:?} (at {path})"));
                     None
                 }
+                None => None,
             },
         };
         let len = match max {
@@ -472,6 +642,9 @@ impl Compiler<'_> {
             None => format!("{{{min},}}"),
         };
         let has_len = min > 0 || max.is_some();
+        if let (None, None, Some(max)) = (pattern, &body, max.filter(|&m| m > CHUNK)) {
+            return self.long_string(min, max);
+        }
         if pattern.is_none() && !(body.is_some() && has_len) {
             let content = body.unwrap_or_else(|| format!("{STRING_CHAR}{len}"));
             return self.b.lexeme(&format!("\"(?:{content})\""));
@@ -484,6 +657,7 @@ impl Compiler<'_> {
         let content = self.b.lexeme_dfa(&key, || {
             let mut dfa = TableDfa::compile(&plain, limits)?;
             if let Some(p) = pattern {
+                let p = ecma_classes(p);
                 let p = TableDfa::compile(&format!("(?s:.)*(?:{p})(?s:.)*"), limits)?;
                 dfa = dfa.intersect(&p, limits)?;
             }
@@ -495,6 +669,38 @@ impl Compiler<'_> {
         let quote = self.b.lexeme("\"")?;
         let nt = self.b.fresh("string");
         self.b.rule(nt, vec![quote, content, quote])?;
+        Ok(Sym::Nt(nt))
+    }
+
+    /// A string of `min..=max` characters, `max` large: a DFA counting to `max` would be
+    /// `max` times the size of one character's, so the count is split over a sequence of
+    /// lexemes of at most [`CHUNK`] characters each (the same language; the split points
+    /// are ambiguous, which the Earley parser absorbs).
+    fn long_string(&mut self, min: u64, max: u64) -> Result<Sym, GrammarError> {
+        if min > max {
+            return Err(GrammarError::Grammar(format!(
+                "minLength {min} exceeds maxLength {max}"
+            )));
+        }
+        let n = max.div_ceil(CHUNK);
+        if n as usize > self.b.limits().max_symbols {
+            return Err(GrammarError::TooLarge(format!(
+                "a string of up to {max} characters exceeds max_symbols"
+            )));
+        }
+        let quote = self.b.lexeme("\"")?;
+        let mut rhs = vec![quote];
+        let (mut need, mut left) = (min, max);
+        for _ in 0..n {
+            let hi = left.min(CHUNK);
+            let lo = need.min(hi);
+            rhs.push(self.b.lexeme(&format!("{STRING_CHAR}{{{lo},{hi}}}"))?);
+            need -= lo;
+            left -= hi;
+        }
+        rhs.push(quote);
+        let nt = self.b.fresh("string");
+        self.b.rule(nt, rhs)?;
         Ok(Sym::Nt(nt))
     }
 
@@ -552,6 +758,42 @@ impl Compiler<'_> {
         self.b.lexeme(&int_range_regex(lo, hi))
     }
 
+    /// A number within `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum`: bounded
+    /// numbers are written without an exponent and never as `-0` (a subset of their texts),
+    /// so each bound is a digit-wise comparison; two bounds are intersected as DFAs.
+    fn number(&mut self, obj: &Map<String, Value>, path: &str) -> Result<Sym, GrammarError> {
+        let mut parts = Vec::new();
+        for (key, is_lo, strict) in [
+            ("minimum", true, false),
+            ("exclusiveMinimum", true, true),
+            ("maximum", false, false),
+            ("exclusiveMaximum", false, true),
+        ] {
+            let Some(v) = obj.get(key) else { continue };
+            let Some(x) = v.as_f64().filter(|x| x.is_finite()) else {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: {key} must be a number"
+                )));
+            };
+            let bound = Decimal::parse(v, x).ok_or_else(|| {
+                GrammarError::Unsupported(format!("{key} {v} (at {path}): beyond +-9.2e18"))
+            })?;
+            parts.push(bound.regex(is_lo, strict));
+        }
+        if parts.is_empty() {
+            return self.b.lexeme(NUMBER);
+        }
+        let limits = self.b.limits().lexeme;
+        let key = format!("number {}", parts.join(" & "));
+        self.b.lexeme_dfa(&key, || {
+            let mut dfa = TableDfa::compile(&parts[0], limits)?;
+            for p in &parts[1..] {
+                dfa = dfa.intersect(&TableDfa::compile(p, limits)?, limits)?;
+            }
+            Ok(dfa)
+        })
+    }
+
     fn count(
         &mut self,
         obj: &Map<String, Value>,
@@ -573,7 +815,7 @@ impl Compiler<'_> {
         depth: usize,
     ) -> Result<Sym, GrammarError> {
         let empty = Map::new();
-        let props = match obj.get("properties") {
+        let mut props = match obj.get("properties") {
             None => &empty,
             Some(Value::Object(p)) => p,
             Some(_) => {
@@ -587,12 +829,26 @@ impl Compiler<'_> {
             .and_then(Value::as_array)
             .map(|r| r.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
-        for r in &required {
-            if !props.contains_key(*r) {
-                self.unsupported.push(format!(
-                    "required property {r:?} without a schema in properties (at {path})"
-                ));
+        // A required property without a schema of its own: any value, after the declared ones
+        // (unless additionalProperties forbids it: then no object is valid).
+        let mut with_required;
+        let forbids_more = obj.get("additionalProperties") == Some(&Value::Bool(false))
+            || (self.opts.strict && !obj.contains_key("additionalProperties"));
+        if required.iter().any(|r| !props.contains_key(*r)) {
+            with_required = props.clone();
+            for r in &required {
+                if !with_required.contains_key(*r) {
+                    let s = match forbids_more {
+                        true => Value::Bool(false),
+                        false => obj
+                            .get("additionalProperties")
+                            .cloned()
+                            .unwrap_or(Value::Bool(true)),
+                    };
+                    with_required.insert((*r).to_owned(), s);
+                }
             }
+            props = &with_required;
         }
         let additional = match obj.get("additionalProperties") {
             None if self.opts.strict => None,
@@ -605,42 +861,139 @@ impl Compiler<'_> {
         let sep = self.item_sep()?;
         let key_sep = self.opts.key_separator.clone();
         let key_sep = self.punct(&key_sep)?;
-        // Tails after the declared properties: more properties under additionalProperties.
-        let (end_first, end_rest) = match additional {
-            None => {
-                let e = self.b.fresh("end");
-                self.b.rule(e, vec![])?;
-                (e, e)
+        let patterns: Vec<(String, Value)> = match obj.get("patternProperties") {
+            None => Vec::new(),
+            Some(Value::Object(p)) => p.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            Some(_) => {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: patternProperties must be an object"
+                )))
             }
-            Some(schema) => {
-                // Any key but the declared ones (JSON keys are unique).
-                let key = if props.is_empty() {
-                    self.b.lexeme(STRING)?
+        };
+        // Tails after the declared properties: more properties, each key in one class with
+        // its value schema. Keys are never the declared names (JSON keys are unique). With
+        // patternProperties, a key matching pattern i (and no other) takes schema i, a key
+        // matching none takes additionalProperties; keys matching two patterns, or written
+        // with escapes, are not generated (a subset of the valid objects).
+        let declared: Vec<String> = props
+            .keys()
+            .map(|k| regex_escape(&Value::String(k.clone()).to_string()))
+            .collect();
+        let limits = self.b.limits().lexeme;
+        let plain_key = r#""[^"\\\x00-\x1F]*""#;
+        let mut bad_pattern = false;
+        for (p, _) in &patterns {
+            if embed_pattern(p).is_none() {
+                bad_pattern = true;
+                self.unsupported.push(format!(
+                    "patternProperties {p:?} with ^ or $ inside (at {path})"
+                ));
+            }
+        }
+        if bad_pattern {
+            return self.b.lexeme(STRING); // a placeholder: compile ends in the error
+        }
+        let pattern_key = |p: &str| {
+            let (pre, body, post) = embed_pattern(p).expect("checked above");
+            format!(r#""{pre}(?:{}){post}""#, ecma_classes(body))
+        };
+        // A declared property matching a pattern must satisfy both schemas: not merged yet.
+        for (p, _) in &patterns {
+            let dfa = TableDfa::compile(&pattern_key(p), limits)?;
+            for name in props.keys() {
+                let text = Value::String(name.clone()).to_string();
+                if dfa.is_accepting(dfa.run(dfa.start(), text.as_bytes())) {
+                    self.unsupported.push(format!(
+                        "property {name:?} also matching patternProperties {p:?} (at {path})"
+                    ));
+                }
+            }
+        }
+        let mut classes: Vec<(Sym, Sym)> = Vec::new();
+        for (i, (p, schema)) in patterns.iter().enumerate() {
+            let others: Vec<String> = patterns
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, (q, _))| pattern_key(q))
+                .collect();
+            let key_desc = format!("key {p:?} but {declared:?} {others:?}");
+            let key = self.b.lexeme_dfa(&key_desc, || {
+                let mut d = TableDfa::compile(plain_key, limits)?
+                    .intersect(&TableDfa::compile(&pattern_key(p), limits)?, limits)?;
+                for o in others
+                    .iter()
+                    .chain(&[declared.join("|")])
+                    .filter(|x| !x.is_empty())
+                {
+                    d = d.difference(&TableDfa::compile(o, limits)?, limits)?;
+                }
+                Ok(d)
+            })?;
+            let value = self.schema(schema, &format!("{path}/patternProperties/{p}"), depth + 1)?;
+            classes.push((key, value));
+        }
+        if let Some(schema) = additional {
+            let key = if props.is_empty() && patterns.is_empty() {
+                self.b.lexeme(STRING)?
+            } else {
+                let excluded: Vec<String> = patterns
+                    .iter()
+                    .map(|(q, _)| pattern_key(q))
+                    .chain((!declared.is_empty()).then(|| declared.join("|")))
+                    .collect();
+                let base = if patterns.is_empty() {
+                    STRING
                 } else {
-                    let names: Vec<String> = props
-                        .keys()
-                        .map(|k| regex_escape(&Value::String(k.clone()).to_string()))
-                        .collect();
-                    let limits = self.b.limits().lexeme;
-                    let declared = names.join("|");
-                    self.b.lexeme_dfa(&format!("string but {declared}"), || {
-                        TableDfa::compile(STRING, limits)?
-                            .difference(&TableDfa::compile(&declared, limits)?, limits)
-                    })?
+                    plain_key
                 };
-                let value =
-                    self.schema(&schema, &format!("{path}/additionalProperties"), depth + 1)?;
-                // rest ::= rest sep key : value | ε ; first ::= key : value rest | ε
-                let rest = self.b.fresh("more");
+                self.b.lexeme_dfa(&format!("{base} but {excluded:?}"), || {
+                    let mut d = TableDfa::compile(base, limits)?;
+                    for o in &excluded {
+                        d = d.difference(&TableDfa::compile(o, limits)?, limits)?;
+                    }
+                    Ok(d)
+                })?
+            };
+            let value = self.schema(&schema, &format!("{path}/additionalProperties"), depth + 1)?;
+            classes.push((key, value));
+        }
+        // minProperties 1 (the common case): a second chain, `nonempty_i`, as `first_i` without
+        // the empty ending. Other counts are not compiled yet.
+        let min_props = self.count(obj, "minProperties", path)?.unwrap_or(0);
+        if min_props > 1 {
+            self.unsupported
+                .push(format!("minProperties above 1 (at {path})"));
+        }
+        let mut nonempty: Option<u32> = None;
+        if min_props == 1 && !classes.is_empty() {
+            let ne = self.b.fresh("more");
+            nonempty = Some(ne);
+            // Filled below, once `rest` of the additional properties exists.
+        }
+        let (end_first, end_rest) = if classes.is_empty() {
+            let e = self.b.fresh("end");
+            self.b.rule(e, vec![])?;
+            (e, e)
+        } else {
+            // rest ::= rest sep key_c : value_c (each class c) | ε
+            // first ::= key_c : value_c rest (each class c) | ε
+            let rest = self.b.fresh("more");
+            let first = self.b.fresh("more");
+            for &(key, value) in &classes {
                 self.b
                     .rule(rest, vec![Sym::Nt(rest), sep, key, key_sep, value])?;
-                self.b.rule(rest, vec![])?;
-                let first = self.b.fresh("more");
                 self.b
                     .rule(first, vec![key, key_sep, value, Sym::Nt(rest)])?;
-                self.b.rule(first, vec![])?;
-                (first, rest)
             }
+            self.b.rule(rest, vec![])?;
+            self.b.rule(first, vec![])?;
+            if let Some(ne) = nonempty {
+                for &(key, value) in &classes {
+                    self.b.rule(ne, vec![key, key_sep, value, Sym::Nt(rest)])?;
+                }
+            }
+            (first, rest)
         };
         // From the last property back: first_i (nothing emitted yet) and rest_i (something
         // was: a separator comes first).
@@ -653,14 +1006,31 @@ impl Compiler<'_> {
             self.b.rule(f, vec![key, key_sep, value, Sym::Nt(rest)])?;
             self.b
                 .rule(r, vec![sep, key, key_sep, value, Sym::Nt(rest)])?;
+            if min_props == 1 {
+                let ne = self.b.fresh("props");
+                self.b.rule(ne, vec![key, key_sep, value, Sym::Nt(rest)])?;
+                if let (Some(next), false) = (nonempty, required.contains(&name.as_str())) {
+                    self.b.rule(ne, vec![Sym::Nt(next)])?;
+                }
+                nonempty = Some(ne);
+            }
             if !required.contains(&name.as_str()) {
                 self.b.rule(f, vec![Sym::Nt(first)])?;
                 self.b.rule(r, vec![Sym::Nt(rest)])?;
             }
             (first, rest) = (f, r);
         }
+        let body = match (min_props, nonempty) {
+            (0, _) => first,
+            (_, Some(ne)) => ne,
+            (_, None) => {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: minProperties {min_props} but no property is allowed"
+                )))
+            }
+        };
         let nt = self.b.fresh("object");
-        self.b.rule(nt, vec![open, Sym::Nt(first), close])?;
+        self.b.rule(nt, vec![open, Sym::Nt(body), close])?;
         Ok(Sym::Nt(nt))
     }
 
@@ -673,20 +1043,26 @@ impl Compiler<'_> {
         let min = self.count(obj, "minItems", path)?.unwrap_or(0) as usize;
         let max = self.count(obj, "maxItems", path)?.map(|m| m as usize);
         let mut prefix = Vec::new();
-        if let Some(p) = obj.get("prefixItems") {
+        // Drafts 4 to 2019-09: `items` as an array is 2020-12's prefixItems, and
+        // `additionalItems` its `items`.
+        let (prefix_key, items_key) = match obj.get("items") {
+            Some(Value::Array(_)) => ("items", "additionalItems"),
+            _ => ("prefixItems", "items"),
+        };
+        if let Some(p) = obj.get(prefix_key) {
             let Some(p) = p.as_array() else {
                 return Err(GrammarError::Grammar(format!(
-                    "{path}: prefixItems must be an array"
+                    "{path}: {prefix_key} must be an array"
                 )));
             };
             for (i, s) in p.iter().enumerate() {
-                prefix.push(self.schema(s, &format!("{path}/prefixItems/{i}"), depth + 1)?);
+                prefix.push(self.schema(s, &format!("{path}/{prefix_key}/{i}"), depth + 1)?);
             }
         }
-        let items = match obj.get("items") {
+        let items = match obj.get(items_key) {
             None | Some(Value::Bool(true)) => Some(self.any_value()?),
             Some(Value::Bool(false)) => None,
-            Some(s) => Some(self.schema(s, &format!("{path}/items"), depth + 1)?),
+            Some(s) => Some(self.schema(s, &format!("{path}/{items_key}"), depth + 1)?),
         };
         let open = self.punct("[")?;
         let close = self.punct("]")?;
@@ -782,47 +1158,326 @@ impl Compiler<'_> {
     }
 }
 
-const OBJECT_KEYS: &[&str] = &["properties", "required", "additionalProperties"];
-const ARRAY_KEYS: &[&str] = &["items", "prefixItems", "minItems", "maxItems"];
-const STRING_KEYS: &[&str] = &["pattern", "minLength", "maxLength", "format"];
-const NUMBER_KEYS: &[&str] = &["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
-const KNOWN: &[&str] = &[
-    "type",
+const OBJECT_KEYS: &[&str] = &[
+    "minProperties",
     "properties",
     "required",
     "additionalProperties",
+    "patternProperties",
+];
+const ARRAY_KEYS: &[&str] = &[
     "items",
     "prefixItems",
+    "additionalItems",
     "minItems",
     "maxItems",
-    "enum",
-    "const",
-    "anyOf",
-    "oneOf",
-    "allOf",
-    "$ref",
-    "pattern",
-    "format",
-    "minLength",
-    "maxLength",
-    "minimum",
-    "maximum",
-    "exclusiveMinimum",
-    "exclusiveMaximum",
+];
+/// Keywords compiled (beside the kind-specific ones).
+const GENERAL_KEYS: &[&str] = &[
+    "type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "not",
+];
+
+/// Is `k` ignored: an annotation, or outside the JSON Schema vocabularies?
+fn ignored(k: &str) -> bool {
+    ANNOTATIONS.contains(&k)
+        || ![
+            GENERAL_KEYS,
+            OBJECT_KEYS,
+            ARRAY_KEYS,
+            STRING_KEYS,
+            NUMBER_KEYS,
+            NOT_YET,
+        ]
+        .iter()
+        .any(|keys| keys.contains(&k))
+}
+const STRING_KEYS: &[&str] = &["pattern", "minLength", "maxLength", "format"];
+const NUMBER_KEYS: &[&str] = &["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
+
+/// ECMA-262 reads `\d` and `\w` as ASCII (the regex engine here as Unicode): spell them out.
+/// (`\D`, `\W` outside classes too; inside a class they are left alone.)
+fn ecma_classes(p: &str) -> String {
+    let mut out = String::new();
+    let (mut chars, mut class) = (p.chars(), false);
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match (chars.next(), class) {
+                (Some('d'), false) => out.push_str("[0-9]"),
+                (Some('d'), true) => out.push_str("0-9"),
+                (Some('w'), false) => out.push_str("[0-9A-Za-z_]"),
+                (Some('w'), true) => out.push_str("0-9A-Za-z_"),
+                (Some('D'), false) => out.push_str("[^0-9]"),
+                (Some('W'), false) => out.push_str("[^0-9A-Za-z_]"),
+                (Some(e), _) => {
+                    out.push('\\');
+                    out.push(e);
+                }
+                (None, _) => out.push('\\'),
+            },
+            '[' if !class => {
+                class = true;
+                out.push(c);
+            }
+            ']' if class => {
+                class = false;
+                out.push(c);
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// An unanchored JSON Schema pattern as (prefix, body, suffix) to embed inside a larger
+/// regex: `^`/`$` at the ends become the absence of the `.*` padding; `None` if an anchor
+/// sits anywhere else.
+fn embed_pattern(p: &str) -> Option<(&'static str, &str, &'static str)> {
+    let (pre, body) = match p.strip_prefix('^') {
+        Some(b) => ("", b),
+        None => ("(?s:.)*", p),
+    };
+    let trailing_backslashes = |s: &str| s.chars().rev().take_while(|&c| c == '\\').count();
+    let (body, post) = match body.strip_suffix('$') {
+        Some(b) if trailing_backslashes(b) % 2 == 0 => (b, ""),
+        _ => (body, "(?s:.)*"),
+    };
+    let (mut escaped, mut class, mut prev) = (false, false, ' ');
+    for c in body.chars() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '[' if !class => class = true,
+            ']' if class => class = false,
+            '^' if class && prev == '[' => {}
+            '^' | '$' if !class => return None,
+            _ => {}
+        }
+        prev = c;
+    }
+    Some((pre, body, post))
+}
+
+/// Longest run of characters one string lexeme counts (see `long_string`).
+const CHUNK: u64 = 256;
+
+/// Assertions and applicators of drafts 4 to 2020-12 not compiled (yet).
+const NOT_YET: &[&str] = &[
+    "if",
+    "then",
+    "else",
+    "dependentSchemas",
+    "dependentRequired",
+    "dependencies",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "uniqueItems",
+    "maxProperties",
+    "multipleOf",
+    "divisibleBy",
+    "$dynamicRef",
+    "$recursiveRef",
+    "extends",
+    "disallow",
+];
+
+/// Formats the spec defines (2020-12) beside the supported ones.
+const SPEC_FORMATS: &[&str] = &[
+    "duration",
+    "idn-email",
+    "hostname",
+    "idn-hostname",
+    "uri-reference",
+    "iri",
+    "iri-reference",
+    "uri-template",
+    "json-pointer",
+    "relative-json-pointer",
+    "regex",
 ];
 
 /// Regexes (over unescaped characters) of the supported string formats.
 fn format_regex(f: &str) -> Option<&'static str> {
     Some(match f {
-        "date" => r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])",
+        // Days per month; February 29 in leap years only (Gregorian rules).
+        "date" => concat!(
+            r"(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])",
+            r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))",
+            r"|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)"
+        ),
         "time" => {
             r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
         }
         "date-time" => {
-            r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+            concat!(
+                r"(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])",
+                r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))",
+                r"|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)",
+                r"T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?",
+                r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+            )
         }
         "uuid" => r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
         "email" => r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+",
+        "ipv4" => {
+            r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+        }
+        // RFC 4291 text forms: eight groups, or fewer around one `::` (no embedded IPv4).
+        "ipv6" => concat!(
+            r"(?:(?:[0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}",
+            r"|(?:[0-9a-fA-F]{1,4}:){1,7}:",
+            r"|(?:[0-9a-fA-F]{1,4}:){1,6}:[0-9a-fA-F]{1,4}",
+            r"|(?:[0-9a-fA-F]{1,4}:){1,5}(?::[0-9a-fA-F]{1,4}){1,2}",
+            r"|(?:[0-9a-fA-F]{1,4}:){1,4}(?::[0-9a-fA-F]{1,4}){1,3}",
+            r"|(?:[0-9a-fA-F]{1,4}:){1,3}(?::[0-9a-fA-F]{1,4}){1,4}",
+            r"|(?:[0-9a-fA-F]{1,4}:){1,2}(?::[0-9a-fA-F]{1,4}){1,5}",
+            r"|[0-9a-fA-F]{1,4}:(?::[0-9a-fA-F]{1,4}){1,6}",
+            r"|:(?:(?::[0-9a-fA-F]{1,4}){1,7}|:))"
+        ),
+        // RFC 3986 absolute URI: scheme, then unreserved, reserved or percent-encoded.
+        "uri" => {
+            r"[A-Za-z][A-Za-z0-9+.-]*:(?:[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=-]|%[0-9A-Fa-f]{2})*"
+        }
         _ => return None,
     })
+}
+
+/// A decimal bound `-?int.frac` (frac without trailing zeros), exact for JSON's literals.
+struct Decimal {
+    neg: bool,
+    int: i64,
+    frac: Vec<u8>,
+}
+
+/// Unsigned decimal magnitudes, no exponent.
+const MAG: &str = r"(?:0|[1-9][0-9]*)(?:\.[0-9]+)?";
+const FRAC_ANY: &str = r"(?:\.[0-9]+)?";
+
+impl Decimal {
+    fn parse(v: &Value, x: f64) -> Option<Decimal> {
+        if x.abs() >= 9.2e18 {
+            return None;
+        }
+        // Integers exactly as written; floats through `Display`, which never uses an exponent.
+        let text = match (v.as_i64(), v.as_u64()) {
+            (Some(i), _) => i.to_string(),
+            (_, Some(u)) => u.to_string(),
+            _ => format!("{x}"),
+        };
+        let (neg, text) = match text.strip_prefix('-') {
+            Some(t) => (true, t),
+            None => (false, text.as_str()),
+        };
+        let (int, frac) = text.split_once('.').unwrap_or((text, ""));
+        let frac = frac.trim_end_matches('0').as_bytes().to_vec();
+        let int: i64 = int.parse().ok()?;
+        let neg = neg && (int != 0 || !frac.is_empty());
+        Some(Decimal { neg, int, frac })
+    }
+
+    /// The signed number texts above (`is_lo`) or below this bound.
+    fn regex(&self, is_lo: bool, strict: bool) -> String {
+        let negative = format!("-{}", self.mag_gt_zero());
+        match (is_lo, self.neg) {
+            (true, false) => self.mag_ge(strict),
+            (true, true) => alts(vec![MAG.to_owned(), format!("-{}", self.mag_le(strict))]),
+            (false, false) => alts(vec![negative, self.mag_le(strict)]),
+            (false, true) => format!("-{}", self.mag_ge(strict)),
+        }
+    }
+
+    fn mag_gt_zero(&self) -> String {
+        Decimal {
+            neg: false,
+            int: 0,
+            frac: Vec::new(),
+        }
+        .mag_ge(true)
+    }
+
+    /// Magnitudes >= (or >, `strict`) this one's absolute value.
+    fn mag_ge(&self, strict: bool) -> String {
+        let mut out = vec![format!(
+            "{}{FRAC_ANY}",
+            int_range_regex(Some(self.int + 1), None)
+        )];
+        let mut f = Vec::new();
+        for (i, &d) in self.frac.iter().enumerate() {
+            if d < b'9' {
+                f.push(format!(
+                    "{}[{}-9][0-9]*",
+                    digits(&self.frac[..i]),
+                    (d + 1) as char
+                ));
+            }
+        }
+        let exact = digits(&self.frac);
+        if strict {
+            f.push(format!("{exact}[0-9]*[1-9][0-9]*"));
+        } else if self.frac.is_empty() {
+            f.push("[0-9]+".into());
+        } else {
+            f.push(format!("{exact}[0-9]*"));
+        }
+        let mut tail = format!("\\.{}", alts(f));
+        if !strict && self.frac.is_empty() {
+            tail = format!("(?:{tail})?");
+        }
+        out.push(format!("{}{tail}", self.int));
+        alts(out)
+    }
+
+    /// Magnitudes <= (or <, `strict`) this one's absolute value.
+    fn mag_le(&self, strict: bool) -> String {
+        let mut out = Vec::new();
+        if self.int > 0 {
+            out.push(format!(
+                "{}{FRAC_ANY}",
+                int_range_regex(Some(0), Some(self.int - 1))
+            ));
+        }
+        // Fractions below `frac` (none at all is zero).
+        let mut f = Vec::new();
+        for (i, &d) in self.frac.iter().enumerate() {
+            let prefix = digits(&self.frac[..i]);
+            if d > b'0' {
+                f.push(format!("{prefix}[0-{}][0-9]*", (d - 1) as char));
+            }
+            if i > 0 {
+                f.push(prefix);
+            }
+        }
+        if !strict {
+            f.push(match self.frac.is_empty() {
+                true => "0+".into(),
+                false => format!("{}0*", digits(&self.frac)),
+            });
+        }
+        let below_zero_frac = strict && self.frac.is_empty();
+        if !below_zero_frac {
+            f.retain(|x| !x.is_empty());
+            let tail = if f.is_empty() {
+                String::new()
+            } else {
+                format!("(?:\\.{})?", alts(f))
+            };
+            out.push(format!("{}{tail}", self.int));
+        }
+        if out.is_empty() {
+            // Nothing below zero in magnitude.
+            return "[^\\x{0}-\\x{10FFFF}]".into();
+        }
+        alts(out)
+    }
+}
+
+fn digits(d: &[u8]) -> String {
+    String::from_utf8_lossy(d).into_owned()
+}
+
+fn alts(v: Vec<String>) -> String {
+    format!("(?:{})", v.join("|"))
 }

@@ -27,6 +27,7 @@ mod earley;
 pub mod gbnf;
 mod int_range;
 pub mod json_schema;
+pub mod lark;
 mod lexer;
 mod mask;
 
@@ -93,6 +94,15 @@ impl CompiledGrammar {
         Ok(CompiledGrammar::new(vocab, gbnf::parse(text, limits)?))
     }
 
+    /// Parse a Lark grammar (the subset [`lark`] documents; start rule `start`) and compile it.
+    pub fn from_lark(
+        vocab: Arc<Vocabulary>,
+        text: &str,
+        limits: GrammarLimits,
+    ) -> Result<Self, GrammarError> {
+        Ok(CompiledGrammar::new(vocab, lark::parse(text, limits)?))
+    }
+
     /// Compile a JSON Schema document to the grammar of the JSON texts it accepts.
     pub fn from_json_schema(
         vocab: Arc<Vocabulary>,
@@ -146,6 +156,19 @@ impl CompiledGrammar {
         self.lock().chart.num_states()
     }
 
+    /// Err once a step needed more parser states than `max_states` allows (that step went
+    /// to the dead state, so its result must not be trusted).
+    pub fn check_limits(&self) -> Result<(), GrammarError> {
+        if self.lock().chart.overflowed() {
+            return Err(GrammarError::TooLarge(format!(
+                "the grammar needed more than {} parser states (max_states): the text is too \
+                 long or the grammar too ambiguous for one compiled grammar",
+                self.grammar.limits.max_states
+            )));
+        }
+        Ok(())
+    }
+
     pub fn cache_bytes(&self) -> usize {
         self.lock().masks.used_bytes()
     }
@@ -164,6 +187,7 @@ impl CompiledGrammar {
 
     /// Does `text` belong to the grammar's language?
     pub fn matches(&self, text: &[u8]) -> bool {
+        // (Callers that must tell "no" from "out of states" call check_limits after.)
         self.is_accepting(self.run_from_start(text))
     }
 }
