@@ -61,17 +61,9 @@ class CfgGrammar:
         max_depth: int | None = None,
     ) -> CfgGrammar:
         """Compile GBNF (llama.cpp's grammar format; the start rule is ``root``)."""
-        if not isinstance(vocab, Vocabulary):
-            raise SpecdecTypeError(f"vocab must be a Vocabulary, got {type(vocab).__name__}")
-        if not isinstance(text, str):
-            raise SpecdecTypeError(f"GBNF text must be a str, got {type(text).__name__}")
-        core = _core.CfgGrammar.from_gbnf(
-            vocab._v,
-            text,
-            _opt_int(cache_bytes, "cache_bytes", 0),
-            _opt_int(max_depth, "max_depth", 1),
+        return cls._from_text(
+            vocab, text, "GBNF", _core.CfgGrammar.from_gbnf, cache_bytes, max_depth
         )
-        return cls(vocab, core, text)
 
     @classmethod
     def from_lark(
@@ -88,11 +80,26 @@ class CfgGrammar:
         ``"a".."z"``, ``( )``, ``[ ]``, ``? * +``, ``~ n``, ``~ n..m``, ``%ignore``,
         ``%import common.NAME``. Every tokenization the rules allow is accepted (no
         contextual lexer). Anything else raises :class:`GrammarError` naming it."""
+        return cls._from_text(
+            vocab, text, "Lark", _core.CfgGrammar.from_lark, cache_bytes, max_depth
+        )
+
+    @classmethod
+    def _from_text(
+        cls,
+        vocab: Vocabulary,
+        text: str,
+        kind: str,
+        compile_text: Any,
+        cache_bytes: int | None,
+        max_depth: int | None,
+    ) -> CfgGrammar:
+        """The checks and compile call shared by the grammar-text formats."""
         if not isinstance(vocab, Vocabulary):
             raise SpecdecTypeError(f"vocab must be a Vocabulary, got {type(vocab).__name__}")
         if not isinstance(text, str):
-            raise SpecdecTypeError(f"Lark text must be a str, got {type(text).__name__}")
-        core = _core.CfgGrammar.from_lark(
+            raise SpecdecTypeError(f"{kind} text must be a str, got {type(text).__name__}")
+        core = compile_text(
             vocab._v,
             text,
             _opt_int(cache_bytes, "cache_bytes", 0),
