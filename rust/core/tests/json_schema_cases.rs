@@ -386,3 +386,155 @@ fn parser_state_cap_is_a_clear_error() {
     assert!(e.contains("more than 64 parser states (max_states)"), "{e}");
     assert!(g.num_states() <= 64);
 }
+
+// ---------------------------------------------------------------------------------------
+// Wide vocabularies: the mask paths that settle whole subtrees (string bodies), count string
+// lengths in the lexeme state, and build masks as lists, bitmaps or complements need
+// vocabularies of hundreds of tokens mixing text, quotes, escapes, control bytes, multi-byte
+// characters (some excluded by `\s`), cut and invalid UTF-8.
+
+#[rustfmt::skip]
+const PIECES: &[&[u8]] = &[
+    b"a", b"b", b"x", b"u", b"n", b"1", b"9", b":", b" ", b"\n", b"\t", b"\x01", b"\"", b"\\",
+    b"{", b"}", b"[", b"]", b",", b"\xc3\xa9", b"\xe4\xb8\xad", b"\xf0\x9f\x98\x80",
+    b"\xc2\xa0", b"\xe2\x80\xa8", b"\xc3", b"\xe4\xb8", b"\x80", b"\xff", b"ab", b"abc",
+];
+
+fn wide_tokens() -> impl Strategy<Value = Vec<Vec<u8>>> {
+    let token =
+        prop::collection::vec(prop::sample::select(PIECES), 1..5).prop_map(|ps| ps.concat());
+    prop::collection::vec(token, 300..1200)
+}
+
+fn wide_schemas() -> Vec<Value> {
+    vec![
+        json!({"type": "string", "minLength": 2, "maxLength": 5}),
+        json!({"type": "string", "maxLength": 1000}),
+        json!({"type": "string", "minLength": 12}),
+        json!({"type": "array", "items": {"type": "string", "minLength": 3, "maxLength": 40}}),
+        json!({"type": "string", "pattern": "^[^:\\s]+:[^:\\s]+$"}),
+        json!({"type": "object", "properties": {"ab": {"type": "string"}, "abc": {"type": "integer"}}}),
+        json!({"type": "string"}),
+        // A multi-byte character that leads out of the body state, alive.
+        json!({"type": "string", "pattern": "^[^\u{e9}:]*(?:\u{e9}[^\u{e9}:]*)?$"}),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(testing::cases(24)))]
+
+    #[test]
+    fn wide_vocab_masks_equal_brute_force(
+        which in 0..8usize,
+        tokens in wide_tokens(),
+        picks in prop::collection::vec(any::<prop::sample::Index>(), 0..16),
+    ) {
+        let n = tokens.len();
+        let mut t: Vec<Option<Vec<u8>>> = tokens.into_iter().map(Some).collect();
+        t.push(None);
+        let v = Arc::new(Vocabulary::new(t, &[n as i64], None).unwrap());
+        let schema = &wide_schemas()[which];
+        let g = Arc::new(CompiledGrammar::from_json_schema(v.clone(), schema, &JsonOptions::default(), GrammarLimits::default()).unwrap());
+        let mut m = Matcher::new(g.clone());
+        for pick in picks {
+            let mut mask = vec![0u32; v.words()];
+            m.fill_bitmask(&mut mask).unwrap();
+            let mut brute = vec![0u32; v.words()];
+            g.brute_force_mask(m.state(), &mut brute);
+            prop_assert_eq!(&mask, &brute);
+            let ids: Vec<usize> = (0..v.vocab_size()).filter(|&t| mask[t / 32] >> (t % 32) & 1 == 1).collect();
+            if ids.is_empty() || m.is_terminated() {
+                break;
+            }
+            prop_assert!(m.accept_token(ids[pick.index(ids.len())] as i64).unwrap());
+        }
+    }
+
+    /// A length-bounded string (its count kept in the lexeme state) accepts exactly what the
+    /// unrolled regex `"(?:char){min,max}"`, compiled by regex-automata, accepts.
+    #[test]
+    fn counted_strings_match_the_unrolled_regex(
+        min in 0u64..4,
+        span in prop::option::of(0u64..6),
+        texts in prop::collection::vec(prop::collection::vec(prop::sample::select(PIECES), 0..8), 1..20),
+    ) {
+        let max = span.map(|s| min + s);
+        let mut schema = json!({"type": "string", "minLength": min});
+        if let Some(m) = max {
+            schema["maxLength"] = json!(m);
+        }
+        let g = compile(schema);
+        let char_re = r#"(?:[^"\\\x00-\x1F]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))"#;
+        let bounds = match max {
+            Some(m) => format!("{{{min},{m}}}"),
+            None => format!("{{{min},}}"),
+        };
+        let re = regex_automata::meta::Regex::new(&format!("^\"{char_re}{bounds}\"$")).unwrap();
+        for pieces in texts {
+            // Inside quotes, and as written (the quotes among the pieces).
+            let body = pieces.concat();
+            for text in [[&b"\""[..], &body, b"\""].concat(), body] {
+                prop_assert_eq!(g.matches(&text), re.is_match(&text[..]), "{:?}", String::from_utf8_lossy(&text));
+            }
+        }
+    }
+}
+
+/// Exhaustively: every text of up to three tokens over a small vocabulary (whose tokens
+/// repeat pieces so that subtrees are deep), masks equal brute force in every state reached.
+#[test]
+fn small_vocab_masks_equal_brute_force_exhaustively() {
+    let pieces: &[&[u8]] = &[b"a", b"\"", b"\xc3\xa9", b" ", b"\\", b"\xc2\xa0", b":"];
+    // Under "b", only text (whole subtrees a walk may settle); elsewhere everything.
+    let text: &[&[u8]] = &[b"b", b"\xc3\xa9", b" ", b"\xc3\xa8"];
+    let mut tokens: Vec<Option<Vec<u8>>> = Vec::new();
+    for a in pieces {
+        tokens.push(Some(a.to_vec()));
+        for b in pieces {
+            tokens.push(Some([*a, *b].concat()));
+        }
+    }
+    for a in text {
+        for b in text {
+            tokens.push(Some([b"b", *a, *b].concat()));
+            for c in text {
+                tokens.push(Some([b"b", *a, *b, *c].concat()));
+            }
+        }
+    }
+    let n = tokens.len();
+    tokens.push(None);
+    let v = Arc::new(Vocabulary::new(tokens, &[n as i64], None).unwrap());
+    for schema in wide_schemas() {
+        let g = Arc::new(
+            CompiledGrammar::from_json_schema(
+                v.clone(),
+                &schema,
+                &JsonOptions::default(),
+                GrammarLimits::default(),
+            )
+            .unwrap(),
+        );
+        let mut frontier = vec![Matcher::new(g.clone())];
+        for _ in 0..3 {
+            let mut next = Vec::new();
+            for m in &frontier {
+                let mut mask = vec![0u32; v.words()];
+                m.fill_bitmask(&mut mask).unwrap();
+                let mut brute = vec![0u32; v.words()];
+                g.brute_force_mask(m.state(), &mut brute);
+                assert_eq!(mask, brute, "{schema}");
+                // Follow a few allowed tokens (spread over the ids) to keep it small.
+                let ids: Vec<usize> = (0..n)
+                    .filter(|&t| mask[t / 32] >> (t % 32) & 1 == 1)
+                    .collect();
+                for &t in ids.iter().step_by(ids.len().div_ceil(12).max(1)) {
+                    let mut f = m.clone();
+                    assert!(f.accept_token(t as i64).unwrap());
+                    next.push(f);
+                }
+            }
+            frontier = next;
+        }
+    }
+}

@@ -117,6 +117,8 @@ pub struct GrammarBuilder {
     rules: Vec<Rule>,
     lexemes: Vec<Lexeme>,
     lex_by_regex: HashMap<String, u32>,
+    /// Units of counted lexemes, by regex (their ids key shared masks).
+    units: HashMap<String, u32>,
     symbols: usize,
     lexer_states: usize,
     limits: GrammarLimits,
@@ -131,6 +133,7 @@ impl GrammarBuilder {
             rules: Vec::new(),
             lexemes: Vec::new(),
             lex_by_regex: HashMap::new(),
+            units: HashMap::new(),
             symbols: 0,
             lexer_states: 0,
             limits,
@@ -180,8 +183,30 @@ impl GrammarBuilder {
         self.push_lexeme(Lexeme::from_dfa(key, dfa()?))
     }
 
+    /// `min..=max` repetitions (`max` None: unbounded) of the prefix-free `unit` (one string
+    /// character), counted in the lexeme's state rather than unrolled into a DFA whose size
+    /// would grow with `max`.
+    pub fn counted_lexeme(
+        &mut self,
+        unit: &str,
+        min: u32,
+        max: Option<u32>,
+    ) -> Result<Sym, GrammarError> {
+        let key = match max {
+            Some(m) => format!("(?:{unit}){{{min},{m}}}"),
+            None => format!("(?:{unit}){{{min},}}"),
+        };
+        if let Some(&l) = self.lex_by_regex.get(&key) {
+            return Ok(Sym::Lex(l));
+        }
+        let n = self.units.len() as u32;
+        let unit_id = *self.units.entry(unit.to_owned()).or_insert(n);
+        let dfa = TableDfa::compile(unit, self.limits.lexeme)?;
+        self.push_lexeme(Lexeme::counted(&key, dfa, unit_id, min, max)?)
+    }
+
     fn push_lexeme(&mut self, lex: Lexeme) -> Result<Sym, GrammarError> {
-        self.lexer_states += lex.dfa.num_states();
+        self.lexer_states += lex.num_states();
         if self.lexer_states > self.limits.max_lexer_states {
             return Err(GrammarError::TooLarge(format!(
                 "the lexemes need more than {} DFA states (max_lexer_states)",

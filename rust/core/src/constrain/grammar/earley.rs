@@ -131,7 +131,7 @@ impl Chart {
         for it in items.iter() {
             let rule = &g.rules[it.rule as usize];
             if let Some(&Sym::Lex(l)) = rule.rhs.get(it.dot as usize) {
-                let q = g.lexemes[l as usize].dfa.next(it.lex, b);
+                let q = g.lexemes[l as usize].next(it.lex, b);
                 if q != DEAD {
                     let origin = if it.origin == SELF {
                         self.project(g, s, rule.lhs)
@@ -156,6 +156,15 @@ impl Chart {
         }
         self.trans.insert((s, b), t);
         t
+    }
+
+    /// Push the (lexeme, DFA state) pairs that the items of set `s` scan next.
+    pub fn scanning(&self, g: &Grammar, s: u32, out: &mut Vec<(u32, StateId)>) {
+        for it in self.sets[s as usize].items.iter() {
+            if let Some(&Sym::Lex(l)) = g.rules[it.rule as usize].rhs.get(it.dot as usize) {
+                out.push((l, it.lex));
+            }
+        }
     }
 
     /// Run `bytes` from `s`.
@@ -298,7 +307,7 @@ impl Chart {
                 }
                 Some(&Sym::Lex(l)) => {
                     kept.push(it);
-                    if g.lexemes[l as usize].dfa.is_accepting(it.lex) {
+                    if g.lexemes[l as usize].is_accepting(it.lex) {
                         work.push(item_at(g, it.rule, it.dot + 1, it.origin));
                     }
                 }

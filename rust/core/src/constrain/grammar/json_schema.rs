@@ -642,8 +642,8 @@ impl Compiler<'_> {
             None => format!("{{{min},}}"),
         };
         let has_len = min > 0 || max.is_some();
-        if let (None, None, Some(max)) = (pattern, &body, max.filter(|&m| m > CHUNK)) {
-            return self.long_string(min, max);
+        if let (None, None, true) = (pattern, &body, has_len) {
+            return self.counted_string(min, max);
         }
         if pattern.is_none() && !(body.is_some() && has_len) {
             let content = body.unwrap_or_else(|| format!("{STRING_CHAR}{len}"));
@@ -672,36 +672,24 @@ impl Compiler<'_> {
         Ok(Sym::Nt(nt))
     }
 
-    /// A string of `min..=max` characters, `max` large: a DFA counting to `max` would be
-    /// `max` times the size of one character's, so the count is split over a sequence of
-    /// lexemes of at most [`CHUNK`] characters each (the same language; the split points
-    /// are ambiguous, which the Earley parser absorbs).
-    fn long_string(&mut self, min: u64, max: u64) -> Result<Sym, GrammarError> {
-        if min > max {
+    /// A string of `min..=max` characters: the count lives in the lexeme's state (a DFA
+    /// counting to `maxLength: 32767` would be 32767 times the size of one character's).
+    fn counted_string(&mut self, min: u64, max: Option<u64>) -> Result<Sym, GrammarError> {
+        if let Some(max) = max.filter(|&m| m < min) {
             return Err(GrammarError::Grammar(format!(
                 "minLength {min} exceeds maxLength {max}"
             )));
         }
-        let n = max.div_ceil(CHUNK);
-        if n as usize > self.b.limits().max_symbols {
-            return Err(GrammarError::TooLarge(format!(
-                "a string of up to {max} characters exceeds max_symbols"
-            )));
-        }
-        let quote = self.b.lexeme("\"")?;
-        let mut rhs = vec![quote];
-        let (mut need, mut left) = (min, max);
-        for _ in 0..n {
-            let hi = left.min(CHUNK);
-            let lo = need.min(hi);
-            rhs.push(self.b.lexeme(&format!("{STRING_CHAR}{{{lo},{hi}}}"))?);
-            need -= lo;
-            left -= hi;
-        }
-        rhs.push(quote);
-        let nt = self.b.fresh("string");
-        self.b.rule(nt, rhs)?;
-        Ok(Sym::Nt(nt))
+        let too_large = |n: u64| {
+            u32::try_from(n).map_err(|_| {
+                GrammarError::TooLarge(format!("a string length bound of {n} is too large"))
+            })
+        };
+        self.b.counted_lexeme(
+            STRING_CHAR,
+            too_large(min)?,
+            max.map(too_large).transpose()?,
+        )
     }
 
     /// An integer within `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum`.
@@ -1256,9 +1244,6 @@ fn embed_pattern(p: &str) -> Option<(&'static str, &str, &'static str)> {
     }
     Some((pre, body, post))
 }
-
-/// Longest run of characters one string lexeme counts (see `long_string`).
-const CHUNK: u64 = 256;
 
 /// Assertions and applicators of drafts 4 to 2020-12 not compiled (yet).
 const NOT_YET: &[&str] = &[

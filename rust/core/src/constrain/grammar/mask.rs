@@ -1,16 +1,386 @@
-//! Allowed-token masks of parser states: one pruned preorder walk of the vocabulary's token
-//! trie (a subtree is skipped as soon as the parser dies, and each trie node costs one cached
-//! transition), with the result cached per state under a memory cap.
+//! Allowed-token masks of parser states, in the two parts the Earley items give:
+//! - **context-independent**: the tokens that one scanning item's lexeme consumes whole (its
+//!   DFA stays alive through every byte). They are allowed whatever the rest of the parse
+//!   is, and depend only on (lexeme, DFA state), so one DFA walk of the token trie per pair,
+//!   cached here, serves every parser state that scans that lexeme from there (every string
+//!   value of a JSON document shares one walk).
+//! - **context-dependent**: the tokens in which the lexeme can end and the parse go on. The
+//!   same DFA walk records where that can happen: subtrees where the lexeme dies below a
+//!   node where it accepted (a token with a closing quote inside, whitespace then a word).
+//!   They are few (a few hundred trie nodes even for a 131k vocabulary), and only they are
+//!   run through the parser, from the state after the accepted prefix.
+//!
+//! Items whose lexeme accepts before any byte need no third part: the parser's closure has
+//! already completed them, so what follows them is scanned by other items of the same set.
+//! A state's mask (the union) is cached per state; both caches share one memory cap.
 
-use rustc_hash::FxHashMap;
+use std::sync::Arc;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::cfg::Grammar;
 use super::earley::{Chart, DEAD_SET};
-use crate::constrain::vocab::TokenTrie;
+use super::lexer::Lexeme;
+use crate::constrain::regex::{StateId, DEAD};
+use crate::constrain::vocab::{utf8, Allowed, SubtreeSummary, TokenTrie};
 
+/// Subtrees below trie node `parent` (whose bytes, `prefix`, a lexeme accepted on the way)
+/// in which that lexeme dies: the parse may go on there after the lexeme ended.
+#[derive(Debug)]
+struct Group {
+    parent: u32,
+    prefix: Box<[u8]>,
+    roots: Vec<u32>,
+}
+
+/// A token set: a list while small (most lexeme states allow a handful of tokens: a
+/// property name, a keyword), a bitmap once large.
+#[derive(Debug)]
+enum Tokens {
+    List(Vec<u32>),
+    Bits(Box<[u32]>),
+}
+
+/// Token sets larger than this are bitmaps.
+const LIST_MAX: usize = 512;
+
+impl Tokens {
+    fn or_into(&self, out: &mut [u32]) {
+        match self {
+            Tokens::Bits(b) => {
+                for (o, &w) in out.iter_mut().zip(b.iter()) {
+                    *o |= w;
+                }
+            }
+            Tokens::List(l) => {
+                for &t in l {
+                    out[t as usize / 32] |= 1 << (t % 32);
+                }
+            }
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Tokens::Bits(b) => std::mem::size_of_val(&b[..]),
+            Tokens::List(l) => 4 * l.len(),
+        }
+    }
+}
+
+/// What one (lexeme, DFA state) contributes to every parser state scanning it.
+#[derive(Debug)]
+pub struct LexMask {
+    /// Tokens the lexeme consumes whole from this state.
+    alive: Tokens,
+    /// Where the lexeme can end inside a token, in trie preorder.
+    groups: Vec<Group>,
+}
+
+impl LexMask {
+    fn bytes(&self) -> usize {
+        self.alive.bytes()
+            + (self.groups.iter())
+                .map(|g| g.prefix.len() + 4 * g.roots.len() + std::mem::size_of::<Group>())
+                .sum::<usize>()
+    }
+}
+
+/// One DFA walk of the trie from `q`: the tokens alive throughout, and the subtrees where
+/// the DFA dies after having accepted at a proper prefix (at depth >= 1: acceptance before
+/// any byte is the closure's business).
+pub fn lex_walk(lexeme: &Lexeme, q: StateId, trie: &TokenTrie, words: usize) -> LexMask {
+    let sum = &trie.summary;
+    if let Some(f) = lexeme.far_unit(q, trie.max_depth) {
+        // The unit's star with a deficit counter, on a small dense state space: 0 dead,
+        // 1 closed, 2 + deficit * k + unit state.
+        let (unit, k) = (f.unit, f.unit.num_states());
+        let start = unit.start();
+        let closed = StateId::from_index(1);
+        let enc = move |d: usize, u: StateId| StateId::from_index(2 + d * k + u.index());
+        let dec = move |s: StateId| {
+            (
+                (s.index() - 2) / k,
+                StateId::from_index((s.index() - 2) % k),
+            )
+        };
+        let next = move |s: StateId, b: u8| {
+            if s == closed {
+                return DEAD;
+            }
+            let (d, u) = dec(s);
+            if u == start && b == b'"' {
+                return if d == 0 { closed } else { DEAD };
+            }
+            match unit.next(u, b) {
+                DEAD => DEAD,
+                t if unit.is_accepting(t) => enc(d.saturating_sub(1), start),
+                t => enc(d, t),
+            }
+        };
+        // At a unit boundary every unit keeps it alive (the deficit only gates the close):
+        // settle by the unit star's body bytes.
+        let star = |s: StateId, b: u8| match unit.next(s, b) {
+            t if t != DEAD && unit.is_accepting(t) => start,
+            t => t,
+        };
+        let loops = body_loops(&star, start);
+        return walk_with(
+            &next,
+            |s| s == closed,
+            |p, i, kids| {
+                p != closed
+                    && dec(p).1 == start
+                    && (loops.as_ref()).is_some_and(|l| sum.fits(i, trie.nodes[i].byte, kids, l))
+            },
+            enc(f.deficit as usize, f.u),
+            trie,
+            words,
+        );
+    }
+    if let Some(dfa) = lexeme.table() {
+        // SAFETY: the walk only steps from `q` (a state of this DFA) and from states the
+        // DFA returned, never from TERMINATED.
+        let next = |s: StateId, b: u8| unsafe { dfa.next_unchecked(s, b) };
+        let mut body = BodyCache::new(dfa.num_states());
+        return walk_with(
+            &next,
+            |s| dfa.is_accepting(s),
+            |p, i, kids| body.settles(&next, p, i, trie.nodes[i].byte, kids, sum),
+            q,
+            trie,
+            words,
+        );
+    }
+    // A counted lexeme near its maximum: a subtree settles whole at a unit boundary when
+    // its tokens are string-body text too short to reach the maximum.
+    let loops = lexeme.room_at_boundary(q).and_then(|(_, unit)| {
+        let start = unit.start();
+        let star = |s: StateId, b: u8| match unit.next(s, b) {
+            t if t != DEAD && unit.is_accepting(t) => start,
+            t => t,
+        };
+        body_loops(&star, start)
+    });
+    walk_with(
+        &|s, b| lexeme.next(s, b),
+        |s| lexeme.is_accepting(s),
+        |p, i, kids| {
+            loops.is_some_and(|l| {
+                lexeme.room_at_boundary(p).is_some_and(|(room, _)| {
+                    let len = trie.below[i] as u64 + !kids as u64;
+                    room >= len && sum.fits(i, trie.nodes[i].byte, kids, &l)
+                })
+            })
+        },
+        q,
+        trie,
+        words,
+    )
+}
+
+/// Per DFA state (dense index): not yet checked, or [`body_loops`]' answer.
+struct BodyCache(Vec<Option<Option<Allowed>>>);
+
+impl BodyCache {
+    fn new(states: usize) -> Self {
+        BodyCache(vec![None; states])
+    }
+
+    /// Is the subtree of node `i` (`kids`: below node `i`) alive throughout from state `p`
+    /// (the state before it)?
+    #[inline]
+    fn settles(
+        &mut self,
+        next: &impl Fn(StateId, u8) -> StateId,
+        p: StateId,
+        i: usize,
+        byte: u8,
+        kids: bool,
+        sum: &SubtreeSummary,
+    ) -> bool {
+        let Some(slot) = self.0.get_mut(p.index()) else {
+            return false;
+        };
+        let loops = slot.get_or_insert_with(|| body_loops(next, p));
+        loops.as_ref().is_some_and(|l| sum.fits(i, byte, kids, l))
+    }
+}
+
+/// If `q` reads text like a string body: the ASCII bytes that loop on `q`, and the UTF-8
+/// lead bytes all of whose characters lead back to `q` (every prefix of one staying alive).
+/// A subtree of valid UTF-8 made of those is then alive throughout from `q`.
+fn body_loops(next: &impl Fn(StateId, u8) -> StateId, q: StateId) -> Option<Allowed> {
+    let mut ascii = [0u64; 2];
+    for b in 0..128u8 {
+        if next(q, b) == q {
+            ascii[b as usize / 64] |= 1 << (b % 64);
+        }
+    }
+    if ascii == [0, 0] {
+        return None; // not a body: settle nothing (and spare the check below)
+    }
+    let mut lead = 0u64;
+    let mut seen: FxHashSet<(u8, StateId)> = FxHashSet::default();
+    'leads: for b0 in 0xC2..=0xF4u8 {
+        let Some(u1) = utf8::next(utf8::BOUNDARY, b0) else {
+            continue;
+        };
+        let s1 = next(q, b0);
+        if s1 == DEAD {
+            continue;
+        }
+        seen.clear();
+        let mut stack = vec![(u1, s1)];
+        while let Some((u, s)) = stack.pop() {
+            for b in 0x80..=0xBFu8 {
+                let Some(u2) = utf8::next(u, b) else {
+                    continue;
+                };
+                let s2 = next(s, b);
+                if s2 == DEAD || (u2 == utf8::BOUNDARY && s2 != q) {
+                    continue 'leads;
+                }
+                if u2 != utf8::BOUNDARY && seen.insert((u2, s2)) {
+                    if seen.len() > 16 {
+                        continue 'leads; // not a plain decoder under this lead byte
+                    }
+                    stack.push((u2, s2));
+                }
+            }
+        }
+        lead |= 1 << (b0 - 0xC0);
+    }
+    Some(Allowed { ascii, lead })
+}
+
+/// [`lex_walk`] over a transition function (monomorphised: this loop may visit every
+/// live trie node). `settle(p, i, kids)`: is node `i`'s subtree (`kids`: what lies below
+/// node `i`) alive throughout from state `p`, the state before it? Then its tokens are
+/// set without a visit: checked for the top-level nodes before their byte and for every
+/// other subtree right after its first byte.
+#[inline(always)]
+fn walk_with(
+    next: &impl Fn(StateId, u8) -> StateId,
+    accepting: impl Fn(StateId) -> bool,
+    mut settle: impl FnMut(StateId, usize, bool) -> bool,
+    q: StateId,
+    trie: &TokenTrie,
+    words: usize,
+) -> LexMask {
+    let mut groups: Vec<Group> = Vec::new();
+    let depth = trie.max_depth + 1;
+    // Per depth: DFA state, "accepted at some depth >= 1 on the path", byte, node index.
+    let mut st = vec![(DEAD, false); depth];
+    let mut path = vec![0u8; depth];
+    let mut at = vec![0u32; depth];
+    st[0] = (q, false);
+    let nodes = &trie.nodes[..];
+    let ts = &trie.tok_start[..];
+    let n = nodes.len();
+    // Every token is in one of these: its node visited alive, a settled subtree (live), or
+    // a subtree where the DFA died (dead). Ranges of `token_ids`, in preorder.
+    let mut live = Ranges::default();
+    let mut dead = Ranges::default();
+    let mut i = 0;
+    while i < n {
+        let node = nodes[i];
+        let d = node.depth as usize;
+        let (prev, acc) = st[d - 1];
+        let end = node.end as usize;
+        if d == 1 && end > i + 1 && settle(prev, i, false) {
+            live.push(ts[i], ts[end]);
+            i = end;
+            continue;
+        }
+        let s = next(prev, node.byte);
+        if s == DEAD {
+            if acc {
+                let parent = at[d - 1];
+                match groups.last_mut() {
+                    Some(g) if g.parent == parent => g.roots.push(i as u32),
+                    _ => groups.push(Group {
+                        parent,
+                        prefix: path[..d - 1].into(),
+                        roots: vec![i as u32],
+                    }),
+                }
+            }
+            dead.push(ts[i], ts[end]);
+            i = end;
+            continue;
+        }
+        if end > i + 1 && settle(s, i, true) {
+            live.push(ts[i], ts[end]);
+            i = end;
+            continue;
+        }
+        st[d] = (s, acc || accepting(s));
+        path[d - 1] = node.byte;
+        at[d] = i as u32;
+        live.push(ts[i], ts[i + 1]);
+        i += 1;
+    }
+    let alive = tokens_of(&live, &dead, trie, words);
+    LexMask { alive, groups }
+}
+
+/// Sorted, merged half-open ranges.
+#[derive(Default)]
+struct Ranges {
+    spans: Vec<(u32, u32)>,
+    count: usize,
+}
+
+impl Ranges {
+    #[inline]
+    fn push(&mut self, a: u32, b: u32) {
+        if a == b {
+            return;
+        }
+        self.count += (b - a) as usize;
+        match self.spans.last_mut() {
+            Some(last) if last.1 == a => last.1 = b,
+            _ => self.spans.push((a, b)),
+        }
+    }
+}
+
+/// The live tokens as a list or a bitmap, built from whichever side is smaller: the live
+/// ranges' bits set, or the trie's full bitmap with the dead ranges' bits cleared.
+fn tokens_of(live: &Ranges, dead: &Ranges, trie: &TokenTrie, words: usize) -> Tokens {
+    let ids = &trie.token_ids;
+    if live.count <= LIST_MAX {
+        let list = (live.spans.iter())
+            .flat_map(|&(a, b)| ids[a as usize..b as usize].iter().copied())
+            .collect();
+        return Tokens::List(list);
+    }
+    if live.count <= dead.count {
+        let mut bits = vec![0u32; words];
+        for &(a, b) in &live.spans {
+            for &t in &ids[a as usize..b as usize] {
+                bits[t as usize / 32] |= 1 << (t % 32);
+            }
+        }
+        return Tokens::Bits(bits.into());
+    }
+    let mut bits: Box<[u32]> = trie.summary.all.clone();
+    for &(a, b) in &dead.spans {
+        for &t in &ids[a as usize..b as usize] {
+            bits[t as usize / 32] &= !(1 << (t % 32));
+        }
+    }
+    Tokens::Bits(bits)
+}
+
+/// Cached masks of parser states and of (lexeme, DFA state) pairs, under one memory cap
+/// (beyond it, masks are recomputed on every request).
 #[derive(Debug)]
 pub struct MaskStore {
     masks: FxHashMap<u32, Box<[u32]>>,
+    /// By [`Lexeme::mask_key`].
+    lex: FxHashMap<(u32, u64), Arc<LexMask>>,
     used_bytes: usize,
     cap_bytes: usize,
 }
@@ -19,6 +389,7 @@ impl MaskStore {
     pub fn new(cap_bytes: usize) -> Self {
         MaskStore {
             masks: FxHashMap::default(),
+            lex: FxHashMap::default(),
             used_bytes: 0,
             cap_bytes,
         }
@@ -28,7 +399,7 @@ impl MaskStore {
         self.masks.get(&state).map(|m| &m[..])
     }
 
-    /// Keep `mask` if the cap allows (beyond it, masks are recomputed on every request).
+    /// Keep `mask` if the cap allows.
     pub fn offer(&mut self, state: u32, mask: &[u32]) {
         let size = std::mem::size_of_val(mask);
         if self.used_bytes + size <= self.cap_bytes && !self.masks.contains_key(&state) {
@@ -37,19 +408,99 @@ impl MaskStore {
         }
     }
 
+    fn lex_mask(
+        &mut self,
+        g: &Grammar,
+        trie: &TokenTrie,
+        words: usize,
+        (l, q): (u32, StateId),
+    ) -> Arc<LexMask> {
+        let lexeme = &g.lexemes[l as usize];
+        let key = lexeme.mask_key(l, q, trie.max_depth);
+        if let Some(m) = self.lex.get(&key) {
+            return m.clone();
+        }
+        let m = Arc::new(lex_walk(lexeme, q, trie, words));
+        let size = m.bytes();
+        if self.used_bytes + size <= self.cap_bytes {
+            self.lex.insert(key, m.clone());
+            self.used_bytes += size;
+        }
+        m
+    }
+
     pub fn used_bytes(&self) -> usize {
         self.used_bytes
     }
 }
 
-/// Set in `out` (zeroed first) the bits of the tokens the parser accepts from `state`.
-pub fn walk(chart: &mut Chart, g: &Grammar, trie: &TokenTrie, state: u32, out: &mut [u32]) {
+/// Set in `out` (zeroed first) the bits of the text tokens the parser accepts from `state`.
+pub fn fill(
+    chart: &mut Chart,
+    store: &mut MaskStore,
+    g: &Grammar,
+    trie: &TokenTrie,
+    state: u32,
+    out: &mut [u32],
+) {
     out.fill(0);
-    let mut stack = vec![DEAD_SET; trie.max_depth + 1];
-    stack[0] = state;
+    let mut pairs = Vec::new();
+    chart.scanning(g, state, &mut pairs);
+    pairs.sort_unstable();
+    pairs.dedup();
+    let mut lex: Vec<Arc<LexMask>> = (pairs.iter())
+        .map(|&pair| store.lex_mask(g, trie, out.len(), pair))
+        .collect();
+    // States far from a counted lexeme's bounds share one walk.
+    lex.sort_unstable_by_key(Arc::as_ptr);
+    lex.dedup_by_key(|m| Arc::as_ptr(m));
+    let mut groups: Vec<&Group> = Vec::new();
+    for m in &lex {
+        m.alive.or_into(out);
+        groups.extend(m.groups.iter());
+    }
+    // Subtrees under one parent share the parser state after its prefix.
+    groups.sort_by_key(|gr| gr.parent);
+    let mut roots: Vec<u32> = Vec::new();
+    let mut k = 0;
+    while k < groups.len() {
+        let parent = groups[k].parent;
+        let prefix = &groups[k].prefix;
+        roots.clear();
+        while k < groups.len() && groups[k].parent == parent {
+            roots.extend_from_slice(&groups[k].roots);
+            k += 1;
+        }
+        let p = chart.run(g, state, prefix);
+        if p == DEAD_SET {
+            continue;
+        }
+        roots.sort_unstable();
+        roots.dedup();
+        for &r in &roots {
+            walk_subtree(chart, g, trie, p, r as usize, out);
+        }
+    }
+}
+
+/// Set in `out` the bits of the tokens in the subtree of trie node `root` that the parser
+/// accepts, `state` being its state before the root's byte: one pruned preorder walk (a
+/// subtree is skipped as soon as the parser dies; each node costs one cached transition).
+pub fn walk_subtree(
+    chart: &mut Chart,
+    g: &Grammar,
+    trie: &TokenTrie,
+    state: u32,
+    root: usize,
+    out: &mut [u32],
+) {
     let nodes = &trie.nodes;
-    let mut i = 0;
-    while i < nodes.len() {
+    let base = nodes[root].depth as usize - 1;
+    let mut stack = vec![DEAD_SET; trie.max_depth + 1];
+    stack[base] = state;
+    let stop = nodes[root].end as usize;
+    let mut i = root;
+    while i < stop {
         let node = nodes[i];
         let d = node.depth as usize;
         let s = chart.step(g, stack[d - 1], node.byte);

@@ -20,7 +20,9 @@
 //!   grammar `root ::= /regex/`.
 //!
 //! The arena sits behind a mutex (interior mutability: [`Constraint`] steps take `&self`);
-//! masks come from one walk of the token trie per new state ([`mask`]), cached per state.
+//! masks are the union of what each scanning lexeme allows on its own (one DFA walk of the
+//! token trie per lexeme state, shared by all parser states) and a parser walk of the few
+//! subtrees where a lexeme can end inside a token ([`mask`]), cached per state.
 
 mod cfg;
 mod earley;
@@ -220,8 +222,9 @@ impl Constraint for CompiledGrammar {
             out.copy_from_slice(m);
             return;
         }
-        mask::walk(
+        mask::fill(
             &mut sh.chart,
+            &mut sh.masks,
             &self.grammar,
             self.vocab.trie(),
             state.0,

@@ -4,8 +4,11 @@
 use base64::Engine;
 use serde::Deserialize;
 
+mod subtree;
 mod trie;
+pub mod utf8;
 
+pub use subtree::{Allowed, SubtreeSummary};
 pub(crate) use trie::heights_below;
 pub use trie::{TokenTrie, TrieNode};
 

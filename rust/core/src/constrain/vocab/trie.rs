@@ -1,6 +1,7 @@
 //! Token trie in preorder arrays: walking it with an automaton visits each shared prefix once
 //! and skips a whole subtree (`end`) as soon as the automaton dies.
 
+use super::subtree::SubtreeSummary;
 use super::Vocabulary;
 
 /// One trie node; nodes are stored in preorder so a subtree is the index range `[i, end)`.
@@ -23,6 +24,8 @@ pub struct TokenTrie {
     pub max_depth: usize,
     /// Per node: depth of its subtree below it (for bounded-equivalence pruning).
     pub below: Vec<u16>,
+    /// What each subtree holds, for walks that settle subtrees whole.
+    pub summary: SubtreeSummary,
 }
 
 impl TokenTrie {
@@ -82,12 +85,14 @@ impl TokenTrie {
             node.tok_start = tok_start[i];
         }
         let below = heights_below(&nodes);
+        let summary = SubtreeSummary::build(&nodes, &token_ids, v.words());
         TokenTrie {
             nodes,
             tok_start,
             token_ids,
             max_depth,
             below,
+            summary,
         }
     }
 
