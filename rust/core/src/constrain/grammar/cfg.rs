@@ -2,9 +2,7 @@
 //! bare regex, later Lark and JSON Schema) builds through [`GrammarBuilder`], validated
 //! (undefined rules, rules that derive no string) and bounded by [`GrammarLimits`].
 
-use std::collections::HashMap;
-
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::lexer::Lexeme;
 use crate::constrain::{GrammarError, RegexLimits, TableDfa};
@@ -112,13 +110,13 @@ impl Grammar {
 #[derive(Debug)]
 pub struct GrammarBuilder {
     names: Vec<String>,
-    by_name: HashMap<String, u32>,
+    by_name: FxHashMap<String, u32>,
     defined: Vec<bool>,
     rules: Vec<Rule>,
     lexemes: Vec<Lexeme>,
-    lex_by_regex: HashMap<String, u32>,
+    lex_by_regex: FxHashMap<String, u32>,
     /// Units of counted lexemes, by regex (their ids key shared masks).
-    units: HashMap<String, u32>,
+    units: FxHashMap<String, u32>,
     symbols: usize,
     lexer_states: usize,
     limits: GrammarLimits,
@@ -128,12 +126,12 @@ impl GrammarBuilder {
     pub fn new(limits: GrammarLimits) -> Self {
         GrammarBuilder {
             names: Vec::new(),
-            by_name: HashMap::new(),
+            by_name: FxHashMap::default(),
             defined: Vec::new(),
             rules: Vec::new(),
             lexemes: Vec::new(),
-            lex_by_regex: HashMap::new(),
-            units: HashMap::new(),
+            lex_by_regex: FxHashMap::default(),
+            units: FxHashMap::default(),
             symbols: 0,
             lexer_states: 0,
             limits,

@@ -3,7 +3,7 @@
 //! [`StateId`] and fold every state that cannot reach a match into the dead
 //! state 0, so "not dead" means "some continuation completes a match".
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use regex_automata::dfa::{dense, Automaton, StartKind};
 use regex_automata::nfa::thompson;
@@ -167,7 +167,7 @@ impl TableDfa {
             .map_err(|e| GrammarError::Regex(format!("{pattern:?}: {e}")))?;
 
         // Breadth-first copy of the reachable states (index 0 is reserved for dead).
-        let mut index: HashMap<_, u32> = HashMap::new();
+        let mut index: FxHashMap<_, u32> = FxHashMap::default();
         let mut order = vec![start];
         index.insert(start, 1);
         let mut edges: Vec<[u32; 256]> = vec![[0; 256]];
@@ -235,7 +235,7 @@ impl TableDfa {
         let mut accepting = vec![false];
         if self.start != DEAD && (minus || other.start != DEAD) {
             let max_states = (limits.table_bytes / (256 * 4)).max(2);
-            let mut index: HashMap<(StateId, StateId), u32> = HashMap::new();
+            let mut index: FxHashMap<(StateId, StateId), u32> = FxHashMap::default();
             let mut order = vec![(self.start, other.start)];
             index.insert(order[0], 1);
             let mut i = 0;
