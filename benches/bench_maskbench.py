@@ -12,7 +12,9 @@ Every engine gets the same vocabulary (token bytes from :class:`specdec.Vocabula
 or SmolLM2), the same instances and the same tokenization: each instance as compact JSON
 (``separators=(",", ":")``), tokenized byte-greedily (longest vocabulary token first) so all
 three vocabularies agree whatever each peer's own tokenizer would do. Engines run one at a
-time, single-threaded, each (engine, schema) in a forked child with ``--timeout`` seconds:
+time, single-threaded, interleaved (each schema through every engine in turn, so a machine
+whose load changes weighs on all alike), each (engine, schema) in a forked child with
+``--timeout`` seconds:
 a hang is killed and counted, a crash (the child dying) too. Peers: flexible whitespace, no
 strict mode (additional properties allowed unless the schema says otherwise), as specdec's
 defaults; ``oneOf`` read as ``anyOf`` by all three (llguidance's ``coerce_one_of``; specdec and
@@ -267,13 +269,21 @@ def bench(vocab_name: str, tok: Tokens, cases: list[dict[str, Any]], args: Any) 
         "| compile p50 ms | compile p99 ms | mask p50 µs | mask p99 µs | masks |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    engines: dict[str, _Engine] = {}
     for name in args.engines.split(","):
         try:
-            engine = makers[name](tok)
+            engines[name] = makers[name](tok)
         except ImportError as e:
             print(f"  {name} skipped: {e}", file=sys.stderr)
-            continue
-        res = [run_one(engine, c, tok, args.timeout) for c in cases]
+    # Interleaved (each schema through every engine in turn), so that a machine whose load
+    # changes during the run weighs on all engines alike.
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
+    for k, c in enumerate(cases):
+        for name, engine in engines.items():
+            results[name].append(run_one(engine, c, tok, args.timeout))
+        if (k + 1) % 100 == 0:
+            print(f"  {k + 1}/{len(cases)} schemas", file=sys.stderr, flush=True)
+    for name, res in results.items():
         ok = [r for r in res if r["status"] == "compiled"]
         compiles = [r["compile_s"] * 1e3 for r in ok]
         masks = [t * 1e6 for r in ok for t in r["masks"]]
