@@ -460,8 +460,10 @@ def test_json_schema_options_and_errors() -> None:
     tight = v.json_schema(schema, whitespace=False, separators=(",", ":"))
     assert tight.matches('{"a":[1,2],"z":null}') and not tight.matches('{"a": []}')
     assert v.json_schema(schema) is v.json_schema(json.dumps(schema))
-    with pytest.raises(GrammarError, match=r"multipleOf \(at #/properties/n\).*uniqueItems"):
-        v.json_schema({"properties": {"n": {"multipleOf": 2}}, "uniqueItems": True})
+    with pytest.raises(
+        GrammarError, match=r"unevaluatedItems \(at #/properties/n\).*uniqueItems"
+    ):
+        v.json_schema({"properties": {"n": {"unevaluatedItems": False}}, "uniqueItems": True})
     with pytest.raises(GrammarError, match="not JSON"):
         v.json_schema("{")
     with pytest.raises(GrammarError, match="points to nothing"):
@@ -728,3 +730,56 @@ def test_json_schema_type_filters_enum_and_const() -> None:
         for value in ["NAT", {"a": 1}, 1, 1.5, "1", 3, {"k": 3}, {"k": "3"}, {}]:
             valid = jsonschema.Draft202012Validator(schema).is_valid(value)
             assert g.matches(json.dumps(value)) == valid, (schema, value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 60),
+    st.none() | st.integers(-300, 300),
+    st.none() | st.integers(1, 400),
+    st.lists(st.integers(-10**6, 10**6), min_size=20, max_size=20),
+)
+def test_json_schema_integer_multiple_of_equals_modulo(
+    k: int, lo: int | None, span: int | None, xs: list[int]
+) -> None:
+    schema: dict[str, Any] = {"type": "integer", "multipleOf": k}
+    if lo is not None:
+        schema["minimum"] = lo
+    if lo is not None and span is not None:
+        schema["exclusiveMaximum"] = lo + span
+        if all(x % k for x in range(lo, lo + span)):
+            # No integer is valid: the schema compiles to nothing at all.
+            with pytest.raises(GrammarError, match="derives no finite string"):
+                small_vocab().json_schema(schema)
+            return
+    g = small_vocab().json_schema(schema)
+    for x in xs + [k * i for i in range(-3, 4)] + [(lo or 0) + d for d in range(-k, k)]:
+        want = x % k == 0 and (lo is None or x >= lo)
+        want = want and (lo is None or span is None or x < lo + span)
+        assert g.matches(str(x)) == want, (schema, x)
+    assert not g.matches(f"{k}.0") and not g.matches(f"{k}e0")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(["0.5", "1.5", "0.01", "2", "0.0001", "2.25", "7"]),
+    st.lists(st.decimals(-1000, 1000, places=5, allow_nan=False), min_size=20, max_size=20),
+)
+def test_json_schema_number_multiple_of_equals_decimal_arithmetic(
+    k: str, xs: list[Any]
+) -> None:
+    from decimal import Decimal
+
+    g = small_vocab().json_schema(f'{{"type": "number", "multipleOf": {k}}}')
+    for x in xs + [Decimal(k) * 3, Decimal(k) * -7]:
+        text = format(x, "f")
+        want = (x % Decimal(k)) == 0
+        # `-0` and `-0.0` are valid JSON for zero.
+        assert g.matches(text) == want, (k, text)
+
+
+def test_json_schema_multiple_of_refuses_huge_divisors() -> None:
+    with pytest.raises(GrammarError, match=r"multipleOf 0.123456789 \(at #\)"):
+        small_vocab().json_schema({"type": "integer", "multipleOf": 0.123456789})
+    with pytest.raises(GrammarError, match="multipleOf must be a number above 0"):
+        small_vocab().json_schema({"type": "integer", "multipleOf": 0})

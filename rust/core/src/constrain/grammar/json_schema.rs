@@ -30,6 +30,7 @@ use serde_json::{Map, Value};
 
 use super::cfg::{Grammar, GrammarBuilder, GrammarLimits, Sym};
 use super::int_range::int_range_regex;
+use super::multiple_of::{self, multiple_of_dfa};
 use crate::constrain::{GrammarError, TableDfa};
 
 /// How JSON texts are laid out.
@@ -733,7 +734,8 @@ impl Compiler<'_> {
                 hi = Some(hi.map_or(b, |h| h.min(b)));
             }
         }
-        if lo.is_none() && hi.is_none() {
+        let multiple = self.multiple_of(obj, path)?;
+        if lo.is_none() && hi.is_none() && multiple.is_none() {
             return self.b.lexeme(INTEGER);
         }
         // Bounds past i64 (about 9.2e18) are not supported: f64 cannot say which integers
@@ -755,7 +757,55 @@ impl Compiler<'_> {
                 )));
             }
         }
-        self.b.lexeme(&int_range_regex(lo, hi))
+        let range = int_range_regex(lo, hi);
+        let Some((a, d)) = multiple else {
+            return self.b.lexeme(&range);
+        };
+        let limits = self.b.limits().lexeme;
+        self.b
+            .lexeme_dfa(&format!("integer {range} multiple of {a}/10^{d}"), || {
+                TableDfa::compile(&range, limits)?.intersect(&multiple_of_dfa(a, d, false), limits)
+            })
+    }
+
+    /// `multipleOf` as `(a, d)`, the multiples of `a / 10^d` (`None` without one; refused,
+    /// with a placeholder, when its automaton would be too large).
+    fn multiple_of(
+        &mut self,
+        obj: &Map<String, Value>,
+        path: &str,
+    ) -> Result<Option<(u64, u32)>, GrammarError> {
+        let Some(v) = obj.get("multipleOf") else {
+            return Ok(None);
+        };
+        let Some(x) = v.as_f64().filter(|x| x.is_finite() && *x > 0.0) else {
+            return Err(GrammarError::Grammar(format!(
+                "{path}: multipleOf must be a number above 0"
+            )));
+        };
+        // The decimal as written: a / 10^d with a an integer (exact for JSON's literals).
+        let parsed = Decimal::parse(v, x).and_then(|dec| {
+            let d = u32::try_from(dec.frac.len()).ok()?;
+            let mut a = u64::try_from(dec.int).ok()?;
+            for &c in &dec.frac {
+                a = a.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
+            }
+            Some((a, d))
+        });
+        match parsed {
+            Some((a, d)) if multiple_of::states_needed(a, d) <= multiple_of::MAX_STATES => {
+                Ok(Some((a, d)))
+            }
+            _ => {
+                // Divisibility needs one state per remainder: a large divisor (or a long
+                // fraction) would need too many.
+                self.unsupported.push(format!(
+                    "multipleOf {v} (at {path}): its automaton needs more than {} states",
+                    multiple_of::MAX_STATES
+                ));
+                Ok(Some((1, 0)))
+            }
+        }
     }
 
     /// A number within `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum`: bounded
@@ -780,15 +830,27 @@ impl Compiler<'_> {
             })?;
             parts.push(bound.regex(is_lo, strict));
         }
-        if parts.is_empty() {
+        let multiple = self.multiple_of(obj, path)?;
+        if parts.is_empty() && multiple.is_none() {
             return self.b.lexeme(NUMBER);
         }
+        if parts.is_empty() {
+            parts.push(NUMBER.to_owned());
+        }
         let limits = self.b.limits().lexeme;
-        let key = format!("number {}", parts.join(" & "));
+        let mut key = format!("number {}", parts.join(" & "));
+        if let Some((a, d)) = multiple {
+            // Multiples are written without an exponent (a subset of their texts, as for
+            // bounded numbers).
+            key.push_str(&format!(" multiple of {a}/10^{d}"));
+        }
         self.b.lexeme_dfa(&key, || {
             let mut dfa = TableDfa::compile(&parts[0], limits)?;
             for p in &parts[1..] {
                 dfa = dfa.intersect(&TableDfa::compile(p, limits)?, limits)?;
+            }
+            if let Some((a, d)) = multiple {
+                dfa = dfa.intersect(&multiple_of_dfa(a, d, true), limits)?;
             }
             Ok(dfa)
         })
@@ -1192,7 +1254,13 @@ fn ignored(k: &str) -> bool {
         .any(|keys| keys.contains(&k))
 }
 const STRING_KEYS: &[&str] = &["pattern", "minLength", "maxLength", "format"];
-const NUMBER_KEYS: &[&str] = &["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
+const NUMBER_KEYS: &[&str] = &[
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+];
 
 /// ECMA-262 reads `\d` and `\w` as ASCII (the regex engine here as Unicode): spell them out.
 /// (`\D`, `\W` outside classes too; inside a class they are left alone.)
@@ -1276,7 +1344,6 @@ const NOT_YET: &[&str] = &[
     "maxContains",
     "uniqueItems",
     "maxProperties",
-    "multipleOf",
     "divisibleBy",
     "$dynamicRef",
     "$recursiveRef",

@@ -30,6 +30,7 @@ pub mod json_schema;
 pub mod lark;
 mod lexer;
 mod mask;
+mod multiple_of;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
