@@ -870,6 +870,121 @@ impl Compiler<'_> {
         }
     }
 
+    /// `propertyNames` as a filter on names (`None`: no constraint). Only keywords about
+    /// strings can reject a name (every name is a string); applicators are refused.
+    fn property_names(
+        &mut self,
+        obj: &Map<String, Value>,
+        path: &str,
+    ) -> Result<Option<NameFilter>, GrammarError> {
+        let never = || NameFilter {
+            quoted: vec![NOTHING.to_owned()],
+            raw: Vec::new(),
+            listed: Some(Vec::new()),
+        };
+        let o = match obj.get("propertyNames") {
+            None | Some(Value::Bool(true)) => return Ok(None),
+            Some(Value::Bool(false)) => return Ok(Some(never())),
+            Some(Value::Object(o)) => o,
+            Some(_) => {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: propertyNames must be a schema"
+                )))
+            }
+        };
+        let at = format!("{path}/propertyNames");
+        let applicators = o.keys().filter(|k| {
+            !["type", "const", "enum"].contains(&k.as_str())
+                && (GENERAL_KEYS.contains(&k.as_str())
+                    || ["if", "then", "else", "$dynamicRef", "$recursiveRef"].contains(&k.as_str()))
+        });
+        let refused: Vec<String> = applicators.map(|k| format!("{k} (at {at})")).collect();
+        if !refused.is_empty() {
+            self.unsupported.extend(refused);
+            return Ok(None);
+        }
+        if let Some(t) = o.get("type") {
+            let string = match t {
+                Value::String(t) => t == "string",
+                Value::Array(ts) => ts.iter().any(|t| t == "string"),
+                _ => true,
+            };
+            if !string {
+                return Ok(Some(never()));
+            }
+        }
+        let limits = self.b.limits().lexeme;
+        let mut f = NameFilter {
+            quoted: Vec::new(),
+            raw: Vec::new(),
+            listed: None,
+        };
+        if let Some(p) = o.get("pattern").and_then(Value::as_str) {
+            if embed_pattern(p).is_none() {
+                self.unsupported.push(format!(
+                    "propertyNames pattern {p:?} with ^ or $ inside (at {at})"
+                ));
+                return Ok(None);
+            }
+            f.quoted.push(pattern_key(p));
+            let raw = format!("(?s:.)*(?:{})(?s:.)*", ecma_classes(p));
+            f.raw.push(TableDfa::compile(&raw, limits)?);
+        }
+        let min = self.count(o, "minLength", &at)?.unwrap_or(0);
+        let max = self.count(o, "maxLength", &at)?;
+        if min > 0 || max.is_some() {
+            let len = match max {
+                Some(max) => format!("{{{min},{max}}}"),
+                None => format!("{{{min},}}"),
+            };
+            f.quoted.push(format!(r#""(?:[^"\\\x00-\x1F]){len}""#));
+            f.raw
+                .push(TableDfa::compile(&format!("(?s:.){len}"), limits)?);
+        }
+        if let Some(fmt) = o.get("format").and_then(Value::as_str) {
+            match format_regex(fmt) {
+                Some(r) => {
+                    f.quoted.push(format!("\"(?:{r})\""));
+                    f.raw.push(TableDfa::compile(r, limits)?);
+                }
+                None if SPEC_FORMATS.contains(&fmt) => {
+                    self.unsupported.push(format!("format {fmt:?} (at {at})"));
+                }
+                None => {}
+            }
+        }
+        let listed: Option<Vec<&Value>> = match (o.get("const"), o.get("enum")) {
+            (Some(c), _) => Some(vec![c]),
+            (None, Some(Value::Array(e))) => Some(e.iter().collect()),
+            (None, Some(_)) => {
+                return Err(GrammarError::Grammar(format!(
+                    "{at}: enum must be an array"
+                )))
+            }
+            (None, None) => None,
+        };
+        if let Some(listed) = listed {
+            // Names listed and passing the other keywords, as their exact JSON texts.
+            let names: Vec<String> = listed
+                .into_iter()
+                .filter_map(Value::as_str)
+                .filter(|n| f.allows(n))
+                .map(str::to_owned)
+                .collect();
+            let texts: Vec<String> = names
+                .iter()
+                .map(|n| regex_escape(&Value::String(n.clone()).to_string()))
+                .collect();
+            f.quoted = vec![if texts.is_empty() {
+                NOTHING.to_owned()
+            } else {
+                alts(texts)
+            }];
+            f.listed = Some(names);
+        }
+        Ok(Some(f))
+    }
+
     fn object(
         &mut self,
         obj: &Map<String, Value>,
@@ -912,6 +1027,24 @@ impl Compiler<'_> {
             }
             props = &with_required;
         }
+        // propertyNames: a declared name it rejects can never appear (a required one makes
+        // every object invalid); generated keys are intersected with it below.
+        let names = self.property_names(obj, path)?;
+        let with_names;
+        if let Some(f) = &names {
+            if required.iter().any(|r| !f.allows(r)) {
+                return self.b.lexeme(NOTHING);
+            }
+            if props.keys().any(|k| !f.allows(k)) {
+                with_names = props
+                    .iter()
+                    .filter(|(k, _)| f.allows(k))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect::<Map<String, Value>>();
+                props = &with_names;
+            }
+        }
+        let name_regexes: Vec<String> = names.map(|f| f.quoted).unwrap_or_default();
         let additional = match obj.get("additionalProperties") {
             None if self.opts.strict => None,
             None | Some(Value::Bool(true)) => Some(Value::Bool(true)),
@@ -955,10 +1088,6 @@ impl Compiler<'_> {
         if bad_pattern {
             return self.b.lexeme(STRING); // a placeholder: compile ends in the error
         }
-        let pattern_key = |p: &str| {
-            let (pre, body, post) = embed_pattern(p).expect("checked above");
-            format!(r#""{pre}(?:{}){post}""#, ecma_classes(body))
-        };
         // A declared property matching a pattern must satisfy both schemas: not merged yet.
         for (p, _) in &patterns {
             let dfa = TableDfa::compile(&pattern_key(p), limits)?;
@@ -979,10 +1108,13 @@ impl Compiler<'_> {
                 .filter(|(j, _)| *j != i)
                 .map(|(_, (q, _))| pattern_key(q))
                 .collect();
-            let key_desc = format!("key {p:?} but {declared:?} {others:?}");
+            let key_desc = format!("key {p:?} but {declared:?} {others:?} in {name_regexes:?}");
             let key = self.b.lexeme_dfa(&key_desc, || {
                 let mut d = TableDfa::compile(plain_key, limits)?
                     .intersect(&TableDfa::compile(&pattern_key(p), limits)?, limits)?;
+                for n in &name_regexes {
+                    d = d.intersect(&TableDfa::compile(n, limits)?, limits)?;
+                }
                 for o in others
                     .iter()
                     .chain(&[declared.join("|")])
@@ -996,7 +1128,7 @@ impl Compiler<'_> {
             classes.push((key, value));
         }
         if let Some(schema) = additional {
-            let key = if props.is_empty() && patterns.is_empty() {
+            let key = if props.is_empty() && patterns.is_empty() && name_regexes.is_empty() {
                 self.b.lexeme(STRING)?
             } else {
                 let excluded: Vec<String> = patterns
@@ -1009,8 +1141,12 @@ impl Compiler<'_> {
                 } else {
                     plain_key
                 };
-                self.b.lexeme_dfa(&format!("{base} but {excluded:?}"), || {
+                let desc = format!("{base} but {excluded:?} in {name_regexes:?}");
+                self.b.lexeme_dfa(&desc, || {
                     let mut d = TableDfa::compile(base, limits)?;
+                    for n in &name_regexes {
+                        d = d.intersect(&TableDfa::compile(n, limits)?, limits)?;
+                    }
                     for o in &excluded {
                         d = d.difference(&TableDfa::compile(o, limits)?, limits)?;
                     }
@@ -1222,6 +1358,7 @@ impl Compiler<'_> {
 
 const OBJECT_KEYS: &[&str] = &[
     "minProperties",
+    "propertyNames",
     "properties",
     "required",
     "additionalProperties",
@@ -1325,6 +1462,41 @@ fn embed_pattern(p: &str) -> Option<(&'static str, &str, &'static str)> {
     Some((pre, body, post))
 }
 
+/// The regex of no text at all (the false schema's lexeme).
+const NOTHING: &str = "[^\\x{0}-\\x{10FFFF}]";
+
+/// A JSON key (its JSON text, quoted) matching the JSON Schema pattern `p` (checked by
+/// [`embed_pattern`] first).
+fn pattern_key(p: &str) -> String {
+    let (pre, body, post) = embed_pattern(p).expect("anchors checked by the caller");
+    format!(r#""{pre}(?:{}){post}""#, ecma_classes(body))
+}
+
+/// What `propertyNames` allows.
+struct NameFilter {
+    /// Regexes over a key's JSON text, all to match: the keys generated (unescaped
+    /// characters only, except listed names, which are exact).
+    quoted: Vec<String>,
+    /// Automata over a name's characters, all to match (declared names are checked exactly).
+    raw: Vec<TableDfa>,
+    /// The names `const`/`enum` list, if they do.
+    listed: Option<Vec<String>>,
+}
+
+impl NameFilter {
+    fn allows(&self, name: &str) -> bool {
+        let listed = match &self.listed {
+            Some(l) => l.iter().any(|x| x == name),
+            None => true,
+        };
+        listed
+            && self
+                .raw
+                .iter()
+                .all(|d| d.is_accepting(d.run(d.start(), name.as_bytes())))
+    }
+}
+
 /// Longest run of characters one string lexeme counts (see `long_string`).
 const CHUNK: u64 = 256;
 
@@ -1336,7 +1508,6 @@ const NOT_YET: &[&str] = &[
     "dependentSchemas",
     "dependentRequired",
     "dependencies",
-    "propertyNames",
     "unevaluatedProperties",
     "unevaluatedItems",
     "contains",
