@@ -837,3 +837,24 @@ def test_json_schema_property_names_equal_jsonschema(schema: dict[str, Any]) -> 
 def test_json_schema_property_names_refuses_applicators() -> None:
     with pytest.raises(GrammarError, match=r"anyOf \(at #/propertyNames\)"):
         small_vocab().json_schema({"propertyNames": {"anyOf": [{"maxLength": 2}]}})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"minProperties": 2},
+        {"type": "object", "maxProperties": 2, "properties": {"a": {}, "b": {}}},
+        {"properties": {"a": {}, "b": {}}, "required": ["b"], "minProperties": 2, "maxProperties": 3},
+        {"properties": {"a": {}}, "additionalProperties": False, "minProperties": 2},
+        {"patternProperties": {"^a": {"type": "null"}}, "maxProperties": 1.0, "minProperties": 1},
+        {"maxProperties": 0},
+    ],
+)
+def test_json_schema_min_max_properties_equal_jsonschema(schema: dict[str, Any]) -> None:
+    some = "additionalProperties" not in schema and schema.get("maxProperties") != 0
+    _check_objects(schema, ["a", "b", "c", "ab", "zz"], 5, some_valid=some)
+
+
+def test_json_schema_property_counts_are_capped() -> None:
+    with pytest.raises(GrammarError, match=r"minProperties/maxProperties counting to 65"):
+        small_vocab().json_schema({"minProperties": 65})

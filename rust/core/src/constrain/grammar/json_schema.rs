@@ -864,9 +864,18 @@ impl Compiler<'_> {
     ) -> Result<Option<u64>, GrammarError> {
         match obj.get(key) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-                GrammarError::Grammar(format!("{path}: {key} must be a non-negative integer"))
-            }),
+            // An integral float (`2.0`) counts as its integer, as the spec allows.
+            Some(v) => v
+                .as_u64()
+                .or_else(|| {
+                    v.as_f64()
+                        .filter(|x| x.fract() == 0.0 && (0.0..9e15).contains(x))
+                        .map(|x| x as u64)
+                })
+                .map(Some)
+                .ok_or_else(|| {
+                    GrammarError::Grammar(format!("{path}: {key} must be a non-negative integer"))
+                }),
         }
     }
 
@@ -1156,79 +1165,85 @@ impl Compiler<'_> {
             let value = self.schema(&schema, &format!("{path}/additionalProperties"), depth + 1)?;
             classes.push((key, value));
         }
-        // minProperties 1 (the common case): a second chain, `nonempty_i`, as `first_i` without
-        // the empty ending. Other counts are not compiled yet.
+        // Properties are counted (0..=top emitted so far) where min/maxProperties ask:
+        // up to maxProperties, or else up to max(minProperties, 1), saturating (past it only
+        // "something was emitted" matters, for the separator). Without either keyword this
+        // is the plain "first / rest" chain.
         let min_props = self.count(obj, "minProperties", path)?.unwrap_or(0);
-        if min_props > 1 {
-            self.unsupported
-                .push(format!("minProperties above 1 (at {path})"));
+        let max_props = self.count(obj, "maxProperties", path)?;
+        let top = max_props.unwrap_or(min_props.max(1));
+        let width = (top as usize + 1).saturating_mul(props.len() + 1);
+        if top > MAX_COUNT || width > MAX_COUNT_RULES {
+            self.unsupported.push(format!(
+                "minProperties/maxProperties counting to {top} over {} properties (at {path}): \
+                 more than {MAX_COUNT} counts or {MAX_COUNT_RULES} rules",
+                props.len()
+            ));
+            return self.b.lexeme(NOTHING);
         }
-        let mut nonempty: Option<u32> = None;
-        if min_props == 1 && !classes.is_empty() {
-            let ne = self.b.fresh("more");
-            nonempty = Some(ne);
-            // Filled below, once `rest` of the additional properties exists.
-        }
-        let (end_first, end_rest) = if classes.is_empty() {
-            let e = self.b.fresh("end");
-            self.b.rule(e, vec![])?;
-            (e, e)
-        } else {
+        let top = top as usize;
+        let can_add = |c: usize| max_props.map_or(true, |m| (c as u64) < m);
+        let inc = |c: usize| match max_props {
+            None => (c + 1).min(top),
+            Some(_) => c + 1,
+        };
+        let nothing = self.b.lexeme(NOTHING)?;
+        // tail[c]: the additional properties after c were emitted.
+        let tail: Vec<u32> = (0..=top).map(|_| self.b.fresh("more")).collect();
+        let mut rest = None;
+        if max_props.is_none() && !classes.is_empty() {
             // rest ::= rest sep key_c : value_c (each class c) | ε
-            // first ::= key_c : value_c rest (each class c) | ε
-            let rest = self.b.fresh("more");
-            let first = self.b.fresh("more");
+            let r = self.b.fresh("more");
             for &(key, value) in &classes {
-                self.b
-                    .rule(rest, vec![Sym::Nt(rest), sep, key, key_sep, value])?;
-                self.b
-                    .rule(first, vec![key, key_sep, value, Sym::Nt(rest)])?;
+                self.b.rule(r, vec![Sym::Nt(r), sep, key, key_sep, value])?;
             }
-            self.b.rule(rest, vec![])?;
-            self.b.rule(first, vec![])?;
-            if let Some(ne) = nonempty {
+            self.b.rule(r, vec![])?;
+            rest = Some(r);
+        }
+        for (c, &t) in tail.iter().enumerate() {
+            // Every count gets a rule (one that derives nothing is pruned at build).
+            self.b.rule(t, vec![nothing])?;
+            if max_props.is_none() && c == top {
+                match rest {
+                    Some(r) => self.b.rule(t, vec![Sym::Nt(r)])?,
+                    None => self.b.rule(t, vec![])?,
+                }
+                continue;
+            }
+            if c as u64 >= min_props {
+                self.b.rule(t, vec![])?;
+            }
+            if can_add(c) {
                 for &(key, value) in &classes {
-                    self.b.rule(ne, vec![key, key_sep, value, Sym::Nt(rest)])?;
+                    let mut rhs = if c > 0 { vec![sep] } else { vec![] };
+                    rhs.extend([key, key_sep, value, Sym::Nt(tail[inc(c)])]);
+                    self.b.rule(t, rhs)?;
                 }
             }
-            (first, rest)
-        };
-        // From the last property back: first_i (nothing emitted yet) and rest_i (something
-        // was: a separator comes first).
-        let (mut first, mut rest) = (end_first, end_rest);
+        }
+        // From the last declared property back: next[c] emits the properties after it, c
+        // emitted before (c > 0: a separator comes first).
+        let mut next = tail;
         for (name, s) in props.iter().rev() {
             let key_json = Value::String(name.clone()).to_string();
             let key = self.b.lexeme(&regex_escape(&key_json))?;
             let value = self.schema(s, &format!("{path}/properties/{name}"), depth + 1)?;
-            let (f, r) = (self.b.fresh("props"), self.b.fresh("props"));
-            self.b.rule(f, vec![key, key_sep, value, Sym::Nt(rest)])?;
-            self.b
-                .rule(r, vec![sep, key, key_sep, value, Sym::Nt(rest)])?;
-            if min_props == 1 {
-                let ne = self.b.fresh("props");
-                self.b.rule(ne, vec![key, key_sep, value, Sym::Nt(rest)])?;
-                if let (Some(next), false) = (nonempty, required.contains(&name.as_str())) {
-                    self.b.rule(ne, vec![Sym::Nt(next)])?;
+            let cur: Vec<u32> = (0..=top).map(|_| self.b.fresh("props")).collect();
+            for (c, &nt) in cur.iter().enumerate() {
+                self.b.rule(nt, vec![nothing])?;
+                if can_add(c) {
+                    let mut rhs = if c > 0 { vec![sep] } else { vec![] };
+                    rhs.extend([key, key_sep, value, Sym::Nt(next[inc(c)])]);
+                    self.b.rule(nt, rhs)?;
                 }
-                nonempty = Some(ne);
+                if !required.contains(&name.as_str()) {
+                    self.b.rule(nt, vec![Sym::Nt(next[c])])?;
+                }
             }
-            if !required.contains(&name.as_str()) {
-                self.b.rule(f, vec![Sym::Nt(first)])?;
-                self.b.rule(r, vec![Sym::Nt(rest)])?;
-            }
-            (first, rest) = (f, r);
+            next = cur;
         }
-        let body = match (min_props, nonempty) {
-            (0, _) => first,
-            (_, Some(ne)) => ne,
-            (_, None) => {
-                return Err(GrammarError::Grammar(format!(
-                    "{path}: minProperties {min_props} but no property is allowed"
-                )))
-            }
-        };
         let nt = self.b.fresh("object");
-        self.b.rule(nt, vec![open, Sym::Nt(body), close])?;
+        self.b.rule(nt, vec![open, Sym::Nt(next[0]), close])?;
         Ok(Sym::Nt(nt))
     }
 
@@ -1358,6 +1373,7 @@ impl Compiler<'_> {
 
 const OBJECT_KEYS: &[&str] = &[
     "minProperties",
+    "maxProperties",
     "propertyNames",
     "properties",
     "required",
@@ -1497,6 +1513,11 @@ impl NameFilter {
     }
 }
 
+/// Most properties `minProperties`/`maxProperties` count, and most rules the counting chain
+/// may take (counts times declared properties).
+const MAX_COUNT: u64 = 64;
+const MAX_COUNT_RULES: usize = 4096;
+
 /// Longest run of characters one string lexeme counts (see `long_string`).
 const CHUNK: u64 = 256;
 
@@ -1514,7 +1535,6 @@ const NOT_YET: &[&str] = &[
     "minContains",
     "maxContains",
     "uniqueItems",
-    "maxProperties",
     "divisibleBy",
     "$dynamicRef",
     "$recursiveRef",
