@@ -858,3 +858,54 @@ def test_json_schema_min_max_properties_equal_jsonschema(schema: dict[str, Any])
 def test_json_schema_property_counts_are_capped() -> None:
     with pytest.raises(GrammarError, match=r"minProperties/maxProperties counting to 65"):
         small_vocab().json_schema({"minProperties": 65})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"properties": {"a": {}, "b": {}, "c": {}}, "dependentRequired": {"a": ["b"], "c": ["a", "b"]}},
+        {
+            "properties": {"a": {}, "b": {}, "c": {}},
+            "dependentSchemas": {"c": {"properties": {"a": {"type": "integer"}}}, "b": False},
+        },
+        {
+            "type": ["object", "integer"],
+            "properties": {"a": {}, "b": {}},
+            "required": ["a"],
+            "dependentRequired": {"a": ["b"]},
+            "dependentSchemas": {"zz": {"maxProperties": 2}},
+        },
+    ],
+)
+def test_json_schema_dependencies_equal_jsonschema(schema: dict[str, Any]) -> None:
+    _check_objects(schema, ["a", "b", "c", "zz"], 9)
+
+
+def test_json_schema_dependencies_are_capped() -> None:
+    deps = {k: ["z"] for k in "abcdef"}
+    with pytest.raises(GrammarError, match=r"with 6 trigger properties \(at #\)"):
+        small_vocab().json_schema({"dependentRequired": deps})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"if": {"exclusiveMaximum": 0}, "then": {"minimum": -10}, "else": {"multipleOf": 2}},
+        {"if": {"type": "string"}, "then": {"maxLength": 2}, "else": {"type": "integer"}},
+        {"if": {"maxLength": 2}, "then": {"pattern": "a"}},
+        {"if": {"minimum": 3}, "else": {"type": "null"}},
+        {"allOf": [{"if": {"type": "null"}}, {"then": False}, {"else": False}]},
+        {"if": False, "then": False, "else": {"type": "array"}},
+    ],
+)
+def test_json_schema_if_then_else_equal_jsonschema(schema: dict[str, Any]) -> None:
+    import jsonschema
+
+    g = small_vocab().json_schema(schema)
+    values: list[object] = [-20, -10, -3, -2, 0, 1, 2, 3, 4, 5.5, "", "a", "ab", "abc", "xy"]
+    values += [None, True, [], [1], {}, {"a": 1}]
+    for value in values:
+        valid = jsonschema.Draft202012Validator(schema).is_valid(value)
+        assert g.matches(json.dumps(value)) == valid, (schema, value)
+    with pytest.raises(GrammarError, match=r"if \(at #\)"):
+        small_vocab().json_schema({"if": {"const": 1}, "then": False})

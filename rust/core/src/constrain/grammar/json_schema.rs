@@ -126,6 +126,95 @@ fn resolve<'a>(root: &'a Value, reference: &str) -> Result<&'a Value, GrammarErr
         .ok_or_else(|| GrammarError::Grammar(format!("$ref {reference:?} points to nothing")))
 }
 
+/// A schema valid exactly where `n` is not, for the forms that have one here: booleans,
+/// `{}`, `type` lists (not `integer` without `number`: its complement within numbers is not
+/// regular), double negations, and one numeric bound or string length on its own.
+fn negation(n: &Value) -> Option<Value> {
+    let only = |k: &str| {
+        n.as_object()
+            .is_some_and(|o| o.contains_key(k) && o.keys().all(|x| x == k || ignored(x)))
+    };
+    let kinds_but = |kind: &str| -> Value {
+        let kinds: Vec<Value> = ["object", "array", "string", "number", "boolean", "null"]
+            .iter()
+            .filter(|k| **k != kind)
+            .map(|k| Value::String((*k).to_owned()))
+            .collect();
+        Value::Array(kinds)
+    };
+    if *n == Value::Bool(true) || n.as_object().is_some_and(|o| o.keys().all(|k| ignored(k))) {
+        return Some(Value::Bool(false)); // nothing is valid
+    }
+    if *n == Value::Bool(false) {
+        return Some(Value::Object(Map::new()));
+    }
+    if only("type") {
+        let listed: Vec<&str> = match &n["type"] {
+            Value::String(t) => vec![t.as_str()],
+            Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+            _ => Vec::new(),
+        };
+        if listed.contains(&"integer") && !listed.contains(&"number") {
+            return None;
+        }
+        let kinds: Vec<Value> = ["object", "array", "string", "number", "boolean", "null"]
+            .iter()
+            .filter(|k| !listed.contains(k))
+            .map(|k| Value::String((*k).to_owned()))
+            .collect();
+        let mut t = Map::new();
+        t.insert("type".into(), Value::Array(kinds));
+        return Some(Value::Object(t));
+    }
+    if only("not") {
+        return Some(n["not"].clone()); // double negation
+    }
+    // One bound: other kinds pass, numbers (strings) on the other side of it.
+    let flipped = [
+        ("minimum", "exclusiveMaximum", "number"),
+        ("exclusiveMinimum", "maximum", "number"),
+        ("maximum", "exclusiveMinimum", "number"),
+        ("exclusiveMaximum", "minimum", "number"),
+        ("minLength", "maxLength", "string"),
+        ("maxLength", "minLength", "string"),
+    ];
+    for (key, other, kind) in flipped {
+        if !only(key) {
+            continue;
+        }
+        let v = &n[key];
+        let bound = match kind {
+            "number" => v.as_f64().filter(|x| x.is_finite()).map(|_| v.clone())?,
+            // Lengths are integers: not (length >= a) is length <= a - 1, and so on.
+            _ => {
+                let a = v.as_u64()?;
+                match key {
+                    "minLength" if a == 0 => return Some(json_type(kinds_but(kind))),
+                    "minLength" => Value::from(a - 1),
+                    _ => Value::from(a.checked_add(1)?),
+                }
+            }
+        };
+        let mut kind_schema = Map::new();
+        kind_schema.insert("type".into(), Value::String(kind.to_owned()));
+        kind_schema.insert(other.into(), bound);
+        let mut any = Map::new();
+        any.insert(
+            "anyOf".into(),
+            Value::Array(vec![json_type(kinds_but(kind)), Value::Object(kind_schema)]),
+        );
+        return Some(Value::Object(any));
+    }
+    None
+}
+
+/// `{"type": t}`.
+fn json_type(t: Value) -> Value {
+    let mut m = Map::new();
+    m.insert("type".into(), t);
+    Value::Object(m)
+}
+
 fn regex_escape(s: &str) -> String {
     s.chars()
         .map(|c| format!("\\x{{{:X}}}", c as u32))
@@ -228,44 +317,19 @@ impl Compiler<'_> {
             }
             return self.reference(r);
         }
+        if ["if", "then", "else"].iter().any(|k| obj.contains_key(*k)) {
+            return self.conditional(obj, path, depth);
+        }
+        if ["dependentRequired", "dependentSchemas", "dependencies"]
+            .iter()
+            .any(|k| obj.contains_key(*k))
+        {
+            return self.dependencies(obj, path, depth);
+        }
         if let Some(n) = obj.get("not") {
             let mut rest = obj.clone();
             rest.remove("not");
-            let only = |k: &str| {
-                n.as_object()
-                    .is_some_and(|o| o.contains_key(k) && o.keys().all(|x| x == k || ignored(x)))
-            };
-            let negated: Option<Value> = if *n == Value::Bool(true)
-                || n.as_object().is_some_and(|o| o.keys().all(|k| ignored(k)))
-            {
-                Some(Value::Bool(false)) // nothing is valid
-            } else if *n == Value::Bool(false) {
-                Some(Value::Object(Map::new()))
-            } else if only("type") {
-                // The kinds not listed (integer's complement within numbers is not regular).
-                let listed: Vec<&str> = match &n["type"] {
-                    Value::String(t) => vec![t.as_str()],
-                    Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
-                    _ => Vec::new(),
-                };
-                if listed.contains(&"integer") && !listed.contains(&"number") {
-                    None
-                } else {
-                    let kinds: Vec<Value> =
-                        ["object", "array", "string", "number", "boolean", "null"]
-                            .iter()
-                            .filter(|k| !listed.contains(k))
-                            .map(|k| Value::String((*k).to_owned()))
-                            .collect();
-                    let mut t = Map::new();
-                    t.insert("type".into(), Value::Array(kinds));
-                    Some(Value::Object(t))
-                }
-            } else if only("not") {
-                Some(n["not"].clone()) // double negation
-            } else {
-                None
-            };
+            let negated = negation(n);
             let Some(negated) = negated else {
                 self.unsupported.push(format!("not (at {path})"));
                 return self.any_value();
@@ -403,6 +467,190 @@ impl Compiler<'_> {
         self.alt("types", alts)
     }
 
+    /// `if`/`then`/`else` as alternatives: `(if and then) or (not if and else)`, where
+    /// `not if` has a schema ([`negation`]); `if` with only `else` is `if or else` (no
+    /// negation needed), a lone `then`/`else` or a lone `if` asserts nothing.
+    fn conditional(
+        &mut self,
+        obj: &Map<String, Value>,
+        path: &str,
+        depth: usize,
+    ) -> Result<Sym, GrammarError> {
+        let mut rest = obj.clone();
+        let (cond, then, other) = (rest.remove("if"), rest.remove("then"), rest.remove("else"));
+        let rest = Value::Object(rest);
+        let all = |parts: Vec<Value>| {
+            let mut m = Map::new();
+            m.insert("allOf".into(), Value::Array(parts));
+            Value::Object(m)
+        };
+        let any = |parts: Vec<Value>| {
+            let mut m = Map::new();
+            m.insert("anyOf".into(), Value::Array(parts));
+            Value::Object(m)
+        };
+        let expanded = match (cond, then, other) {
+            (None, _, _) | (Some(_), None, None) => rest,
+            (Some(Value::Bool(true)), Some(t), _) => all(vec![rest, t]),
+            (Some(Value::Bool(true)), None, _) => rest,
+            (Some(Value::Bool(false)), _, Some(e)) => all(vec![rest, e]),
+            (Some(Value::Bool(false)), _, None) => rest,
+            (Some(c), None, Some(e)) => any(vec![all(vec![rest.clone(), c]), all(vec![rest, e])]),
+            (Some(c), then, other) => {
+                let Some(not_c) = negation(&c) else {
+                    self.unsupported.push(format!(
+                        "if (at {path}): only an `if` whose negation has a schema (types, one \
+                         bound or length, booleans) is supported with then"
+                    ));
+                    return self.any_value();
+                };
+                let t = then.unwrap_or(Value::Bool(true));
+                let e = other.unwrap_or(Value::Bool(true));
+                any(vec![
+                    all(vec![rest.clone(), c, t]),
+                    all(vec![rest, not_c, e]),
+                ])
+            }
+        };
+        self.schema(&expanded, path, depth + 1)
+    }
+
+    /// `dependentRequired`, `dependentSchemas` (and draft-7 `dependencies`) by expansion:
+    /// one alternative per subset of the trigger properties present (the others absent:
+    /// declared `false`), each requiring its triggers' dependents and merging their
+    /// schemas; non-objects take the schema without them. Refused past
+    /// [`MAX_DEP_TRIGGERS`] triggers (2^n alternatives).
+    fn dependencies(
+        &mut self,
+        obj: &Map<String, Value>,
+        path: &str,
+        depth: usize,
+    ) -> Result<Sym, GrammarError> {
+        let mut rest = obj.clone();
+        // trigger -> (dependent names, dependent schemas)
+        let mut triggers: Vec<(String, Vec<Value>, Vec<Value>)> = Vec::new();
+        let mut add = |name: &str, req: Option<Vec<Value>>, schema: Option<Value>| {
+            let i = match triggers.iter().position(|t| t.0 == name) {
+                Some(i) => i,
+                None => {
+                    triggers.push((name.to_owned(), Vec::new(), Vec::new()));
+                    triggers.len() - 1
+                }
+            };
+            triggers[i].1.extend(req.unwrap_or_default());
+            triggers[i].2.extend(schema);
+        };
+        for key in ["dependentRequired", "dependentSchemas", "dependencies"] {
+            let Some(v) = rest.remove(key) else { continue };
+            let Value::Object(m) = v else {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: {key} must be an object"
+                )));
+            };
+            for (name, d) in m {
+                match (key, d) {
+                    ("dependentRequired", Value::Array(r)) | ("dependencies", Value::Array(r)) => {
+                        add(&name, Some(r), None)
+                    }
+                    ("dependentRequired", _) => {
+                        return Err(GrammarError::Grammar(format!(
+                            "{path}: dependentRequired values must be arrays"
+                        )))
+                    }
+                    (_, s) => add(&name, None, Some(s)),
+                }
+            }
+        }
+        let kinds: Vec<String> = match rest.get("type") {
+            None => ["object", "array", "string", "number", "boolean", "null"]
+                .iter()
+                .map(|k| (*k).to_owned())
+                .collect(),
+            Some(Value::String(t)) => vec![t.clone()],
+            Some(Value::Array(ts)) => ts
+                .iter()
+                .filter_map(|t| t.as_str().map(str::to_owned))
+                .collect(),
+            Some(_) => return Err(GrammarError::Grammar(format!("{path}: bad \"type\""))),
+        };
+        if !kinds.iter().any(|k| k == "object") {
+            return self.schema(&Value::Object(rest), path, depth + 1);
+        }
+        if triggers.len() > MAX_DEP_TRIGGERS {
+            self.unsupported.push(format!(
+                "dependentRequired/dependentSchemas with {} trigger properties (at {path}): \
+                 at most {MAX_DEP_TRIGGERS}",
+                triggers.len()
+            ));
+            return self.any_value();
+        }
+        let mut alts = Vec::new();
+        let others: Vec<Value> = kinds
+            .iter()
+            .filter(|k| *k != "object")
+            .map(|k| Value::String(k.clone()))
+            .collect();
+        if !others.is_empty() {
+            let mut o = rest.clone();
+            o.insert("type".into(), Value::Array(others));
+            alts.push(Value::Object(o));
+        }
+        let required: Vec<Value> = rest
+            .get("required")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        'subsets: for mask in 0u32..(1 << triggers.len()) {
+            let mut alt = rest.clone();
+            alt.insert("type".into(), Value::String("object".into()));
+            let mut req = required.clone();
+            let mut props = match alt.get("properties") {
+                Some(Value::Object(p)) => p.clone(),
+                _ => Map::new(),
+            };
+            let mut parts = Vec::new();
+            for (i, (name, dependents, schemas)) in triggers.iter().enumerate() {
+                if mask & (1 << i) != 0 {
+                    // Dependents before their trigger: undeclared required names are
+                    // generated in this order (a guess at the usual one; others are missed).
+                    for r in dependents
+                        .iter()
+                        .cloned()
+                        .chain(std::iter::once(Value::String(name.clone())))
+                    {
+                        if !req.contains(&r) {
+                            req.push(r);
+                        }
+                    }
+                    parts.extend(schemas.iter().cloned());
+                } else {
+                    if required.contains(&Value::String(name.clone())) {
+                        continue 'subsets; // a required trigger is always present
+                    }
+                    props.insert(name.clone(), Value::Bool(false));
+                }
+            }
+            if !props.is_empty() {
+                alt.insert("properties".into(), Value::Object(props));
+            }
+            if !req.is_empty() {
+                alt.insert("required".into(), Value::Array(req));
+            }
+            let alt = Value::Object(alt);
+            if parts.is_empty() {
+                alts.push(alt);
+            } else {
+                parts.insert(0, alt);
+                let mut m = Map::new();
+                m.insert("allOf".into(), Value::Array(parts));
+                alts.push(Value::Object(m));
+            }
+        }
+        let mut m = Map::new();
+        m.insert("anyOf".into(), Value::Array(alts));
+        self.schema(&Value::Object(m), path, depth + 1)
+    }
+
     fn reference(&mut self, r: &str) -> Result<Sym, GrammarError> {
         if let Some(&nt) = self.refs.get(r) {
             return Ok(Sym::Nt(nt));
@@ -449,11 +697,34 @@ impl Compiler<'_> {
             match m {
                 Value::Object(o) => parts.push(o.clone()),
                 Value::Bool(true) => {}
+                // Nothing satisfies a false member, so nothing satisfies the allOf.
+                Value::Bool(false) => return Ok(Value::Bool(false)),
                 _ => {
-                    self.unsupported
-                        .push(format!("allOf with a false member (at {path})"));
+                    return Err(GrammarError::Grammar(format!(
+                        "{path}: allOf members must be schemas"
+                    )))
                 }
             }
+        }
+        // if/then/else read each other only within one member: drop the ones that assert
+        // nothing alone, and refuse them in two members (merging would pair them).
+        let cond = ["if", "then", "else"];
+        for p in parts.iter_mut() {
+            if !p.contains_key("if") || !(p.contains_key("then") || p.contains_key("else")) {
+                for k in cond {
+                    p.remove(k);
+                }
+            }
+        }
+        if parts
+            .iter()
+            .filter(|p| cond.iter().any(|k| p.contains_key(*k)))
+            .count()
+            > 1
+        {
+            self.unsupported.push(format!(
+                "allOf with if/then/else in two members (at {path})"
+            ));
         }
         // Keywords that read their siblings (items after prefixItems, additionalProperties
         // beside properties) would change meaning if merged across members.
@@ -495,16 +766,22 @@ impl Compiler<'_> {
                     }
                     ("properties", Some(Value::Object(props))) => {
                         for (name, s) in v.as_object().cloned().unwrap_or_default() {
-                            // A property constrained twice must satisfy both schemas.
-                            let s = match props.remove(&name) {
-                                Some(prev) if prev != s => {
+                            // A property constrained twice must satisfy both schemas (kept
+                            // in place: declared order is the output order).
+                            match props.get_mut(&name) {
+                                Some(prev) if *prev != s => {
                                     let mut both = Map::new();
-                                    both.insert("allOf".into(), Value::Array(vec![prev, s]));
-                                    Value::Object(both)
+                                    both.insert(
+                                        "allOf".into(),
+                                        Value::Array(vec![prev.clone(), s]),
+                                    );
+                                    *prev = Value::Object(both);
                                 }
-                                _ => s,
-                            };
-                            props.insert(name, s);
+                                Some(_) => {}
+                                None => {
+                                    props.insert(name, s);
+                                }
+                            }
                         }
                     }
                     ("type", Some(prev)) => {
@@ -1389,7 +1666,20 @@ const ARRAY_KEYS: &[&str] = &[
 ];
 /// Keywords compiled (beside the kind-specific ones).
 const GENERAL_KEYS: &[&str] = &[
-    "type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "not",
+    "type",
+    "enum",
+    "const",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "$ref",
+    "not",
+    "if",
+    "then",
+    "else",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
 ];
 
 /// Is `k` ignored: an annotation, or outside the JSON Schema vocabularies?
@@ -1513,6 +1803,9 @@ impl NameFilter {
     }
 }
 
+/// Most trigger properties `dependentRequired`/`dependentSchemas` expand (2^n alternatives).
+const MAX_DEP_TRIGGERS: usize = 5;
+
 /// Most properties `minProperties`/`maxProperties` count, and most rules the counting chain
 /// may take (counts times declared properties).
 const MAX_COUNT: u64 = 64;
@@ -1523,12 +1816,6 @@ const CHUNK: u64 = 256;
 
 /// Assertions and applicators of drafts 4 to 2020-12 not compiled (yet).
 const NOT_YET: &[&str] = &[
-    "if",
-    "then",
-    "else",
-    "dependentSchemas",
-    "dependentRequired",
-    "dependencies",
     "unevaluatedProperties",
     "unevaluatedItems",
     "contains",
