@@ -687,6 +687,9 @@ def test_json_schema_all_of_merges_types_and_properties() -> None:
         {"not": {"not": {"type": "boolean"}}},
         {"properties": {"a": {"not": {}}}},
         {"not": False},
+        {"not": {"minLength": 1}},
+        {"not": {"exclusiveMinimum": 1}},
+        {"type": ["number", "string"], "not": {"maximum": 2}},
     ],
 )
 def test_json_schema_not_forms_equal_jsonschema(schema: dict[str, Any]) -> None:
@@ -697,7 +700,7 @@ def test_json_schema_not_forms_equal_jsonschema(schema: dict[str, Any]) -> None:
         valid = jsonschema.Draft202012Validator(schema).is_valid(value)
         assert g.matches(json.dumps(value)) == valid, (schema, value)
     with pytest.raises(GrammarError, match=r"not \(at #\)"):
-        small_vocab().json_schema({"not": {"minLength": 2}})
+        small_vocab().json_schema({"not": {"minLength": 2, "maxLength": 5}})
 
 
 @pytest.mark.parametrize(
@@ -909,3 +912,43 @@ def test_json_schema_if_then_else_equal_jsonschema(schema: dict[str, Any]) -> No
         assert g.matches(json.dumps(value)) == valid, (schema, value)
     with pytest.raises(GrammarError, match=r"if \(at #\)"):
         small_vocab().json_schema({"if": {"const": 1}, "then": False})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"contains": {"type": "integer", "minimum": 2}},
+        {"items": {"multipleOf": 2}, "contains": {"multipleOf": 3}},
+        {"contains": {"const": 1}, "minContains": 2, "maxItems": 3},
+        {"prefixItems": [{"type": "string"}], "items": False, "contains": {"type": "string"}},
+        {"prefixItems": [{"type": "null"}, {}], "contains": {"type": "null"}, "minItems": 1},
+        {"contains": False, "minContains": 0},
+        {"contains": True, "minContains": 3},
+        {"uniqueItems": True, "maxItems": 1, "items": {"type": "integer"}},
+        {"uniqueItems": False, "contains": {"type": "null"}, "minItems": 3},
+    ],
+)
+def test_json_schema_contains_and_unique_items_equal_jsonschema(schema: dict[str, Any]) -> None:
+    import jsonschema
+
+    g = small_vocab().json_schema(schema)
+    rng = random.Random(13)
+    values: list[object] = [1, "s", None, {}]
+    for _ in range(500):
+        n = rng.randint(0, 5)
+        values.append([rng.choice([0, 1, 2, 3, 6, 4.5, "s", None, [1]]) for _ in range(n)])
+    seen = 0
+    for value in values:
+        valid = jsonschema.Draft202012Validator(schema).is_valid(value)
+        assert g.matches(json.dumps(value)) == valid, (schema, value)
+        seen += valid and isinstance(value, list) and len(value) > 1
+    assert seen > 0 or schema.get("maxItems") == 1 or schema.get("items") is False
+
+
+def test_json_schema_contains_refusals_name_the_keyword() -> None:
+    with pytest.raises(GrammarError, match=r"maxContains \(at #\)"):
+        small_vocab().json_schema({"contains": {"type": "null"}, "maxContains": 2})
+    with pytest.raises(GrammarError, match=r"uniqueItems \(at #\): only on arrays of at most one"):
+        small_vocab().json_schema({"uniqueItems": True})
+    with pytest.raises(GrammarError, match=r"uniqueItems beside const/enum"):
+        small_vocab().json_schema({"enum": [[1, 1]], "uniqueItems": True})

@@ -134,14 +134,6 @@ fn negation(n: &Value) -> Option<Value> {
         n.as_object()
             .is_some_and(|o| o.contains_key(k) && o.keys().all(|x| x == k || ignored(x)))
     };
-    let kinds_but = |kind: &str| -> Value {
-        let kinds: Vec<Value> = ["object", "array", "string", "number", "boolean", "null"]
-            .iter()
-            .filter(|k| **k != kind)
-            .map(|k| Value::String((*k).to_owned()))
-            .collect();
-        Value::Array(kinds)
-    };
     if *n == Value::Bool(true) || n.as_object().is_some_and(|o| o.keys().all(|k| ignored(k))) {
         return Some(Value::Bool(false)); // nothing is valid
     }
@@ -169,7 +161,8 @@ fn negation(n: &Value) -> Option<Value> {
     if only("not") {
         return Some(n["not"].clone()); // double negation
     }
-    // One bound: other kinds pass, numbers (strings) on the other side of it.
+    // One bound: values of its kind on the other side of it (other kinds satisfy the bound,
+    // so they fail its negation).
     let flipped = [
         ("minimum", "exclusiveMaximum", "number"),
         ("exclusiveMinimum", "maximum", "number"),
@@ -189,7 +182,7 @@ fn negation(n: &Value) -> Option<Value> {
             _ => {
                 let a = v.as_u64()?;
                 match key {
-                    "minLength" if a == 0 => return Some(json_type(kinds_but(kind))),
+                    "minLength" if a == 0 => return Some(Value::Bool(false)),
                     "minLength" => Value::from(a - 1),
                     _ => Value::from(a.checked_add(1)?),
                 }
@@ -198,21 +191,9 @@ fn negation(n: &Value) -> Option<Value> {
         let mut kind_schema = Map::new();
         kind_schema.insert("type".into(), Value::String(kind.to_owned()));
         kind_schema.insert(other.into(), bound);
-        let mut any = Map::new();
-        any.insert(
-            "anyOf".into(),
-            Value::Array(vec![json_type(kinds_but(kind)), Value::Object(kind_schema)]),
-        );
-        return Some(Value::Object(any));
+        return Some(Value::Object(kind_schema));
     }
     None
-}
-
-/// `{"type": t}`.
-fn json_type(t: Value) -> Value {
-    let mut m = Map::new();
-    m.insert("type".into(), t);
-    Value::Object(m)
 }
 
 fn regex_escape(s: &str) -> String {
@@ -404,6 +385,22 @@ impl Compiler<'_> {
             let integral = v.as_f64().is_some_and(|x| x.fract() == 0.0);
             kinds.contains(&kind) || (kind == "number" && integral && kinds.contains(&"integer"))
         };
+        if obj.contains_key("const") || obj.contains_key("enum") {
+            // The listed values are taken as they are (only `type` filters them): keywords
+            // compiled since would be skipped, so they are refused beside const/enum.
+            for k in [
+                "uniqueItems",
+                "contains",
+                "multipleOf",
+                "propertyNames",
+                "maxProperties",
+            ] {
+                if obj.contains_key(k) {
+                    self.unsupported
+                        .push(format!("{k} beside const/enum (at {path})"));
+                }
+            }
+        }
         if let Some(c) = obj.get("const") {
             if !type_ok(c) {
                 return self.schema(&Value::Bool(false), path, depth);
@@ -835,6 +832,41 @@ impl Compiler<'_> {
                             self.unsupported.push(format!(
                                 "allOf with two additionalProperties schemas (at {path})"
                             ));
+                        }
+                    }
+                    // Both bounds hold: the tighter one.
+                    (
+                        "minimum" | "exclusiveMinimum" | "minLength" | "minItems" | "minProperties"
+                        | "minContains",
+                        Some(prev),
+                    ) if prev.is_number() && v.is_number() => {
+                        if v.as_f64() > prev.as_f64() {
+                            *prev = v;
+                        }
+                    }
+                    (
+                        "maximum" | "exclusiveMaximum" | "maxLength" | "maxItems" | "maxProperties"
+                        | "maxContains",
+                        Some(prev),
+                    ) if prev.is_number() && v.is_number() => {
+                        if v.as_f64() < prev.as_f64() {
+                            *prev = v;
+                        }
+                    }
+                    // Multiples of two integers: multiples of their least common multiple.
+                    ("multipleOf", Some(prev))
+                        if prev.as_u64().is_some() && v.as_u64().is_some() =>
+                    {
+                        let (a, b) = (prev.as_u64().unwrap_or(1), v.as_u64().unwrap_or(1));
+                        let (mut x, mut y) = (a, b);
+                        while y != 0 {
+                            (x, y) = (y, x % y);
+                        }
+                        match (a / x.max(1)).checked_mul(b) {
+                            Some(l) => *prev = Value::from(l),
+                            None => self
+                                .unsupported
+                                .push(format!("allOf merging two multipleOf (at {path})")),
                         }
                     }
                     (_, Some(prev)) if *prev == v || ignored(&k) => {}
@@ -1572,6 +1604,40 @@ impl Compiler<'_> {
                 most.unwrap_or(0)
             )));
         }
+        match obj.get("uniqueItems") {
+            None | Some(Value::Bool(false)) => {}
+            // Distinctness is not context-free in general: exact only when no two items
+            // can coexist.
+            Some(Value::Bool(true)) if most.is_some_and(|m| m <= 1) => {}
+            Some(Value::Bool(true)) => self.unsupported.push(format!(
+                "uniqueItems (at {path}): only on arrays of at most one item"
+            )),
+            Some(_) => {
+                return Err(GrammarError::Grammar(format!(
+                    "{path}: uniqueItems must be a boolean"
+                )))
+            }
+        }
+        if let Some(c) = obj.get("contains") {
+            let need = match self.count(obj, "minContains", path)? {
+                Some(n) => n,
+                None => 1,
+            };
+            if obj.contains_key("maxContains") {
+                // At most n matches needs the items that do not match: a negation.
+                self.unsupported.push(format!("maxContains (at {path})"));
+            }
+            if need > 0 {
+                let c = c.clone();
+                let shape = ArrayShape {
+                    min,
+                    most,
+                    items,
+                    prefix: &prefix,
+                };
+                return self.array_contains(obj, &c, need, shape, path, depth);
+            }
+        }
         let explicit = most.unwrap_or(k.max(min));
         if explicit > self.b.limits().max_symbols {
             return Err(GrammarError::TooLarge(format!(
@@ -1608,6 +1674,123 @@ impl Compiler<'_> {
         }
         let nt = self.b.fresh("array");
         self.b.rule(nt, vec![open, Sym::Nt(body), close])?;
+        Ok(Sym::Nt(nt))
+    }
+
+    /// An array (of `shape`) with at least `need` items matching `contains`: positions are
+    /// walked with the matches counted (saturating at `need`); a matching item is compiled
+    /// as its position's schema and `contains` together. Unbounded arrays repeat their
+    /// last position's rules.
+    fn array_contains(
+        &mut self,
+        obj: &Map<String, Value>,
+        contains: &Value,
+        need: u64,
+        shape: ArrayShape<'_>,
+        path: &str,
+        depth: usize,
+    ) -> Result<Sym, GrammarError> {
+        let ArrayShape {
+            min,
+            most,
+            items,
+            prefix,
+        } = shape;
+        let k = prefix.len();
+        let last = most.unwrap_or(k.max(min).max(1));
+        let need = need as usize;
+        if need as u64 > MAX_COUNT || (last + 1).saturating_mul(need + 1) > MAX_COUNT_RULES {
+            self.unsupported.push(format!(
+                "contains counting {need} matches over {last} positions (at {path}): more \
+                 than {MAX_COUNT} matches or {MAX_COUNT_RULES} rules"
+            ));
+            return self.b.lexeme(NOTHING);
+        }
+        // The schemas of each position, as values, to pair with `contains`.
+        let (prefix_key, items_key) = match obj.get("items") {
+            Some(Value::Array(_)) => ("items", "additionalItems"),
+            _ => ("prefixItems", "items"),
+        };
+        let prefix_values: Vec<Value> = obj
+            .get(prefix_key)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let items_value = obj.get(items_key).cloned().unwrap_or(Value::Bool(true));
+        let matching = |c: &mut Self, schema: &Value, i: usize| -> Result<Sym, GrammarError> {
+            let mut m = Map::new();
+            m.insert(
+                "allOf".into(),
+                Value::Array(vec![schema.clone(), contains.clone()]),
+            );
+            c.schema(
+                &Value::Object(m),
+                &format!("{path}/contains@{i}"),
+                depth + 1,
+            )
+        };
+        let mut elem = Vec::new(); // (plain, matching) per position 0..last
+        let mut items_match = None;
+        if items.is_some() {
+            items_match = Some(matching(self, &items_value, k)?);
+        }
+        for i in 0..last {
+            let pair = match (prefix.get(i), items) {
+                (Some(&x), _) => (x, matching(self, &prefix_values[i], i)?),
+                (None, Some(x)) => (x, items_match.expect("set with items")),
+                (None, None) => unreachable!("positions past the prefix need items"),
+            };
+            elem.push(pair);
+        }
+        let sep = self.item_sep()?;
+        let nothing = self.b.lexeme(NOTHING)?;
+        let inc = |j: usize| (j + 1).min(need);
+        // n[i][j]: the items from position i on, j matches so far.
+        let n: Vec<Vec<u32>> = (0..=last)
+            .map(|_| (0..=need).map(|_| self.b.fresh("items")).collect())
+            .collect();
+        for i in (0..=last).rev() {
+            for j in 0..=need {
+                let nt = n[i][j];
+                self.b.rule(nt, vec![nothing])?;
+                if i == last {
+                    match (most, items, items_match) {
+                        (None, Some(x), Some(xm)) => {
+                            // More items of `items`: tail ::= tail sep x | ε, matches anywhere.
+                            let tail = self.b.fresh("items");
+                            self.b.rule(tail, vec![Sym::Nt(tail), sep, x])?;
+                            self.b.rule(tail, vec![])?;
+                            if j == need {
+                                self.b.rule(nt, vec![Sym::Nt(tail)])?;
+                            } else {
+                                self.b
+                                    .rule(nt, vec![Sym::Nt(tail), sep, xm, Sym::Nt(n[i][j + 1])])?;
+                            }
+                        }
+                        _ if j == need && i >= min => self.b.rule(nt, vec![])?,
+                        _ => {}
+                    }
+                    continue;
+                }
+                if j == need && i >= min {
+                    self.b.rule(nt, vec![])?;
+                }
+                let (x, xm) = elem[i];
+                let lead = if i > 0 { vec![sep] } else { vec![] };
+                let mut plain = lead.clone();
+                plain.extend([x, Sym::Nt(n[i + 1][j])]);
+                self.b.rule(nt, plain)?;
+                if j < need {
+                    let mut hit = lead;
+                    hit.extend([xm, Sym::Nt(n[i + 1][inc(j)])]);
+                    self.b.rule(nt, hit)?;
+                }
+            }
+        }
+        let open = self.punct("[")?;
+        let close = self.punct("]")?;
+        let nt = self.b.fresh("array");
+        self.b.rule(nt, vec![open, Sym::Nt(n[0][0]), close])?;
         Ok(Sym::Nt(nt))
     }
 
@@ -1663,6 +1846,10 @@ const ARRAY_KEYS: &[&str] = &[
     "additionalItems",
     "minItems",
     "maxItems",
+    "uniqueItems",
+    "contains",
+    "minContains",
+    "maxContains",
 ];
 /// Keywords compiled (beside the kind-specific ones).
 const GENERAL_KEYS: &[&str] = &[
@@ -1803,6 +1990,16 @@ impl NameFilter {
     }
 }
 
+/// An array's positions: `min` items at least, `most` at most (`None`: unbounded), the
+/// compiled prefix schemas and the schema of the items after them (`None`: no more items).
+#[derive(Clone, Copy)]
+struct ArrayShape<'a> {
+    min: usize,
+    most: Option<usize>,
+    items: Option<Sym>,
+    prefix: &'a [Sym],
+}
+
 /// Most trigger properties `dependentRequired`/`dependentSchemas` expand (2^n alternatives).
 const MAX_DEP_TRIGGERS: usize = 5;
 
@@ -1818,10 +2015,6 @@ const CHUNK: u64 = 256;
 const NOT_YET: &[&str] = &[
     "unevaluatedProperties",
     "unevaluatedItems",
-    "contains",
-    "minContains",
-    "maxContains",
-    "uniqueItems",
     "divisibleBy",
     "$dynamicRef",
     "$recursiveRef",
