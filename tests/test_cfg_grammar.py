@@ -460,9 +460,7 @@ def test_json_schema_options_and_errors() -> None:
     tight = v.json_schema(schema, whitespace=False, separators=(",", ":"))
     assert tight.matches('{"a":[1,2],"z":null}') and not tight.matches('{"a": []}')
     assert v.json_schema(schema) is v.json_schema(json.dumps(schema))
-    with pytest.raises(
-        GrammarError, match=r"unevaluatedItems \(at #/properties/n\).*uniqueItems"
-    ):
+    with pytest.raises(GrammarError, match=r"unevaluatedItems \(at #/properties/n\).*uniqueItems"):
         v.json_schema({"properties": {"n": {"unevaluatedItems": False}}, "uniqueItems": True})
     with pytest.raises(GrammarError, match="not JSON"):
         v.json_schema("{")
@@ -740,7 +738,7 @@ def test_json_schema_type_filters_enum_and_const() -> None:
     st.integers(1, 60),
     st.none() | st.integers(-300, 300),
     st.none() | st.integers(1, 400),
-    st.lists(st.integers(-10**6, 10**6), min_size=20, max_size=20),
+    st.lists(st.integers(-(10**6), 10**6), min_size=20, max_size=20),
 )
 def test_json_schema_integer_multiple_of_equals_modulo(
     k: int, lo: int | None, span: int | None, xs: list[int]
@@ -768,9 +766,7 @@ def test_json_schema_integer_multiple_of_equals_modulo(
     st.sampled_from(["0.5", "1.5", "0.01", "2", "0.0001", "2.25", "7"]),
     st.lists(st.decimals(-1000, 1000, places=5, allow_nan=False), min_size=20, max_size=20),
 )
-def test_json_schema_number_multiple_of_equals_decimal_arithmetic(
-    k: str, xs: list[Any]
-) -> None:
+def test_json_schema_number_multiple_of_equals_decimal_arithmetic(k: str, xs: list[Any]) -> None:
     from decimal import Decimal
 
     g = small_vocab().json_schema(f'{{"type": "number", "multipleOf": {k}}}')
@@ -821,10 +817,21 @@ def _check_objects(
 @pytest.mark.parametrize(
     "schema",
     [
-        {"type": "object", "properties": {"ab": {}, "toolong": {}}, "propertyNames": {"maxLength": 3}},
-        {"properties": {"a": {"type": "integer"}}, "required": ["a"], "propertyNames": {"pattern": "^[ab]"}},
+        {
+            "type": "object",
+            "properties": {"ab": {}, "toolong": {}},
+            "propertyNames": {"maxLength": 3},
+        },
+        {
+            "properties": {"a": {"type": "integer"}},
+            "required": ["a"],
+            "propertyNames": {"pattern": "^[ab]"},
+        },
         {"propertyNames": {"enum": ["a", "b\n", "c", 3]}, "additionalProperties": {"type": "null"}},
-        {"propertyNames": {"pattern": "b", "minLength": 2}, "patternProperties": {"^a": {"type": "null"}}},
+        {
+            "propertyNames": {"pattern": "b", "minLength": 2},
+            "patternProperties": {"^a": {"type": "null"}},
+        },
         {"propertyNames": False},
         {"properties": {"a": {}}, "required": ["zz"], "propertyNames": {"const": "a"}},
         {"propertyNames": {"type": "integer"}, "properties": {"a": {}}},
@@ -847,7 +854,12 @@ def test_json_schema_property_names_refuses_applicators() -> None:
     [
         {"minProperties": 2},
         {"type": "object", "maxProperties": 2, "properties": {"a": {}, "b": {}}},
-        {"properties": {"a": {}, "b": {}}, "required": ["b"], "minProperties": 2, "maxProperties": 3},
+        {
+            "properties": {"a": {}, "b": {}},
+            "required": ["b"],
+            "minProperties": 2,
+            "maxProperties": 3,
+        },
         {"properties": {"a": {}}, "additionalProperties": False, "minProperties": 2},
         {"patternProperties": {"^a": {"type": "null"}}, "maxProperties": 1.0, "minProperties": 1},
         {"maxProperties": 0},
@@ -866,7 +878,10 @@ def test_json_schema_property_counts_are_capped() -> None:
 @pytest.mark.parametrize(
     "schema",
     [
-        {"properties": {"a": {}, "b": {}, "c": {}}, "dependentRequired": {"a": ["b"], "c": ["a", "b"]}},
+        {
+            "properties": {"a": {}, "b": {}, "c": {}},
+            "dependentRequired": {"a": ["b"], "c": ["a", "b"]},
+        },
         {
             "properties": {"a": {}, "b": {}, "c": {}},
             "dependentSchemas": {"c": {"properties": {"a": {"type": "integer"}}}, "b": False},
@@ -952,3 +967,22 @@ def test_json_schema_contains_refusals_name_the_keyword() -> None:
         small_vocab().json_schema({"uniqueItems": True})
     with pytest.raises(GrammarError, match=r"uniqueItems beside const/enum"):
         small_vocab().json_schema({"enum": [[1, 1]], "uniqueItems": True})
+
+
+def test_grammar_limits_from_python_bound_what_they_name() -> None:
+    v = small_vocab()
+    schema = {"type": "array", "items": {"type": "string", "maxLength": 3}}
+    with pytest.raises(GrammarError, match="max_symbols"):
+        v.json_schema(schema, max_symbols=5)
+    with pytest.raises(GrammarError, match="max_lexer_states"):
+        v.gbnf('root ::= "((((((" [()]{20}', max_lexer_states=8)
+    with pytest.raises(GrammarError, match="table limit"):
+        v.lark("start: /[()]{200}/", size_limit=2048)
+    # Parser states are interned as texts are parsed: a tiny budget runs out mid-text.
+    g = v.gbnf(PARENS_GBNF, max_states=6)
+    with pytest.raises(GrammarError, match="max_states"):
+        g.matches("((((((((((((()))))))))))))")
+    # Limits are part of the compile cache's key.
+    assert v.json_schema(schema) is not v.json_schema(schema, max_states=10**6)
+    assert v.json_schema(schema, max_states=10**6) is v.json_schema(schema, max_states=10**6)
+    assert CfgGrammar.from_regex(v, "a+", max_states=100, size_limit=1 << 20).matches("aa")

@@ -836,8 +836,7 @@ impl Compiler<'_> {
                     }
                     // Both bounds hold: the tighter one.
                     (
-                        "minimum" | "exclusiveMinimum" | "minLength" | "minItems" | "minProperties"
-                        | "minContains",
+                        "minimum" | "exclusiveMinimum" | "minLength" | "minItems" | "minProperties",
                         Some(prev),
                     ) if prev.is_number() && v.is_number() => {
                         if v.as_f64() > prev.as_f64() {
@@ -845,8 +844,7 @@ impl Compiler<'_> {
                         }
                     }
                     (
-                        "maximum" | "exclusiveMaximum" | "maxLength" | "maxItems" | "maxProperties"
-                        | "maxContains",
+                        "maximum" | "exclusiveMaximum" | "maxLength" | "maxItems" | "maxProperties",
                         Some(prev),
                     ) if prev.is_number() && v.is_number() => {
                         if v.as_f64() < prev.as_f64() {
@@ -1619,10 +1617,7 @@ impl Compiler<'_> {
             }
         }
         if let Some(c) = obj.get("contains") {
-            let need = match self.count(obj, "minContains", path)? {
-                Some(n) => n,
-                None => 1,
-            };
+            let need = self.count(obj, "minContains", path)?.unwrap_or(1);
             if obj.contains_key("maxContains") {
                 // At most n matches needs the items that do not match: a negation.
                 self.unsupported.push(format!("maxContains (at {path})"));
@@ -1736,7 +1731,10 @@ impl Compiler<'_> {
         }
         for i in 0..last {
             let pair = match (prefix.get(i), items) {
-                (Some(&x), _) => (x, matching(self, &prefix_values[i], i)?),
+                (Some(&x), _) => (
+                    x,
+                    matching(self, prefix_values.get(i).unwrap_or(&Value::Bool(true)), i)?,
+                ),
                 (None, Some(x)) => (x, items_match.expect("set with items")),
                 (None, None) => unreachable!("positions past the prefix need items"),
             };
