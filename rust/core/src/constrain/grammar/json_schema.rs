@@ -3,19 +3,27 @@
 //! Supported: `type` (one or a list), `properties`, `required`, `additionalProperties`
 //! (false, true or a schema), `items`, `prefixItems`, `minItems`, `maxItems`, `enum`,
 //! `const`, `anyOf`, `oneOf` (as `anyOf`: exclusivity is not context-free in general),
-//! `not` (of `type`s, `{}`/`true`/`false`, or a double negation), `patternProperties`,
-//! `minProperties` 0 or 1,
-//! `allOf` (one member, or objects merged), `$ref` into the same document (`#`, `#/$defs/x`,
+//! `not` (of `type`s, `{}`/`true`/`false`, one bound or length, or a double negation),
+//! `patternProperties`, `propertyNames` (string keywords, `const`/`enum`, booleans),
+//! `minProperties`/`maxProperties` (counted, up to `MAX_COUNT` (64)), `contains` with
+//! `minContains` (counted; `maxContains` refused), `uniqueItems` (false; true on arrays of
+//! at most one item), `dependentRequired`/`dependentSchemas`/`dependencies` (expanded over
+//! at most `MAX_DEP_TRIGGERS` (5) triggers), `if`/`then`/`else` (where `if` has a
+//! negation (`negation`), or without `then`), `allOf` (one member, or objects merged; bounds merged
+//! to the tighter), `$ref` into the same document (`#`, `#/$defs/x`,
 //! `#/definitions/x`, any JSON pointer; recursion allowed), `$defs`/`definitions`, `pattern`,
 //! `minLength`, `maxLength`, `format` (date, time, date-time, uuid, email, ipv4, ipv6, uri),
-//! `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` on integers and numbers
-//! (bounded numbers without exponents). Without `type`, every kind is allowed, each
+//! `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` and `multipleOf` (a
+//! remainder automaton, `multiple_of.rs`) on integers and numbers (bounded numbers and
+//! multiples without exponents). Without `type`, every kind is allowed, each
 //! constrained by its own keywords (as the spec reads). Annotations (`title`,
 //! `description`, `default`, ...) and keywords outside the JSON Schema vocabularies (`x-...`,
 //! `example`) are ignored, as the spec ignores unknown keywords; so are formats the spec does
-//! not define. An assertion or applicator of drafts 4 to 2020-12 not compiled yet (`not`,
-//! `patternProperties`, `uniqueItems`, ...) or a spec format not supported raises
-//! [`GrammarError::Unsupported`] listing every one found, with its location. Draft-4 array
+//! not define. An assertion or applicator of drafts 4 to 2020-12 not compiled yet
+//! (`unevaluatedProperties`, `$dynamicRef`, ...), a form of a supported one that cannot be
+//! exact here (`uniqueItems` on longer arrays, a counter past its cap) or a spec format not
+//! supported raises [`GrammarError::Unsupported`] listing every one found, with its
+//! location: never dropped silently. Draft-4 array
 //! forms (`items` as an array, `additionalItems`) read as `prefixItems` and `items`.
 //!
 //! Output shape: properties in declared order, optional ones omitted at will, additional
