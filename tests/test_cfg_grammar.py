@@ -1027,3 +1027,39 @@ def test_json_schema_new_keywords_walk_on_tekken(tekken: Vocabulary) -> None:
                 jsonschema.validate(json.loads(text), schema)
                 finished += 1
     assert finished >= 5
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "array", "items": {"enum": ["a", "b", 1, 1.0, None]}, "uniqueItems": True},
+        {"items": {"type": "boolean"}, "uniqueItems": True, "minItems": 1},
+        {
+            "items": {"enum": [1, 2, 3, "x"], "type": ["number", "string"]},
+            "uniqueItems": True,
+            "maxItems": 2,
+        },
+        {"items": {"const": "a"}, "uniqueItems": True, "minItems": 2},
+    ],
+)
+def test_json_schema_unique_items_over_listed_scalars_equal_jsonschema(
+    schema: dict[str, Any],
+) -> None:
+    import jsonschema
+
+    try:
+        g = small_vocab().json_schema(schema)
+    except GrammarError as e:
+        # Two distinct items of one value: nothing is valid.
+        assert schema.get("minItems") == 2 and "derives no finite string" in str(e)
+        return
+    rng = random.Random(17)
+    values: list[object] = [[], 1, "a", None]
+    pool: list[object] = ["a", "b", "x", 1, 1.0, 2, 3, None, True, False, [1]]
+    for _ in range(600):
+        values.append([rng.choice(pool) for _ in range(rng.randint(0, 4))])
+    for value in values:
+        valid = jsonschema.Draft202012Validator(schema).is_valid(value)
+        assert g.matches(json.dumps(value)) == valid, (schema, value)
+    with pytest.raises(GrammarError, match=r"uniqueItems \(at #\): only on arrays"):
+        small_vocab().json_schema({"items": {"type": "integer", "enum": [1]}, "uniqueItems": True})

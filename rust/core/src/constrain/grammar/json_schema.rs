@@ -7,7 +7,7 @@
 //! `patternProperties`, `propertyNames` (string keywords, `const`/`enum`, booleans),
 //! `minProperties`/`maxProperties` (counted, up to `MAX_COUNT` (64)), `contains` with
 //! `minContains` (counted; `maxContains` refused), `uniqueItems` (false; true on arrays of
-//! at most one item), `dependentRequired`/`dependentSchemas`/`dependencies` (expanded over
+//! at most one item, or of items from at most 8 listed scalars), `dependentRequired`/`dependentSchemas`/`dependencies` (expanded over
 //! at most `MAX_DEP_TRIGGERS` (5) triggers), `if`/`then`/`else` (where `if` has a
 //! negation (`negation`), or without `then`), `allOf` (one member, or objects merged; bounds merged
 //! to the tighter), `$ref` into the same document (`#`, `#/$defs/x`,
@@ -1615,9 +1615,23 @@ impl Compiler<'_> {
             // Distinctness is not context-free in general: exact only when no two items
             // can coexist.
             Some(Value::Bool(true)) if most.is_some_and(|m| m <= 1) => {}
-            Some(Value::Bool(true)) => self.unsupported.push(format!(
-                "uniqueItems (at {path}): only on arrays of at most one item"
-            )),
+            Some(Value::Bool(true)) => {
+                // Items from a small finite set of scalars: the set of values used so far
+                // is the state (2^n of them).
+                let values = obj
+                    .get(items_key)
+                    .filter(|_| prefix.is_empty() && !obj.contains_key("contains"))
+                    .and_then(finite_scalars);
+                match values {
+                    Some(v) if v.len() <= MAX_UNIQUE_VALUES => {
+                        return self.unique_array(&v, min, most);
+                    }
+                    _ => self.unsupported.push(format!(
+                        "uniqueItems (at {path}): only on arrays of at most one item, or of \
+                         items from at most {MAX_UNIQUE_VALUES} listed scalars"
+                    )),
+                }
+            }
             Some(_) => {
                 return Err(GrammarError::Grammar(format!(
                     "{path}: uniqueItems must be a boolean"
@@ -1677,6 +1691,49 @@ impl Compiler<'_> {
         }
         let nt = self.b.fresh("array");
         self.b.rule(nt, vec![open, Sym::Nt(body), close])?;
+        Ok(Sym::Nt(nt))
+    }
+
+    /// An array of distinct items from `values` (distinct scalars), `min..=most` of them:
+    /// one nonterminal per set of values used so far, each item a value not in it.
+    fn unique_array(
+        &mut self,
+        values: &[Value],
+        min: usize,
+        most: Option<usize>,
+    ) -> Result<Sym, GrammarError> {
+        let n = values.len();
+        let most = most.unwrap_or(n).min(n);
+        if min > most {
+            return self.b.lexeme(NOTHING);
+        }
+        let lits: Vec<Sym> = values
+            .iter()
+            .map(|v| self.literal(v))
+            .collect::<Result<_, _>>()?;
+        let sep = self.item_sep()?;
+        let nothing = self.b.lexeme(NOTHING)?;
+        let sets: Vec<u32> = (0..1u32 << n).map(|_| self.b.fresh("unique")).collect();
+        for (used, &nt) in sets.iter().enumerate() {
+            let count = used.count_ones() as usize;
+            self.b.rule(nt, vec![nothing])?;
+            if count >= min && count <= most {
+                self.b.rule(nt, vec![])?;
+            }
+            if count < most {
+                for (i, &lit) in lits.iter().enumerate() {
+                    if used & (1 << i) == 0 {
+                        let mut rhs = if count > 0 { vec![sep] } else { vec![] };
+                        rhs.extend([lit, Sym::Nt(sets[used | (1 << i)])]);
+                        self.b.rule(nt, rhs)?;
+                    }
+                }
+            }
+        }
+        let open = self.punct("[")?;
+        let close = self.punct("]")?;
+        let nt = self.b.fresh("array");
+        self.b.rule(nt, vec![open, Sym::Nt(sets[0]), close])?;
         Ok(Sym::Nt(nt))
     }
 
@@ -1994,6 +2051,66 @@ impl NameFilter {
                 .iter()
                 .all(|d| d.is_accepting(d.run(d.start(), name.as_bytes())))
     }
+}
+
+/// Most distinct values `uniqueItems` tracks (2^n sets).
+const MAX_UNIQUE_VALUES: usize = 8;
+
+/// The values a schema allows when they are a finite set of distinct scalars (`enum`,
+/// `const`, `type` boolean or null, with annotations only beside them); `None` otherwise.
+fn finite_scalars(s: &Value) -> Option<Vec<Value>> {
+    let o = s.as_object()?;
+    if o.keys()
+        .any(|k| !["enum", "const", "type"].contains(&k.as_str()) && !ignored(k))
+    {
+        return None;
+    }
+    let kinds: Option<Vec<&str>> = match o.get("type") {
+        None => None,
+        Some(Value::String(t)) => Some(vec![t.as_str()]),
+        Some(Value::Array(ts)) => Some(ts.iter().filter_map(Value::as_str).collect()),
+        Some(_) => return None,
+    };
+    let listed: Vec<Value> = match (o.get("const"), o.get("enum"), &kinds) {
+        (Some(c), _, _) => vec![c.clone()],
+        (None, Some(Value::Array(e)), _) => e.clone(),
+        (None, None, Some(ks)) if ks.iter().all(|k| ["boolean", "null"].contains(k)) => ks
+            .iter()
+            .flat_map(|k| match *k {
+                "boolean" => vec![Value::Bool(false), Value::Bool(true)],
+                _ => vec![Value::Null],
+            })
+            .collect(),
+        _ => return None,
+    };
+    let mut out: Vec<Value> = Vec::new();
+    for v in listed {
+        let kind_ok = match (&kinds, &v) {
+            (None, _) => true,
+            (Some(ks), Value::Null) => ks.contains(&"null"),
+            (Some(ks), Value::Bool(_)) => ks.contains(&"boolean"),
+            (Some(ks), Value::String(_)) => ks.contains(&"string"),
+            (Some(ks), Value::Number(_)) if ks.contains(&"number") => true,
+            // Which numbers `integer` keeps (1.0 is one) is left to the general path.
+            (Some(ks), Value::Number(_)) if ks.contains(&"integer") => return None,
+            (Some(_), Value::Number(_)) => false,
+            _ => return None, // arrays and objects: equality is not checked here
+        };
+        if !kind_ok {
+            continue;
+        }
+        // JSON Schema equality: numbers by value (1 and 1.0 are one value).
+        let same = |a: &Value, b: &Value| match (a.as_f64(), b.as_f64()) {
+            (Some(x), Some(y)) => x == y,
+            _ => a == b,
+        };
+        match &v {
+            Value::Array(_) | Value::Object(_) => return None,
+            _ if out.iter().any(|w| same(w, &v)) => {}
+            _ => out.push(v),
+        }
+    }
+    Some(out)
 }
 
 /// An array's positions: `min` items at least, `most` at most (`None`: unbounded), the
