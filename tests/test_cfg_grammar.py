@@ -1063,3 +1063,17 @@ def test_json_schema_unique_items_over_listed_scalars_equal_jsonschema(
         assert g.matches(json.dumps(value)) == valid, (schema, value)
     with pytest.raises(GrammarError, match=r"uniqueItems \(at #\): only on arrays"):
         small_vocab().json_schema({"items": {"type": "integer", "enum": [1]}, "uniqueItems": True})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"required": ["a", "b"]},
+        {"properties": {"c": {}}, "required": ["b", "a", "c"], "maxProperties": 3},
+        {"required": ["a"], "additionalProperties": {"type": "integer"}},
+        {"type": "object", "required": ["a", "b", "zz"], "minProperties": 4},
+        {"required": ["b"], "dependentRequired": {"b": ["a"]}, "propertyNames": {"maxLength": 1}},
+    ],
+)
+def test_json_schema_undeclared_required_in_any_order(schema: dict[str, Any]) -> None:
+    _check_objects(schema, ["a", "b", "c", "zz", "ab"], 21, n=600)

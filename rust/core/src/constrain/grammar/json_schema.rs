@@ -27,7 +27,8 @@
 //! forms (`items` as an array, `additionalItems`) read as `prefixItems` and `items`.
 //!
 //! Output shape: properties in declared order, optional ones omitted at will, additional
-//! ones (keys other than the declared, in their canonical escaping) after them; the
+//! ones (keys other than the declared, in their canonical escaping) after them, with up to
+//! three required properties that have no schema of their own in any order among those; the
 //! separators and the whitespace around punctuation follow [`JsonOptions`]. String values
 //! under `pattern` are generated without escape sequences (a subset of their language: every
 //! text generated is valid JSON that matches the pattern).
@@ -1330,12 +1331,26 @@ impl Compiler<'_> {
             .and_then(Value::as_array)
             .map(|r| r.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
-        // A required property without a schema of its own: any value, after the declared ones
-        // (unless additionalProperties forbids it: then no object is valid).
+        // A required property without a schema of its own: any value (unless
+        // additionalProperties forbids it: then no object is valid). A few of them, with no
+        // patternProperties, are generated among the additional properties in any order (the
+        // ones still missing tracked as a set); otherwise after the declared ones, in
+        // `required` order.
         let mut with_required;
         let forbids_more = obj.get("additionalProperties") == Some(&Value::Bool(false))
             || (self.opts.strict && !obj.contains_key("additionalProperties"));
-        if required.iter().any(|r| !props.contains_key(*r)) {
+        let mut undeclared: Vec<&str> = Vec::new();
+        for r in &required {
+            if !props.contains_key(*r) && !undeclared.contains(r) {
+                undeclared.push(r);
+            }
+        }
+        let any_order = !undeclared.is_empty()
+            && undeclared.len() <= MAX_ANY_ORDER
+            && !forbids_more
+            && !obj.contains_key("patternProperties");
+        let extras: Vec<&str> = if any_order { undeclared } else { Vec::new() };
+        if !any_order && required.iter().any(|r| !props.contains_key(*r)) {
             with_required = props.clone();
             for r in &required {
                 if !with_required.contains_key(*r) {
@@ -1396,7 +1411,9 @@ impl Compiler<'_> {
         // with escapes, are not generated (a subset of the valid objects).
         let declared: Vec<String> = props
             .keys()
-            .map(|k| regex_escape(&Value::String(k.clone()).to_string()))
+            .map(String::as_str)
+            .chain(extras.iter().copied())
+            .map(|k| regex_escape(&Value::String(k.to_owned()).to_string()))
             .collect();
         let limits = self.b.limits().lexeme;
         let plain_key = r#""[^"\\\x00-\x1F]*""#;
@@ -1451,8 +1468,8 @@ impl Compiler<'_> {
             let value = self.schema(schema, &format!("{path}/patternProperties/{p}"), depth + 1)?;
             classes.push((key, value));
         }
-        if let Some(schema) = additional {
-            let key = if props.is_empty() && patterns.is_empty() && name_regexes.is_empty() {
+        if let Some(schema) = &additional {
+            let key = if declared.is_empty() && patterns.is_empty() && name_regexes.is_empty() {
                 self.b.lexeme(STRING)?
             } else {
                 let excluded: Vec<String> = patterns
@@ -1477,7 +1494,7 @@ impl Compiler<'_> {
                     Ok(d)
                 })?
             };
-            let value = self.schema(&schema, &format!("{path}/additionalProperties"), depth + 1)?;
+            let value = self.schema(schema, &format!("{path}/additionalProperties"), depth + 1)?;
             classes.push((key, value));
         }
         // Properties are counted (0..=top emitted so far) where min/maxProperties ask:
@@ -1487,7 +1504,9 @@ impl Compiler<'_> {
         let min_props = self.count(obj, "minProperties", path)?.unwrap_or(0);
         let max_props = self.count(obj, "maxProperties", path)?;
         let top = max_props.unwrap_or(min_props.max(1));
-        let width = (top as usize + 1).saturating_mul(props.len() + 1);
+        let width = (top as usize + 1)
+            .saturating_mul(props.len() + 1)
+            .saturating_mul(1 << extras.len());
         if top > MAX_COUNT || width > MAX_COUNT_RULES {
             self.unsupported.push(format!(
                 "minProperties/maxProperties counting to {top} over {} properties (at {path}): \
@@ -1503,8 +1522,21 @@ impl Compiler<'_> {
             Some(_) => c + 1,
         };
         let nothing = self.b.lexeme(NOTHING)?;
-        // tail[c]: the additional properties after c were emitted.
-        let tail: Vec<u32> = (0..=top).map(|_| self.b.fresh("more")).collect();
+        // The undeclared required properties: key, value.
+        let mut extra = Vec::new();
+        for name in &extras {
+            let key_json = Value::String((*name).to_owned()).to_string();
+            let key = self.b.lexeme(&regex_escape(&key_json))?;
+            let s = additional.clone().unwrap_or(Value::Bool(true));
+            let value = self.schema(&s, &format!("{path}/required/{name}"), depth + 1)?;
+            extra.push((key, value));
+        }
+        let full = (1usize << extra.len()) - 1;
+        // tails[s][c]: the additional properties after c were emitted, s the set of
+        // undeclared required ones among them.
+        let tails: Vec<Vec<u32>> = (0..=full)
+            .map(|_| (0..=top).map(|_| self.b.fresh("more")).collect())
+            .collect();
         let mut rest = None;
         if max_props.is_none() && !classes.is_empty() {
             // rest ::= rest sep key_c : value_c (each class c) | ε
@@ -1515,30 +1547,48 @@ impl Compiler<'_> {
             self.b.rule(r, vec![])?;
             rest = Some(r);
         }
-        for (c, &t) in tail.iter().enumerate() {
-            // Every count gets a rule (one that derives nothing is pruned at build).
-            self.b.rule(t, vec![nothing])?;
-            if max_props.is_none() && c == top {
-                match rest {
-                    Some(r) => self.b.rule(t, vec![Sym::Nt(r)])?,
-                    None => self.b.rule(t, vec![])?,
+        for (set, tail) in tails.iter().enumerate() {
+            let missing: Vec<usize> = (0..extra.len()).filter(|i| set & (1 << i) == 0).collect();
+            for (c, &t) in tail.iter().enumerate() {
+                // Every state gets a rule (one that derives nothing is pruned at build).
+                self.b.rule(t, vec![nothing])?;
+                if max_props.is_none() && c == top {
+                    // Saturated: any more additional properties, each missing required one
+                    // somewhere among them.
+                    let r = rest.map(|r| vec![Sym::Nt(r)]).unwrap_or_default();
+                    if missing.is_empty() {
+                        self.b.rule(t, r.clone())?;
+                    }
+                    for &i in &missing {
+                        let (key, value) = extra[i];
+                        let mut rhs = r.clone();
+                        rhs.extend([sep, key, key_sep, value, Sym::Nt(tails[set | 1 << i][c])]);
+                        self.b.rule(t, rhs)?;
+                    }
+                    continue;
                 }
-                continue;
-            }
-            if c as u64 >= min_props {
-                self.b.rule(t, vec![])?;
-            }
-            if can_add(c) {
-                for &(key, value) in &classes {
-                    let mut rhs = if c > 0 { vec![sep] } else { vec![] };
-                    rhs.extend([key, key_sep, value, Sym::Nt(tail[inc(c)])]);
-                    self.b.rule(t, rhs)?;
+                if c as u64 >= min_props && missing.is_empty() {
+                    self.b.rule(t, vec![])?;
+                }
+                if can_add(c) {
+                    let lead = if c > 0 { vec![sep] } else { vec![] };
+                    for &(key, value) in &classes {
+                        let mut rhs = lead.clone();
+                        rhs.extend([key, key_sep, value, Sym::Nt(tail[inc(c)])]);
+                        self.b.rule(t, rhs)?;
+                    }
+                    for &i in &missing {
+                        let (key, value) = extra[i];
+                        let mut rhs = lead.clone();
+                        rhs.extend([key, key_sep, value, Sym::Nt(tails[set | 1 << i][inc(c)])]);
+                        self.b.rule(t, rhs)?;
+                    }
                 }
             }
         }
         // From the last declared property back: next[c] emits the properties after it, c
         // emitted before (c > 0: a separator comes first).
-        let mut next = tail;
+        let mut next = tails[0].clone();
         for (name, s) in props.iter().rev() {
             let key_json = Value::String(name.clone()).to_string();
             let key = self.b.lexeme(&regex_escape(&key_json))?;
@@ -2052,6 +2102,9 @@ impl NameFilter {
                 .all(|d| d.is_accepting(d.run(d.start(), name.as_bytes())))
     }
 }
+
+/// Most undeclared required properties generated in any order (2^n sets tracked).
+const MAX_ANY_ORDER: usize = 3;
 
 /// Most distinct values `uniqueItems` tracks (2^n sets).
 const MAX_UNIQUE_VALUES: usize = 8;
