@@ -41,3 +41,32 @@ def test_demo_quick(tmp_path: Path) -> None:
         "speedup_vs_budget.png",
     }
     assert any("identical to transformers: all" in line for line in lines)
+
+
+def test_json_schema_demo_quick(tmp_path: Path) -> None:
+    """``specdec demo --json-schema`` at a tiny size: constrained AR and DDTree agree token for
+    token, and the output parses and validates."""
+    from specdec.cli import main
+    from specdec.demo import run_json_schema_demo
+
+    schema = {
+        "type": "object",
+        "properties": {"age": {"type": "integer", "multipleOf": 5, "maximum": 100}},
+        "required": ["age"],
+        "additionalProperties": False,
+    }
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    lines: list[str] = []
+    runs = run_json_schema_demo(str(path), tokens=16, budgets=[4], log=lines.append)
+    assert {"specdec AR", "suffix ddtree B=4"} <= {r.engine for r in runs}
+    assert all(r.identical and r.valid for r in runs), [(r.engine, r.problem) for r in runs]
+    value = json.loads(runs[0].text)
+    assert value["age"] % 5 == 0 and set(value) == {"age"}
+    assert any("identical to specdec AR: all" in line for line in lines)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    from specdec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--json-schema"):
+        main(["demo", "--json-schema", str(bad)])

@@ -724,3 +724,42 @@ def _hf_target(model: Any) -> object:
     from specdec.models.hf import HFTarget
 
     return HFTarget(model)
+
+
+def test_grammar_limits_bad_values() -> None:
+    vocab = specdec.Vocabulary.from_bytes(SMALL, eos_ids=[5])
+    compilers: dict[str, Callable[..., object]] = {
+        "json_schema": lambda **kw: vocab.json_schema({"type": "integer"}, **kw),
+        "gbnf": lambda **kw: vocab.gbnf('root ::= "a"', **kw),
+        "lark": lambda **kw: vocab.lark('start: "a"', **kw),
+    }
+    names = ["max_depth", "max_states", "max_symbols", "max_lexer_states", "size_limit"]
+    cases: list[Case] = []
+    for kind, compile_with in compilers.items():
+        for name in [*names, "cache_bytes"]:
+            bad: list[tuple[object, type[errors.SpecdecError]]] = [
+                (-1, errors.GrammarError),
+                (2**70, errors.GrammarError),
+                ("3", errors.SpecdecTypeError),
+                (2.0, errors.SpecdecTypeError),
+                (True, errors.SpecdecTypeError),
+            ]
+            if name != "cache_bytes":  # a zero cache is allowed (masks recomputed)
+                bad.append((0, errors.GrammarError))
+            for value, cls in bad:
+                cases.append(
+                    (
+                        f"{kind} {name}={value!r}",
+                        lambda c=compile_with, n=name, v=value: c(**{n: v}),
+                        cls,
+                    )
+                )
+    for name in ["max_states", "size_limit"]:
+        cases.append(
+            (
+                f"from_regex {name}=0",
+                lambda n=name: specdec.CfgGrammar.from_regex(vocab, "a", **{n: 0}),
+                errors.GrammarError,
+            )
+        )
+    check(cases)

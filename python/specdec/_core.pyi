@@ -366,6 +366,10 @@ class CfgGrammar:
         text: str,
         cache_bytes: int | None = None,
         max_depth: int | None = None,
+        max_states: int | None = None,
+        max_symbols: int | None = None,
+        max_lexer_states: int | None = None,
+        size_limit: int | None = None,
     ) -> CfgGrammar: ...
     @staticmethod
     def from_lark(
@@ -373,6 +377,10 @@ class CfgGrammar:
         text: str,
         cache_bytes: int | None = None,
         max_depth: int | None = None,
+        max_states: int | None = None,
+        max_symbols: int | None = None,
+        max_lexer_states: int | None = None,
+        size_limit: int | None = None,
     ) -> CfgGrammar: ...
     @staticmethod
     def from_json_schema(
@@ -384,10 +392,18 @@ class CfgGrammar:
         strict: bool = False,
         cache_bytes: int | None = None,
         max_depth: int | None = None,
+        max_states: int | None = None,
+        max_symbols: int | None = None,
+        max_lexer_states: int | None = None,
+        size_limit: int | None = None,
     ) -> CfgGrammar: ...
     @staticmethod
     def from_regex(
-        vocab: Vocabulary, pattern: str, cache_bytes: int | None = None
+        vocab: Vocabulary,
+        pattern: str,
+        cache_bytes: int | None = None,
+        max_states: int | None = None,
+        size_limit: int | None = None,
     ) -> CfgGrammar: ...
     @property
     def num_states(self) -> int: ...

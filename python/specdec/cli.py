@@ -23,7 +23,24 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--quick", action="store_true", help="1 prompt per kind, 48 tokens, B=8")
     d.add_argument("--plot", metavar="DIR", help="write PNG plots here")
     d.add_argument("--json", metavar="FILE", help="write every figure here")
+    d.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        help="constrained generation instead: SmolLM2 writes JSON for this schema "
+        "(specdec AR vs DDTree, masks on every tree node; same output, validated)",
+    )
     args = parser.parse_args(argv)
+    if args.command == "demo" and args.json_schema:
+        from .demo import run_json_schema_demo
+
+        budgets = [8] if args.quick else [int(b) for b in args.budgets.split(",")]
+        schema_runs = run_json_schema_demo(
+            args.json_schema,
+            tokens=args.tokens if args.tokens != 128 or args.quick else 256,
+            budgets=budgets,
+            threads=args.threads,
+        )
+        return 0 if all(r.identical and r.valid for r in schema_runs) else 1
     if args.command == "demo":
         from .demo import run_demo
 

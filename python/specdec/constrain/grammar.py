@@ -24,6 +24,25 @@ def _opt_int(value: int | None, name: str, lo: int) -> int | None:
     return None if value is None else check_int(value, name, lo, GrammarError)
 
 
+def _limits(
+    cache_bytes: int | None,
+    max_depth: int | None,
+    max_states: int | None,
+    max_symbols: int | None,
+    max_lexer_states: int | None,
+    size_limit: int | None,
+) -> tuple[int | None, ...]:
+    """The compile limits, checked, in the order the core constructors take them."""
+    return (
+        _opt_int(cache_bytes, "cache_bytes", 0),
+        _opt_int(max_depth, "max_depth", 1),
+        _opt_int(max_states, "max_states", 1),
+        _opt_int(max_symbols, "max_symbols", 1),
+        _opt_int(max_lexer_states, "max_lexer_states", 1),
+        _opt_int(size_limit, "size_limit", 1),
+    )
+
+
 def schema_text(schema: object) -> str:
     """A JSON Schema as JSON text (key order kept: it is the properties' output order)."""
     if isinstance(schema, str):
@@ -41,8 +60,13 @@ def schema_text(schema: object) -> str:
 class CfgGrammar:
     """A context-free grammar compiled against one vocabulary; the whole output must belong
     to its language. Build one with :meth:`Vocabulary.gbnf` or :meth:`Vocabulary.json_schema`
-    (cached per vocabulary) or the class methods. ``cache_bytes`` bounds the per-state mask
-    cache; ``max_depth`` bounds the nesting of the grammar text (parentheses, schemas)."""
+    (cached per vocabulary) or the class methods. Limits (``None``: the default; exceeding
+    one raises :class:`GrammarError` naming it): ``cache_bytes`` bounds the per-state mask
+    cache; ``max_depth`` the nesting of the grammar text (parentheses, schemas);
+    ``max_states`` the parser states one grammar may intern over its life (4,194,304);
+    ``max_symbols`` the right-hand-side symbols of all rules (1,048,576);
+    ``max_lexer_states`` the DFA states of all lexemes (65,536); ``size_limit`` the
+    automaton bytes of one lexeme (16 MiB, as :class:`RegexGrammar`'s)."""
 
     __slots__ = ("_g", "vocab", "source")
 
@@ -59,11 +83,16 @@ class CfgGrammar:
         *,
         cache_bytes: int | None = None,
         max_depth: int | None = None,
+        max_states: int | None = None,
+        max_symbols: int | None = None,
+        max_lexer_states: int | None = None,
+        size_limit: int | None = None,
     ) -> CfgGrammar:
         """Compile GBNF (llama.cpp's grammar format; the start rule is ``root``)."""
-        return cls._from_text(
-            vocab, text, "GBNF", _core.CfgGrammar.from_gbnf, cache_bytes, max_depth
+        limits = _limits(
+            cache_bytes, max_depth, max_states, max_symbols, max_lexer_states, size_limit
         )
+        return cls._from_text(vocab, text, "GBNF", _core.CfgGrammar.from_gbnf, limits)
 
     @classmethod
     def from_lark(
@@ -73,6 +102,10 @@ class CfgGrammar:
         *,
         cache_bytes: int | None = None,
         max_depth: int | None = None,
+        max_states: int | None = None,
+        max_symbols: int | None = None,
+        max_lexer_states: int | None = None,
+        size_limit: int | None = None,
     ) -> CfgGrammar:
         """Compile a Lark grammar (start rule ``start``). Supported: rules and terminals
         (``?rule``, ``!rule``, priorities and ``-> alias`` accepted and ignored), ``|``
@@ -80,9 +113,10 @@ class CfgGrammar:
         ``"a".."z"``, ``( )``, ``[ ]``, ``? * +``, ``~ n``, ``~ n..m``, ``%ignore``,
         ``%import common.NAME``. Every tokenization the rules allow is accepted (no
         contextual lexer). Anything else raises :class:`GrammarError` naming it."""
-        return cls._from_text(
-            vocab, text, "Lark", _core.CfgGrammar.from_lark, cache_bytes, max_depth
+        limits = _limits(
+            cache_bytes, max_depth, max_states, max_symbols, max_lexer_states, size_limit
         )
+        return cls._from_text(vocab, text, "Lark", _core.CfgGrammar.from_lark, limits)
 
     @classmethod
     def _from_text(
@@ -91,20 +125,14 @@ class CfgGrammar:
         text: str,
         kind: str,
         compile_text: Any,
-        cache_bytes: int | None,
-        max_depth: int | None,
+        limits: tuple[int | None, ...],
     ) -> CfgGrammar:
         """The checks and compile call shared by the grammar-text formats."""
         if not isinstance(vocab, Vocabulary):
             raise SpecdecTypeError(f"vocab must be a Vocabulary, got {type(vocab).__name__}")
         if not isinstance(text, str):
             raise SpecdecTypeError(f"{kind} text must be a str, got {type(text).__name__}")
-        core = compile_text(
-            vocab._v,
-            text,
-            _opt_int(cache_bytes, "cache_bytes", 0),
-            _opt_int(max_depth, "max_depth", 1),
-        )
+        core = compile_text(vocab._v, text, *limits)
         return cls(vocab, core, text)
 
     @classmethod
@@ -118,6 +146,10 @@ class CfgGrammar:
         strict: bool = False,
         cache_bytes: int | None = None,
         max_depth: int | None = None,
+        max_states: int | None = None,
+        max_symbols: int | None = None,
+        max_lexer_states: int | None = None,
+        size_limit: int | None = None,
     ) -> CfgGrammar:
         """Compile a JSON Schema (a parsed document, or its JSON text) to the grammar of the
         JSON texts it accepts, properties in declared order. ``whitespace``: any whitespace
@@ -144,23 +176,29 @@ class CfgGrammar:
             separators[0],
             separators[1],
             check_bool(strict, "strict"),
-            _opt_int(cache_bytes, "cache_bytes", 0),
-            _opt_int(max_depth, "max_depth", 1),
+            *_limits(cache_bytes, max_depth, max_states, max_symbols, max_lexer_states, size_limit),
         )
         return cls(vocab, core, text)
 
     @classmethod
     def from_regex(
-        cls, vocab: Vocabulary, pattern: str, *, cache_bytes: int | None = None
+        cls,
+        vocab: Vocabulary,
+        pattern: str,
+        *,
+        cache_bytes: int | None = None,
+        max_states: int | None = None,
+        size_limit: int | None = None,
     ) -> CfgGrammar:
         """A regex as the one-lexeme grammar ``root ::= /pattern/``."""
         if not isinstance(vocab, Vocabulary):
             raise SpecdecTypeError(f"vocab must be a Vocabulary, got {type(vocab).__name__}")
         if not isinstance(pattern, str):
             raise SpecdecTypeError(f"pattern must be a str, got {type(pattern).__name__}")
-        core = _core.CfgGrammar.from_regex(
-            vocab._v, pattern, _opt_int(cache_bytes, "cache_bytes", 0)
+        cache, _, states, _, _, size = _limits(
+            cache_bytes, None, max_states, None, None, size_limit
         )
+        core = _core.CfgGrammar.from_regex(vocab._v, pattern, cache, states, size)
         return cls(vocab, core, pattern)
 
     @property

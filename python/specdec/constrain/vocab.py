@@ -222,27 +222,65 @@ class Vocabulary:
         return g
 
     def gbnf(
-        self, text: str, *, cache_bytes: int | None = None, max_depth: int | None = None
+        self,
+        text: str,
+        *,
+        cache_bytes: int | None = None,
+        max_depth: int | None = None,
+        max_states: int | None = None,
+        max_symbols: int | None = None,
+        max_lexer_states: int | None = None,
+        size_limit: int | None = None,
     ) -> CfgGrammar:
         """Compile GBNF text (llama.cpp's format, start rule ``root``) against this
-        vocabulary (see :class:`CfgGrammar`); compiled grammars are cached per vocabulary."""
+        vocabulary (see :class:`CfgGrammar`, limits included); compiled grammars are cached
+        per vocabulary."""
         from .grammar import CfgGrammar
 
+        limits = (cache_bytes, max_depth, max_states, max_symbols, max_lexer_states, size_limit)
         return self._cached(
-            ("gbnf", text, cache_bytes, max_depth),
-            lambda: CfgGrammar.from_gbnf(self, text, cache_bytes=cache_bytes, max_depth=max_depth),
+            ("gbnf", text, *limits),
+            lambda: CfgGrammar.from_gbnf(
+                self,
+                text,
+                cache_bytes=cache_bytes,
+                max_depth=max_depth,
+                max_states=max_states,
+                max_symbols=max_symbols,
+                max_lexer_states=max_lexer_states,
+                size_limit=size_limit,
+            ),
         )
 
     def lark(
-        self, text: str, *, cache_bytes: int | None = None, max_depth: int | None = None
+        self,
+        text: str,
+        *,
+        cache_bytes: int | None = None,
+        max_depth: int | None = None,
+        max_states: int | None = None,
+        max_symbols: int | None = None,
+        max_lexer_states: int | None = None,
+        size_limit: int | None = None,
     ) -> CfgGrammar:
         """Compile a Lark grammar (the subset :meth:`CfgGrammar.from_lark` lists, start rule
-        ``start``) against this vocabulary; compiled grammars are cached per vocabulary."""
+        ``start``) against this vocabulary (limits as :class:`CfgGrammar`); compiled grammars
+        are cached per vocabulary."""
         from .grammar import CfgGrammar
 
+        limits = (cache_bytes, max_depth, max_states, max_symbols, max_lexer_states, size_limit)
         return self._cached(
-            ("lark", text, cache_bytes, max_depth),
-            lambda: CfgGrammar.from_lark(self, text, cache_bytes=cache_bytes, max_depth=max_depth),
+            ("lark", text, *limits),
+            lambda: CfgGrammar.from_lark(
+                self,
+                text,
+                cache_bytes=cache_bytes,
+                max_depth=max_depth,
+                max_states=max_states,
+                max_symbols=max_symbols,
+                max_lexer_states=max_lexer_states,
+                size_limit=size_limit,
+            ),
         )
 
     def json_schema(
@@ -254,13 +292,19 @@ class Vocabulary:
         strict: bool = False,
         cache_bytes: int | None = None,
         max_depth: int | None = None,
+        max_states: int | None = None,
+        max_symbols: int | None = None,
+        max_lexer_states: int | None = None,
+        size_limit: int | None = None,
     ) -> CfgGrammar:
         """Compile a JSON Schema against this vocabulary (options as
-        :meth:`CfgGrammar.from_json_schema`); compiled grammars are cached per vocabulary."""
+        :meth:`CfgGrammar.from_json_schema`, limits as :class:`CfgGrammar`); compiled
+        grammars are cached per vocabulary."""
         from .grammar import CfgGrammar, schema_text
 
         text = schema_text(schema)
-        opts = (whitespace, separators, strict, cache_bytes, max_depth)
+        limits = (cache_bytes, max_depth, max_states, max_symbols, max_lexer_states, size_limit)
+        opts = (whitespace, separators, strict, *limits)
         return self._cached(
             ("json_schema", text, *opts),
             lambda: CfgGrammar.from_json_schema(
@@ -271,5 +315,9 @@ class Vocabulary:
                 strict=strict,
                 cache_bytes=cache_bytes,
                 max_depth=max_depth,
+                max_states=max_states,
+                max_symbols=max_symbols,
+                max_lexer_states=max_lexer_states,
+                size_limit=size_limit,
             ),
         )

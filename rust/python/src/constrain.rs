@@ -178,13 +178,40 @@ impl RegexGrammar {
 #[pyclass(module = "specdec._core", frozen)]
 pub struct CfgGrammar(pub Arc<CompiledGrammar>);
 
-fn grammar_limits(cache_bytes: Option<usize>, max_depth: Option<usize>) -> GrammarLimits {
+/// The [`GrammarLimits`] fields a Python caller may set (`None`: the default).
+#[derive(Default)]
+struct LimitArgs {
+    cache_bytes: Option<usize>,
+    max_depth: Option<usize>,
+    max_states: Option<usize>,
+    max_symbols: Option<usize>,
+    max_lexer_states: Option<usize>,
+    /// Per-lexeme automaton and table bytes (as `RegexGrammar`'s `size_limit`).
+    size_limit: Option<usize>,
+}
+
+fn grammar_limits(a: LimitArgs) -> GrammarLimits {
     let mut l = GrammarLimits::default();
-    if let Some(c) = cache_bytes {
+    if let Some(c) = a.cache_bytes {
         l.cache_bytes = c;
     }
-    if let Some(d) = max_depth {
+    if let Some(d) = a.max_depth {
         l.max_depth = d;
+    }
+    if let Some(n) = a.max_states {
+        l.max_states = n;
+    }
+    if let Some(n) = a.max_symbols {
+        l.max_symbols = n;
+    }
+    if let Some(n) = a.max_lexer_states {
+        l.max_lexer_states = n;
+    }
+    if let Some(b) = a.size_limit {
+        l.lexeme = RegexLimits {
+            automaton_bytes: b,
+            table_bytes: b,
+        };
     }
     l
 }
@@ -193,16 +220,28 @@ fn grammar_limits(cache_bytes: Option<usize>, max_depth: Option<usize>) -> Gramm
 impl CfgGrammar {
     /// Compile GBNF text (start rule `root`), with the GIL released.
     #[staticmethod]
-    #[pyo3(signature = (vocab, text, cache_bytes=None, max_depth=None))]
+    #[pyo3(signature = (vocab, text, cache_bytes=None, max_depth=None, max_states=None, max_symbols=None, max_lexer_states=None, size_limit=None))]
+    #[allow(clippy::too_many_arguments)]
     fn from_gbnf(
         py: Python<'_>,
         vocab: &Vocabulary,
         text: String,
         cache_bytes: Option<usize>,
         max_depth: Option<usize>,
+        max_states: Option<usize>,
+        max_symbols: Option<usize>,
+        max_lexer_states: Option<usize>,
+        size_limit: Option<usize>,
     ) -> PyResult<Self> {
         let v = vocab.0.clone();
-        let limits = grammar_limits(cache_bytes, max_depth);
+        let limits = grammar_limits(LimitArgs {
+            cache_bytes,
+            max_depth,
+            max_states,
+            max_symbols,
+            max_lexer_states,
+            size_limit,
+        });
         let g = py
             .detach(|| CompiledGrammar::from_gbnf(v, &text, limits))
             .or_raise()?;
@@ -211,16 +250,28 @@ impl CfgGrammar {
 
     /// Compile a Lark grammar (the supported subset; start rule `start`), GIL released.
     #[staticmethod]
-    #[pyo3(signature = (vocab, text, cache_bytes=None, max_depth=None))]
+    #[pyo3(signature = (vocab, text, cache_bytes=None, max_depth=None, max_states=None, max_symbols=None, max_lexer_states=None, size_limit=None))]
+    #[allow(clippy::too_many_arguments)]
     fn from_lark(
         py: Python<'_>,
         vocab: &Vocabulary,
         text: String,
         cache_bytes: Option<usize>,
         max_depth: Option<usize>,
+        max_states: Option<usize>,
+        max_symbols: Option<usize>,
+        max_lexer_states: Option<usize>,
+        size_limit: Option<usize>,
     ) -> PyResult<Self> {
         let v = vocab.0.clone();
-        let limits = grammar_limits(cache_bytes, max_depth);
+        let limits = grammar_limits(LimitArgs {
+            cache_bytes,
+            max_depth,
+            max_states,
+            max_symbols,
+            max_lexer_states,
+            size_limit,
+        });
         let g = py
             .detach(|| CompiledGrammar::from_lark(v, &text, limits))
             .or_raise()?;
@@ -229,7 +280,7 @@ impl CfgGrammar {
 
     /// Compile a JSON Schema (JSON text) to the grammar of the JSON texts it accepts.
     #[staticmethod]
-    #[pyo3(signature = (vocab, schema, whitespace=true, item_separator=",".to_owned(), key_separator=":".to_owned(), strict=false, cache_bytes=None, max_depth=None))]
+    #[pyo3(signature = (vocab, schema, whitespace=true, item_separator=",".to_owned(), key_separator=":".to_owned(), strict=false, cache_bytes=None, max_depth=None, max_states=None, max_symbols=None, max_lexer_states=None, size_limit=None))]
     #[allow(clippy::too_many_arguments)]
     fn from_json_schema(
         py: Python<'_>,
@@ -241,9 +292,20 @@ impl CfgGrammar {
         strict: bool,
         cache_bytes: Option<usize>,
         max_depth: Option<usize>,
+        max_states: Option<usize>,
+        max_symbols: Option<usize>,
+        max_lexer_states: Option<usize>,
+        size_limit: Option<usize>,
     ) -> PyResult<Self> {
         let v = vocab.0.clone();
-        let limits = grammar_limits(cache_bytes, max_depth);
+        let limits = grammar_limits(LimitArgs {
+            cache_bytes,
+            max_depth,
+            max_states,
+            max_symbols,
+            max_lexer_states,
+            size_limit,
+        });
         let opts = JsonOptions {
             whitespace,
             item_separator,
@@ -258,15 +320,22 @@ impl CfgGrammar {
 
     /// A regex as the one-lexeme grammar `root ::= /pattern/`.
     #[staticmethod]
-    #[pyo3(signature = (vocab, pattern, cache_bytes=None))]
+    #[pyo3(signature = (vocab, pattern, cache_bytes=None, max_states=None, size_limit=None))]
     fn from_regex(
         py: Python<'_>,
         vocab: &Vocabulary,
         pattern: String,
         cache_bytes: Option<usize>,
+        max_states: Option<usize>,
+        size_limit: Option<usize>,
     ) -> PyResult<Self> {
         let v = vocab.0.clone();
-        let limits = grammar_limits(cache_bytes, None);
+        let limits = grammar_limits(LimitArgs {
+            cache_bytes,
+            max_states,
+            size_limit,
+            ..LimitArgs::default()
+        });
         let g = py
             .detach(|| CompiledGrammar::from_regex(v, &pattern, limits))
             .or_raise()?;

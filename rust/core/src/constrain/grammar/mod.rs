@@ -32,6 +32,7 @@ pub mod json_schema;
 pub mod lark;
 mod lexer;
 mod mask;
+mod multiple_of;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

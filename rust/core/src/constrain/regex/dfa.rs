@@ -274,6 +274,12 @@ impl TableDfa {
         Ok(TableDfa::trimmed(&edges, &accepting))
     }
 
+    /// A DFA built by hand: `edges[s][byte]` the next state (0 dead, 1 the start), trimmed
+    /// like `compile`'s output. Every target must index into `edges`.
+    pub fn from_edges(edges: &[[u32; 256]], accepting: &[bool]) -> TableDfa {
+        TableDfa::trimmed(edges, accepting)
+    }
+
     /// The table of `edges` (state 0 dead, state 1 the start), keeping only the states that
     /// can still reach an accepting one (all others fold into the dead state).
     fn trimmed(edges: &[[u32; 256]], accepting: &[bool]) -> TableDfa {
