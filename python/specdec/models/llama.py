@@ -195,12 +195,18 @@ def _pack(ws: Sequence[Tensor], bs: Sequence[Tensor | None]) -> tuple[Tensor, Te
 
 
 def linears(
-    x: Tensor, ws: Sequence[Tensor], bs: Sequence[Tensor | None], *, packed: bool = True
+    x: Tensor,
+    ws: Sequence[Tensor],
+    bs: Sequence[Tensor | None],
+    *,
+    packed: bool = True,
+    cat: bool = False,
 ) -> tuple[Tensor, ...]:
-    """``F.linear(x, ws[i], bs[i])`` for each ``i``. With ``packed``, where that applies
-    (CPU float32 weights, no autograd), one oneDNN call on the packed concatenation (results
-    differ from the BLAS's in the last bits only: another summation order); else plain
-    ``F.linear`` calls."""
+    """``F.linear(x, ws[i], bs[i])`` for each ``i`` (with ``cat``: one tensor, the outputs
+    concatenated along the last dim). With ``packed``, where that applies (CPU float32
+    weights, no autograd), one oneDNN call on the packed concatenation (results differ from
+    the BLAS's in the last bits only: another summation order); else plain ``F.linear``
+    calls."""
     if (
         packed
         and _PACK_OK
@@ -209,10 +215,21 @@ def linears(
     ):
         p, b = _pack(ws, bs)
         out: Tensor = torch.ops.mkldnn._linear_pointwise(x, p, b, "none", [], "")
-        if len(ws) == 1:
+        if len(ws) == 1 or cat:
             return (out,)
         return tuple(torch.split(out, [w.shape[0] for w in ws], dim=-1))
-    return tuple(nn.functional.linear(x, w, b) for w, b in zip(ws, bs, strict=True))
+    outs = tuple(nn.functional.linear(x, w, b) for w, b in zip(ws, bs, strict=True))
+    return (torch.cat(outs, dim=-1),) if cat and len(outs) > 1 else outs
+
+
+_Plan = tuple[list[Tensor], list[int], list[tuple[Tensor, Tensor | None]]]
+# Per model: the weights a decode step reads, their versions, and their packed groups.
+_plans: weakref.WeakKeyDictionary[nn.Module, _Plan] = weakref.WeakKeyDictionary()
+
+
+def _pointwise(x: Tensor, wb: tuple[Tensor, Tensor | None]) -> Tensor:
+    out: Tensor = torch.ops.mkldnn._linear_pointwise(x, wb[0], wb[1], "none", [], "")
+    return out
 
 
 class Attention(nn.Module):
@@ -381,8 +398,45 @@ class LlamaModel(nn.Module):
 
     # -- linear layers -------------------------------------------------------------------
     @staticmethod
-    def _lin(x: Tensor, *mods: nn.Linear, packed: bool) -> tuple[Tensor, ...]:
-        return linears(x, [m.weight for m in mods], [m.bias for m in mods], packed=packed)
+    def _lin(x: Tensor, *mods: nn.Linear, packed: bool, cat: bool = False) -> tuple[Tensor, ...]:
+        ws, bs = [m.weight for m in mods], [m.bias for m in mods]
+        return linears(x, ws, bs, packed=packed, cat=cat)
+
+    def _linear_groups(self) -> list[tuple[list[Tensor], list[Tensor | None]]]:
+        """A decode step's linear layers: per layer qkv, o, gate/up, down; then the head."""
+        groups: list[tuple[list[Tensor], list[Tensor | None]]] = []
+        for layer in self.model.decoder_layers():
+            a, m = layer.self_attn, layer.mlp
+            for mods in ((a.q_proj, a.k_proj, a.v_proj), (a.o_proj,), (m.gate_proj, m.up_proj)):
+                groups.append(([x.weight for x in mods], [x.bias for x in mods]))
+            groups.append(([m.down_proj.weight], [m.down_proj.bias]))
+        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        groups.append(([w], [None]))
+        return groups
+
+    def _decode_plan(self) -> list[tuple[Tensor, Tensor | None]] | None:
+        """The packed groups of :meth:`_linear_groups`, or None where packing does not apply
+        (:attr:`packed_linear` off, not CPU float32, autograd on). One pass per call checks
+        that no weight was replaced or changed in place since they were packed (else they are
+        packed again), so a step does no per-layer cache look-ups."""
+        if not (self.packed_linear and _PACK_OK) or torch.is_grad_enabled():
+            return None
+        groups = self._linear_groups()
+        held = [t for ws, bs in groups for t in (*ws, *bs) if t is not None]
+        vers = [_version(t) for t in held]
+        plan = _plans.get(self)
+        if (
+            plan is not None
+            and plan[1] == vers
+            and len(plan[0]) == len(held)
+            and all(a is b for a, b in zip(plan[0], held, strict=True))
+        ):
+            return plan[2]
+        if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in held):
+            return None
+        packs = [_pack(ws, bs) for ws, bs in groups]
+        _plans[self] = (held, vers, packs)
+        return packs
 
     def _mlp(self, mlp: MLP, x: Tensor, packed: bool) -> Tensor:
         g, u = self._lin(x, mlp.gate_proj, mlp.up_proj, packed=packed)
@@ -656,35 +710,48 @@ class LlamaModel(nn.Module):
         c = self.config
         hd = c.head_dim or 0
         r = ids.shape[0]
-        pk = self.packed_linear
+        plan = self._decode_plan()  # None: plain F.linear calls
         x = self.model.embed_tokens(ids.long())[:, None]  # [R, 1, hidden]
         cos, sin = rope_cos_sin(pos, hd, c.rope_theta, x.dtype)
-        cos, sin = cos.view(r, 1, 1, hd), sin.view(r, 1, 1, hd)
+        cos, sin = cos.view(r, 1, hd), sin.view(r, 1, hd)
         mask: Tensor | None = step.mask[:, None]  # [R, 1, S]
         if mask is not None and bool(mask.all()):
             mask = None  # every row sees its whole table (equal lengths): no mask needed
         flat = step.table.reshape(-1)
+        silu = nn.functional.silu
         for i, layer in enumerate(self.model.decoder_layers()):
-            a = layer.self_attn
+            a, m = layer.self_attn, layer.mlp
             h = layer.input_layernorm(x)
-            q, k, v = self._lin(h, a.q_proj, a.k_proj, a.v_proj, packed=pk)
-            q = q.view(r, 1, a.h, hd).transpose(1, 2)
-            k = k.view(r, 1, a.hkv, hd).transpose(1, 2)
-            v = v.view(r, 1, a.hkv, hd).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            # One [R, Hq + 2 Hkv, D] projection; RoPE on the q and k heads in one go.
+            if plan is None:
+                qkv = self._lin(h, a.q_proj, a.k_proj, a.v_proj, packed=False, cat=True)[0]
+            else:
+                qkv = _pointwise(h, plan[4 * i])
+            qkv = qkv.view(r, a.h + 2 * a.hkv, hd)
+            qk = qkv[:, : a.h + a.hkv]
+            qk = qk * cos + _rotate_half(qk) * sin
+            q = qk[:, : a.h, None]  # [R, Hq, 1, D]
             ks, vs = k_slots[i], v_slots[i]
-            ks[step.new_slots] = k[:, :, 0].to(ks.dtype)
-            vs[step.new_slots] = v[:, :, 0].to(vs.dtype)
+            ks[step.new_slots] = qk[:, a.h :].to(ks.dtype)
+            vs[step.new_slots] = qkv[:, a.h + a.hkv :].to(vs.dtype)
             # [R, S, Hkv, D] -> [R, Hkv, S, D]: beams sharing a prefix block read the same slots
             # (index_select: one flat gather, cheaper than advanced indexing).
             kk = ks.index_select(0, flat).view(r, -1, a.hkv, hd).transpose(1, 2)
             vv = vs.index_select(0, flat).view(r, -1, a.hkv, hd).transpose(1, 2)
-            o = attend(q, kk.to(q.dtype), vv.to(q.dtype), mask, backend=self.backend, checked=i > 0)
-            x = x + self._lin(o.transpose(1, 2).reshape(r, 1, a.h * hd), a.o_proj, packed=pk)[0]
-            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), pk)
+            if kk.dtype != q.dtype:
+                kk, vv = kk.to(q.dtype), vv.to(q.dtype)
+            o = attend(q, kk, vv, mask, backend=self.backend, checked=i > 0)
+            o = o.transpose(1, 2).reshape(r, 1, a.h * hd)
+            if plan is None:
+                x = x + self._lin(o, a.o_proj, packed=False)[0]
+                x = x + self._mlp(m, layer.post_attention_layernorm(x), False)
+            else:
+                x = x + _pointwise(o, plan[4 * i + 1])
+                gu = _pointwise(layer.post_attention_layernorm(x), plan[4 * i + 2])
+                g, u = torch.split(gu, m.gate_proj.out_features, dim=-1)
+                x = x + _pointwise(silu(g) * u, plan[4 * i + 3])
         x = self.model.norm(x[:, 0])
-        return self._head(x, pk)
+        return self._head(x, False) if plan is None else _pointwise(x, plan[-1])
 
     def init_random(self, seed: int = 0, std: float = 0.3) -> LlamaModel:
         """Random weights (deterministic per seed), large enough that logits are far from
