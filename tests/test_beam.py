@@ -390,3 +390,50 @@ def test_forward_paged_matches_one_sequence_forwards(small: LlamaModel) -> None:
     assert a.block_table()[1] != b.block_table()[1]  # the tail was copied on write
     assert a.block_table()[0] == b.block_table()[0]
     pool.manager.check_invariants()
+
+
+def test_packed_linears_match_plain_and_follow_weight_changes(small: LlamaModel) -> None:
+    """The decode paths' packed oneDNN linears give the plain ``F.linear`` logits (to float
+    rounding), ``forward_last`` is ``forward``'s last row, and a weight changed in place or
+    replaced is packed again rather than read stale."""
+    ids = torch.tensor([5, 9, 2, 7, 1, 3])
+
+    def paged_and_last() -> tuple[torch.Tensor, torch.Tensor]:
+        pool = PagedKVPool(2, 2, 8, 64, 4)
+        a = pool.sequence()
+        last = small.forward_last(ids, torch.arange(6), a)
+        a.commit_fed(ids)
+        step = small.forward_paged(torch.tensor([4]), torch.tensor([6]), [a])[0]
+        pool.rollback_decode([a])
+        return last, step
+
+    def reference() -> tuple[torch.Tensor, torch.Tensor]:
+        full = torch.cat((ids, torch.tensor([4])))
+        out = small(full, torch.arange(7), small.new_cache(16))
+        return out[-2], out[-1]
+
+    layer = small.model.decoder_layers()[0]
+    old = layer.mlp.up_proj.weight.detach().clone()
+    try:
+        for packed in (True, False):
+            small.packed_linear = packed
+            for got, want in zip(paged_and_last(), reference(), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        small.packed_linear = True
+        paged_and_last()  # packs the weights
+        with torch.no_grad():
+            layer.mlp.up_proj.weight.mul_(-0.5)  # in place
+        for got, want in zip(paged_and_last(), reference(), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        layer.self_attn.q_proj.weight = torch.nn.Parameter(
+            layer.self_attn.q_proj.weight.detach() * 2.0  # replaced
+        )
+        for got, want in zip(paged_and_last(), reference(), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    finally:
+        small.packed_linear = True
+        with torch.no_grad():
+            layer.mlp.up_proj.weight.copy_(old)
+            layer.self_attn.q_proj.weight = torch.nn.Parameter(
+                layer.self_attn.q_proj.weight.detach() / 2.0
+            )

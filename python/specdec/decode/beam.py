@@ -228,12 +228,17 @@ class _Beams:
     def prefill(self, rows: list[list[int]]) -> torch.Tensor:
         """Each prompt once; its beams share its blocks. Returns last logits ``[B, V]``."""
         dev = torch.device(self.model.device)
+        # A model with forward_last (LlamaModel) runs the LM head on the last token only.
+        last = getattr(self.model, "forward_last", None)
         out = []
         for ids in rows:
             root = self.pool.sequence()
             self.caches.append(root)
             feed = torch.tensor(ids, dtype=torch.long, device=dev)
-            out.append(self.model(feed, torch.arange(len(ids), device=dev), root, None)[-1])
+            pos = torch.arange(len(ids), device=dev)
+            out.append(
+                self.model(feed, pos, root, None)[-1] if last is None else last(feed, pos, root)
+            )
             root.commit_fed(feed)
             self.used()
             for _ in range(self.cfg.num_beams - 1):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -126,6 +127,109 @@ def rope_cos_sin(
     ang = positions.to(ft)[:, None] * inv[None]
     emb = torch.cat((ang, ang), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+# -- packed linear layers ------------------------------------------------------------------
+# On the CPU a float32 ``F.linear`` goes to the BLAS (MKL in the stock wheels), which repacks
+# the weight on every call and, on non-Intel CPUs, runs a slow generic path: at the few rows
+# of a decode step it reads the weights far below memory bandwidth. oneDNN's linear on a
+# weight packed once (what ``torch.compile``'s CPU freezing uses) does the same product 2-4x
+# faster. Layers that read the same input (q/k/v, gate/up) are packed as one weight, one call
+# (the same sums: each output column is its own dot product). The packed copies live beside
+# the parameters (twice the weight memory) and are rebuilt when a weight changes (its version
+# counter) or is replaced; they go with the weights.
+_Entry = tuple[tuple["weakref.ref[Tensor]", ...], tuple[int, ...], Tensor, Tensor | None]
+_packed: dict[tuple[int, ...], _Entry] = {}
+
+
+def _can_pack() -> bool:
+    try:
+        return bool(
+            torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        )
+    except Exception:  # pragma: no cover - exotic builds
+        return False
+
+
+_PACK_OK = _can_pack()
+
+
+def _version(t: Tensor) -> int:
+    try:
+        return int(t._version)
+    except RuntimeError:  # an inference-mode tensor: no version counter (it never changes)
+        return -1
+
+
+def _pack(ws: Sequence[Tensor], bs: Sequence[Tensor | None]) -> tuple[Tensor, Tensor | None]:
+    """The packed concatenation of weights ``ws`` (and of their biases ``bs``), cached."""
+    held = [*ws, *(b for b in bs if b is not None)]
+    key = tuple(id(t) for t in held)
+    vers = tuple(_version(t) for t in held)
+    hit = _packed.get(key)
+    if (
+        hit is not None
+        and hit[1] == vers
+        and all(r() is t for r, t in zip(hit[0], held, strict=True))
+    ):
+        return hit[2], hit[3]
+    w = ws[0] if len(ws) == 1 else torch.cat(list(ws))
+    p: Tensor = torch.ops.mkldnn._reorder_linear_weight(w.detach())
+    bias = None
+    if any(b is not None for b in bs):
+        bias = torch.cat(
+            [
+                b if b is not None else wi.new_zeros(wi.shape[0])
+                for wi, b in zip(ws, bs, strict=True)
+            ]
+        ).detach()
+
+    def drop(_: object) -> None:  # a weight went: its packed copy goes
+        _packed.pop(key, None)
+
+    refs = tuple(weakref.ref(t, drop) for t in held)
+    _packed[key] = (refs, vers, p, bias)
+    return p, bias
+
+
+def linears(
+    x: Tensor,
+    ws: Sequence[Tensor],
+    bs: Sequence[Tensor | None],
+    *,
+    packed: bool = True,
+    cat: bool = False,
+) -> tuple[Tensor, ...]:
+    """``F.linear(x, ws[i], bs[i])`` for each ``i`` (with ``cat``: one tensor, the outputs
+    concatenated along the last dim). With ``packed``, where that applies (CPU float32
+    weights, no autograd), one oneDNN call on the packed concatenation (results differ from
+    the BLAS's in the last bits only: another summation order); else plain ``F.linear``
+    calls."""
+    if (
+        packed
+        and _PACK_OK
+        and not torch.is_grad_enabled()
+        and all(w.device.type == "cpu" and w.dtype == torch.float32 for w in ws)
+    ):
+        p, b = _pack(ws, bs)
+        out: Tensor = torch.ops.mkldnn._linear_pointwise(x, p, b, "none", [], "")
+        if len(ws) == 1 or cat:
+            return (out,)
+        return tuple(torch.split(out, [w.shape[0] for w in ws], dim=-1))
+    outs = tuple(nn.functional.linear(x, w, b) for w, b in zip(ws, bs, strict=True))
+    return (torch.cat(outs, dim=-1),) if cat and len(outs) > 1 else outs
+
+
+_Plan = tuple[list[Tensor], list[int], list[tuple[Tensor, Tensor | None]]]
+# Per model: the weights a decode step reads, their versions, and their packed groups.
+_plans: weakref.WeakKeyDictionary[nn.Module, _Plan] = weakref.WeakKeyDictionary()
+
+
+def _pointwise(x: Tensor, wb: tuple[Tensor, Tensor | None]) -> Tensor:
+    out: Tensor = torch.ops.mkldnn._linear_pointwise(x, wb[0], wb[1], "none", [], "")
+    return out
 
 
 class Attention(nn.Module):
@@ -256,6 +360,10 @@ class LlamaModel(nn.Module):
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.backend: Backend = backend
+        # The decode paths (forward_paged, forward_last) run CPU float32 linear layers through
+        # oneDNN on packed weights (see ``linears``); False: plain ``F.linear`` (the BLAS), as
+        # forward and forward_batch always do (their logits equal transformers' bit for bit).
+        self.packed_linear = True
         self.hidden_layers: tuple[int, ...] = ()
         self.hidden_final = False
         self.last_hidden_states: torch.Tensor | None = None
@@ -287,6 +395,56 @@ class LlamaModel(nn.Module):
         if self.hidden_final:
             kept.append(x)
         self.last_hidden_states = torch.cat(kept, -1) if kept else None
+
+    # -- linear layers -------------------------------------------------------------------
+    @staticmethod
+    def _lin(x: Tensor, *mods: nn.Linear, packed: bool, cat: bool = False) -> tuple[Tensor, ...]:
+        ws, bs = [m.weight for m in mods], [m.bias for m in mods]
+        return linears(x, ws, bs, packed=packed, cat=cat)
+
+    def _linear_groups(self) -> list[tuple[list[Tensor], list[Tensor | None]]]:
+        """A decode step's linear layers: per layer qkv, o, gate/up, down; then the head."""
+        groups: list[tuple[list[Tensor], list[Tensor | None]]] = []
+        for layer in self.model.decoder_layers():
+            a, m = layer.self_attn, layer.mlp
+            for mods in ((a.q_proj, a.k_proj, a.v_proj), (a.o_proj,), (m.gate_proj, m.up_proj)):
+                groups.append(([x.weight for x in mods], [x.bias for x in mods]))
+            groups.append(([m.down_proj.weight], [m.down_proj.bias]))
+        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        groups.append(([w], [None]))
+        return groups
+
+    def _decode_plan(self) -> list[tuple[Tensor, Tensor | None]] | None:
+        """The packed groups of :meth:`_linear_groups`, or None where packing does not apply
+        (:attr:`packed_linear` off, not CPU float32, autograd on). One pass per call checks
+        that no weight was replaced or changed in place since they were packed (else they are
+        packed again), so a step does no per-layer cache look-ups."""
+        if not (self.packed_linear and _PACK_OK) or torch.is_grad_enabled():
+            return None
+        groups = self._linear_groups()
+        held = [t for ws, bs in groups for t in (*ws, *bs) if t is not None]
+        vers = [_version(t) for t in held]
+        plan = _plans.get(self)
+        if (
+            plan is not None
+            and plan[1] == vers
+            and len(plan[0]) == len(held)
+            and all(a is b for a, b in zip(plan[0], held, strict=True))
+        ):
+            return plan[2]
+        if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in held):
+            return None
+        packs = [_pack(ws, bs) for ws, bs in groups]
+        _plans[self] = (held, vers, packs)
+        return packs
+
+    def _mlp(self, mlp: MLP, x: Tensor, packed: bool) -> Tensor:
+        g, u = self._lin(x, mlp.gate_proj, mlp.up_proj, packed=packed)
+        return self._lin(nn.functional.silu(g) * u, mlp.down_proj, packed=packed)[0]
+
+    def _head(self, x: Tensor, packed: bool) -> Tensor:
+        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return linears(x, [w], [None], packed=packed)[0]
 
     # -- target protocol -----------------------------------------------------------------
     @property
@@ -325,6 +483,26 @@ class LlamaModel(nn.Module):
         this step's tokens under ``mask`` ``[T, committed + T]`` (bool, True = visible;
         ``None`` = causal). Returns logits ``[T, vocab]``; the step stays pending in
         ``cache``."""
+        return self._step(input_ids, position_ids, cache, mask, packed=False, last=False)
+
+    @torch.no_grad()
+    def forward_last(self, input_ids: Tensor, position_ids: Tensor, cache: KVCache) -> Tensor:
+        """:meth:`forward` with the causal mask, returning only the last token's logits
+        ``[vocab]`` (a prefill: the LM head runs on one row) and with the decode paths'
+        linear layers (:attr:`packed_linear`)."""
+        out = self._step(input_ids, position_ids, cache, None, packed=self.packed_linear, last=True)
+        return out[0]
+
+    def _step(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        cache: KVCache,
+        mask: Tensor | None,
+        *,
+        packed: bool,
+        last: bool,
+    ) -> Tensor:
         c = self.config
         check_step_inputs(self, input_ids, position_ids, mask, cache)
         if (cache.num_layers, cache.num_kv_heads, cache.head_dim) != (
@@ -345,13 +523,19 @@ class LlamaModel(nn.Module):
             mask = None  # one token seeing everything: attention needs no mask
         cache.begin(t_new)
         try:
-            return self._run(input_ids, position_ids, cache, mask)
+            return self._run(input_ids, position_ids, cache, mask, packed, last)
         except BaseException:
             cache.rollback()
             raise
 
     def _run(
-        self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, mask: torch.Tensor | None
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        cache: KVCache,
+        mask: torch.Tensor | None,
+        pk: bool,
+        last: bool,
     ) -> torch.Tensor:
         c = self.config
         hd = c.head_dim or 0
@@ -363,24 +547,23 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.model.decoder_layers()):
             a = layer.self_attn
             h = layer.input_layernorm(x)
-            q = a.q_proj(h).view(t_new, a.h, hd).transpose(0, 1)
-            k = a.k_proj(h).view(t_new, a.hkv, hd).transpose(0, 1)
-            v = a.v_proj(h).view(t_new, a.hkv, hd).transpose(0, 1)
+            q, k, v = self._lin(h, a.q_proj, a.k_proj, a.v_proj, packed=pk)
+            q = q.view(t_new, a.h, hd).transpose(0, 1)
+            k = k.view(t_new, a.hkv, hd).transpose(0, 1)
+            v = v.view(t_new, a.hkv, hd).transpose(0, 1)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             k_all, v_all = cache.append(i, k, v)
             o = attend(
                 q[None], k_all[None], v_all[None], mask, backend=self.backend, checked=i > 0
             )[0]
-            x = x + a.o_proj(o.transpose(0, 1).reshape(t_new, a.h * hd))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self._lin(o.transpose(0, 1).reshape(t_new, a.h * hd), a.o_proj, packed=pk)[0]
+            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), pk)
             if i in self.hidden_layers:
                 kept.append(x)
         x = self.model.norm(x)
         self._keep_hidden(kept, x)
-        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        out: torch.Tensor = x @ w.T
-        return out
+        return self._head(x[-1:] if last else x, pk)
 
     @torch.no_grad()
     def forward_batch(
@@ -437,6 +620,7 @@ class LlamaModel(nn.Module):
         c = self.config
         hd = c.head_dim or 0
         r, t_new = ids.shape
+        pk = False  # forward_batch: plain F.linear, as forward
         x = self.model.embed_tokens(ids.long())  # [R, T, hidden]
         cos, sin = rope_cos_sin(pos.reshape(-1), hd, c.rope_theta, x.dtype)
         cos, sin = cos.view(r, 1, t_new, hd), sin.view(r, 1, t_new, hd)
@@ -445,9 +629,10 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.model.decoder_layers()):
             a = layer.self_attn
             h = layer.input_layernorm(x)
-            q = a.q_proj(h).view(r, t_new, a.h, hd).transpose(1, 2)
-            k = a.k_proj(h).view(r, t_new, a.hkv, hd).transpose(1, 2)
-            v = a.v_proj(h).view(r, t_new, a.hkv, hd).transpose(1, 2)
+            q, k, v = self._lin(h, a.q_proj, a.k_proj, a.v_proj, packed=pk)
+            q = q.view(r, t_new, a.h, hd).transpose(1, 2)
+            k = k.view(r, t_new, a.hkv, hd).transpose(1, 2)
+            v = v.view(r, t_new, a.hkv, hd).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             # Each cache returns its own [prefix + step] K/V; pad prefixes to P_max (the
@@ -460,15 +645,13 @@ class LlamaModel(nn.Module):
                 kk[j, :, :n], kk[j, :, p_max:] = k_all[:, :n], k_all[:, n:]
                 vv[j, :, :n], vv[j, :, p_max:] = v_all[:, :n], v_all[:, n:]
             o = attend(q, kk, vv, mask, backend=self.backend)
-            x = x + a.o_proj(o.transpose(1, 2).reshape(r, t_new, a.h * hd))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self._lin(o.transpose(1, 2).reshape(r, t_new, a.h * hd), a.o_proj, packed=pk)[0]
+            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), pk)
             if i in self.hidden_layers:
                 kept.append(x)
         x = self.model.norm(x)
         self._keep_hidden(kept, x)
-        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        out: torch.Tensor = x @ w.T
-        return out
+        return self._head(x, pk)
 
     @torch.no_grad()
     def forward_paged(
@@ -527,35 +710,48 @@ class LlamaModel(nn.Module):
         c = self.config
         hd = c.head_dim or 0
         r = ids.shape[0]
+        plan = self._decode_plan()  # None: plain F.linear calls
         x = self.model.embed_tokens(ids.long())[:, None]  # [R, 1, hidden]
         cos, sin = rope_cos_sin(pos, hd, c.rope_theta, x.dtype)
-        cos, sin = cos.view(r, 1, 1, hd), sin.view(r, 1, 1, hd)
+        cos, sin = cos.view(r, 1, hd), sin.view(r, 1, hd)
         mask: Tensor | None = step.mask[:, None]  # [R, 1, S]
         if mask is not None and bool(mask.all()):
             mask = None  # every row sees its whole table (equal lengths): no mask needed
         flat = step.table.reshape(-1)
+        silu = nn.functional.silu
         for i, layer in enumerate(self.model.decoder_layers()):
-            a = layer.self_attn
+            a, m = layer.self_attn, layer.mlp
             h = layer.input_layernorm(x)
-            q = a.q_proj(h).view(r, 1, a.h, hd).transpose(1, 2)
-            k = a.k_proj(h).view(r, 1, a.hkv, hd).transpose(1, 2)
-            v = a.v_proj(h).view(r, 1, a.hkv, hd).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            # One [R, Hq + 2 Hkv, D] projection; RoPE on the q and k heads in one go.
+            if plan is None:
+                qkv = self._lin(h, a.q_proj, a.k_proj, a.v_proj, packed=False, cat=True)[0]
+            else:
+                qkv = _pointwise(h, plan[4 * i])
+            qkv = qkv.view(r, a.h + 2 * a.hkv, hd)
+            qk = qkv[:, : a.h + a.hkv]
+            qk = qk * cos + _rotate_half(qk) * sin
+            q = qk[:, : a.h, None]  # [R, Hq, 1, D]
             ks, vs = k_slots[i], v_slots[i]
-            ks[step.new_slots] = k[:, :, 0].to(ks.dtype)
-            vs[step.new_slots] = v[:, :, 0].to(vs.dtype)
+            ks[step.new_slots] = qk[:, a.h :].to(ks.dtype)
+            vs[step.new_slots] = qkv[:, a.h + a.hkv :].to(vs.dtype)
             # [R, S, Hkv, D] -> [R, Hkv, S, D]: beams sharing a prefix block read the same slots
             # (index_select: one flat gather, cheaper than advanced indexing).
             kk = ks.index_select(0, flat).view(r, -1, a.hkv, hd).transpose(1, 2)
             vv = vs.index_select(0, flat).view(r, -1, a.hkv, hd).transpose(1, 2)
-            o = attend(q, kk.to(q.dtype), vv.to(q.dtype), mask, backend=self.backend, checked=i > 0)
-            x = x + a.o_proj(o.transpose(1, 2).reshape(r, 1, a.h * hd))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if kk.dtype != q.dtype:
+                kk, vv = kk.to(q.dtype), vv.to(q.dtype)
+            o = attend(q, kk, vv, mask, backend=self.backend, checked=i > 0)
+            o = o.transpose(1, 2).reshape(r, 1, a.h * hd)
+            if plan is None:
+                x = x + self._lin(o, a.o_proj, packed=False)[0]
+                x = x + self._mlp(m, layer.post_attention_layernorm(x), False)
+            else:
+                x = x + _pointwise(o, plan[4 * i + 1])
+                gu = _pointwise(layer.post_attention_layernorm(x), plan[4 * i + 2])
+                g, u = torch.split(gu, m.gate_proj.out_features, dim=-1)
+                x = x + _pointwise(silu(g) * u, plan[4 * i + 3])
         x = self.model.norm(x[:, 0])
-        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        out: torch.Tensor = x @ w.T
-        return out
+        return self._head(x, False) if plan is None else _pointwise(x, plan[-1])
 
     def init_random(self, seed: int = 0, std: float = 0.3) -> LlamaModel:
         """Random weights (deterministic per seed), large enough that logits are far from
