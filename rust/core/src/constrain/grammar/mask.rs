@@ -89,7 +89,16 @@ impl LexMask {
 /// One DFA walk of the trie from `q`: the tokens alive throughout, and the subtrees where
 /// the DFA dies after having accepted at a proper prefix (at depth >= 1: acceptance before
 /// any byte is the closure's business).
-pub fn lex_walk(lexeme: &Lexeme, q: StateId, trie: &TokenTrie, words: usize) -> LexMask {
+///
+/// `body` caches, per state of a plain lexeme's DFA, whether it reads string-body text
+/// ([`body_loops`]); kept across walks of the lexeme (the states recur).
+pub fn lex_walk(
+    lexeme: &Lexeme,
+    q: StateId,
+    trie: &TokenTrie,
+    words: usize,
+    body: &mut BodyCache,
+) -> LexMask {
     let sum = &trie.summary;
     if let Some(f) = lexeme.far_unit(q, trie.max_depth) {
         // The unit's star with a deficit counter, on a small dense state space: 0 dead,
@@ -124,7 +133,7 @@ pub fn lex_walk(lexeme: &Lexeme, q: StateId, trie: &TokenTrie, words: usize) -> 
             t if t != DEAD && unit.is_accepting(t) => start,
             t => t,
         };
-        let loops = body_loops(&star, start);
+        let loops = body.unit_loops(&star, start);
         return walk_with(
             &next,
             |s| s == closed,
@@ -142,7 +151,6 @@ pub fn lex_walk(lexeme: &Lexeme, q: StateId, trie: &TokenTrie, words: usize) -> 
         // SAFETY: the walk only steps from `q` (a state of this DFA) and from states the
         // DFA returned, never from TERMINATED.
         let next = |s: StateId, b: u8| unsafe { dfa.next_unchecked(s, b) };
-        let mut body = BodyCache::new(dfa.num_states());
         return walk_with(
             &next,
             |s| dfa.is_accepting(s),
@@ -160,7 +168,7 @@ pub fn lex_walk(lexeme: &Lexeme, q: StateId, trie: &TokenTrie, words: usize) -> 
             t if t != DEAD && unit.is_accepting(t) => start,
             t => t,
         };
-        body_loops(&star, start)
+        body.unit_loops(&star, start)
     });
     walk_with(
         &|s, b| lexeme.next(s, b),
@@ -180,11 +188,24 @@ pub fn lex_walk(lexeme: &Lexeme, q: StateId, trie: &TokenTrie, words: usize) -> 
 }
 
 /// Per DFA state (dense index): not yet checked, or [`body_loops`]' answer.
-struct BodyCache(Vec<Option<Option<Allowed>>>);
+#[derive(Debug, Default)]
+pub struct BodyCache(Vec<Option<Option<Allowed>>>);
 
 impl BodyCache {
-    fn new(states: usize) -> Self {
+    pub fn new(states: usize) -> Self {
         BodyCache(vec![None; states])
+    }
+
+    /// A counted lexeme's unit star at its start (kept in the first slot).
+    fn unit_loops(
+        &mut self,
+        star: &impl Fn(StateId, u8) -> StateId,
+        start: StateId,
+    ) -> Option<Allowed> {
+        if self.0.is_empty() {
+            self.0.push(None);
+        }
+        *self.0[0].get_or_insert_with(|| body_loops(star, start))
     }
 
     /// Is the subtree of node `i` (`kids`: below node `i`) alive throughout from state `p`
@@ -381,6 +402,8 @@ pub struct MaskStore {
     masks: FxHashMap<u32, Box<[u32]>>,
     /// By [`Lexeme::mask_key`].
     lex: FxHashMap<(u32, u64), Arc<LexMask>>,
+    /// Per plain lexeme: its DFA states' [`body_loops`].
+    bodies: FxHashMap<u32, BodyCache>,
     used_bytes: usize,
     cap_bytes: usize,
 }
@@ -390,6 +413,7 @@ impl MaskStore {
         MaskStore {
             masks: FxHashMap::default(),
             lex: FxHashMap::default(),
+            bodies: FxHashMap::default(),
             used_bytes: 0,
             cap_bytes,
         }
@@ -420,7 +444,11 @@ impl MaskStore {
         if let Some(m) = self.lex.get(&key) {
             return m.clone();
         }
-        let m = Arc::new(lex_walk(lexeme, q, trie, words));
+        let states = lexeme.table().map_or(0, |d| d.num_states());
+        let body = (self.bodies)
+            .entry(l)
+            .or_insert_with(|| BodyCache::new(states));
+        let m = Arc::new(lex_walk(lexeme, q, trie, words, body));
         let size = m.bytes();
         if self.used_bytes + size <= self.cap_bytes {
             self.lex.insert(key, m.clone());

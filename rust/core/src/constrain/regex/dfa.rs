@@ -313,22 +313,31 @@ impl TableDfa {
             }
         }
         let k = kept as usize;
-        let mut trans = vec![DEAD; k * 256];
+        let mut rows: Vec<[u32; 256]> = vec![[0; 256]; k];
         let mut acc = vec![false; k];
         for s in 1..n {
             if !live[s] {
                 continue;
             }
-            let base = StateId::from_index(remap[s] as usize).row();
+            let r = remap[s] as usize;
             for b in 0..256 {
-                trans[base + b] = StateId::from_index(remap[edges[s][b] as usize] as usize);
+                rows[r][b] = remap[edges[s][b] as usize];
             }
-            acc[remap[s] as usize] = accepting[s];
+            acc[r] = accepting[s];
+        }
+        let start = remap.get(1).copied().unwrap_or(0);
+        let (rows, acc, start) = merge_equal_rows(rows, acc, start);
+        let mut trans = vec![DEAD; rows.len() * 256];
+        for (r, row) in rows.iter().enumerate() {
+            let base = StateId::from_index(r).row();
+            for b in 0..256 {
+                trans[base + b] = StateId::from_index(row[b] as usize);
+            }
         }
         TableDfa {
             trans,
             accepting: acc,
-            start: StateId::from_index(remap.get(1).copied().unwrap_or(0) as usize),
+            start: StateId::from_index(start as usize),
         }
     }
 
@@ -377,6 +386,49 @@ impl TableDfa {
     pub fn states(&self) -> impl Iterator<Item = StateId> {
         (0..self.num_states()).map(StateId::from_index)
     }
+}
+
+/// Merge states with the same acceptance and the same row, until none are left (the
+/// determinizer leaves copies of one state apart, e.g. the start and the state after a
+/// byte of a `.*` prefix; merged, "this character leads back to the same state" holds, which
+/// mask walks rely on to settle text whole). Dead (0) stays 0; a bounded number of rounds.
+fn merge_equal_rows(
+    mut rows: Vec<[u32; 256]>,
+    mut acc: Vec<bool>,
+    mut start: u32,
+) -> (Vec<[u32; 256]>, Vec<bool>, u32) {
+    for _ in 0..8 {
+        let n = rows.len();
+        let mut first: FxHashMap<(&[u32; 256], bool), u32> = FxHashMap::default();
+        let mut map = vec![0u32; n];
+        let mut kept = 1u32;
+        for s in 1..n {
+            match first.entry((&rows[s], acc[s])) {
+                std::collections::hash_map::Entry::Occupied(e) => map[s] = *e.get(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(kept);
+                    map[s] = kept;
+                    kept += 1;
+                }
+            }
+        }
+        if kept as usize == n {
+            break;
+        }
+        let mut new_rows = vec![[0u32; 256]; kept as usize];
+        let mut new_acc = vec![false; kept as usize];
+        for s in 1..n {
+            let t = map[s] as usize;
+            for b in 0..256 {
+                new_rows[t][b] = map[rows[s][b] as usize];
+            }
+            new_acc[t] = acc[s];
+        }
+        start = map[start as usize];
+        rows = new_rows;
+        acc = new_acc;
+    }
+    (rows, acc, start)
 }
 
 fn classify(pattern: &str, msg: &str) -> GrammarError {
