@@ -437,3 +437,27 @@ def test_packed_linears_match_plain_and_follow_weight_changes(small: LlamaModel)
             layer.self_attn.q_proj.weight = torch.nn.Parameter(
                 layer.self_attn.q_proj.weight.detach() / 2.0
             )
+
+
+def test_packed_forward_and_forward_batch_match_plain(small: LlamaModel) -> None:
+    """The verify paths (``forward`` with a tree mask, ``forward_batch``) take the packed
+    linears too: their logits are the plain ``F.linear`` ones to float rounding."""
+    assert small.dtype == torch.float32
+    ids = torch.tensor([[5, 9, 2, 7], [1, 3, 8, 4]])
+    pos = torch.arange(4).expand(2, 4)
+    tree = torch.tensor(
+        [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool
+    )  # 0 -> {1, 2}, 2 -> 3
+    got: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
+    try:
+        for packed in (False, True):
+            small.packed_linear = packed
+            one = small(ids[0], pos[0], small.new_cache(16), tree)
+            caches = [small.new_cache(16), small.new_cache(16)]
+            batch = small.forward_batch(ids, pos, caches, tree.expand(2, 4, 4).contiguous())
+            got[packed] = (one, batch)
+    finally:
+        small.packed_linear = True
+    for a, b in zip(got[True], got[False], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[True][1][0], got[True][0], rtol=1e-5, atol=1e-5)

@@ -67,9 +67,16 @@ def hf_model():  # type: ignore[no-untyped-def]
     return m.eval()
 
 
-def full_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
+def full_logits(model: LlamaModel, ids: list[int], *, packed: bool = False) -> torch.Tensor:
+    """``model``'s logits for ``ids``; by default through plain ``F.linear`` (transformers'
+    own summation), with ``packed`` through the packed oneDNN linears (the default path)."""
     cache = model.new_cache(len(ids))
-    return model(torch.tensor(ids), torch.arange(len(ids)), cache, None)
+    was = model.packed_linear
+    model.packed_linear = packed
+    try:
+        return model(torch.tensor(ids), torch.arange(len(ids)), cache, None)
+    finally:
+        model.packed_linear = was
 
 
 def test_config_and_unpacking(ours) -> None:  # type: ignore[no-untyped-def]
@@ -91,6 +98,53 @@ def test_logits_match_transformers(ours, hf_tokenizer, hf_model) -> None:  # typ
             b = hf_model(torch.tensor([ids])).logits[0]
         worst = max(worst, float((a - b).abs().max()))
     assert worst < 1e-4, worst
+
+
+# The packed oneDNN linears sum in another order than the BLAS: logits move by ~1e-4 (about
+# 1e-5 of their magnitude, ~20); greedy choices must not move at all (below).
+PACKED_ATOL = 5e-4
+
+
+def test_packed_logits_close_to_transformers_and_same_argmax(ours, hf_model) -> None:  # type: ignore[no-untyped-def]
+    assert ours.model.packed_linear  # the default
+    worst_plain = worst_packed = 0.0
+    for text in TEXTS:
+        ids = ours.tokenizer.encode(text).ids
+        plain = full_logits(ours.model, ids)
+        packed = full_logits(ours.model, ids, packed=True)
+        with torch.no_grad():
+            ref = hf_model(torch.tensor([ids])).logits[0]
+        worst_plain = max(worst_plain, float((plain - ref).abs().max()))
+        worst_packed = max(worst_packed, float((packed - ref).abs().max()))
+        assert torch.equal(packed.argmax(-1), ref.argmax(-1)), text
+    assert worst_packed < PACKED_ATOL, (worst_packed, worst_plain)
+
+
+def test_release_plain_linears_keeps_logits_and_restores_bit_for_bit() -> None:
+    """The packed-only model (plain copies freed) gives the packed logits; the plain path,
+    ``state_dict`` and ``.to()`` get the original weights back, bit for bit."""
+    lm = smollm2()
+    m = lm.model
+    ids = lm.tokenizer.encode(TEXTS[1]).ids
+    want = {k: v.clone() for k, v in m.state_dict().items()}
+    packed = full_logits(m, ids, packed=True)
+    plain = full_logits(m, ids)
+    freed = m.release_plain_linears()
+    assert freed == 4 * 30 * (3 * 576 * 1536 + 2 * 576 * 576 + 2 * 192 * 576)
+    assert m.model.decoder_layers()[0].mlp.up_proj.weight.numel() == 0
+    assert torch.equal(full_logits(m, ids, packed=True), packed)
+    assert m.model.decoder_layers()[0].mlp.up_proj.weight.numel() == 0  # still released
+    sd = m.state_dict()  # restores first
+    assert sd.keys() == want.keys() and all(torch.equal(sd[k], want[k]) for k in want)
+    assert m.release_plain_linears() == freed  # the packs are reused
+    assert torch.equal(full_logits(m, ids), plain)  # the plain path restores first
+    assert m.release_plain_linears() == freed
+    m.half()  # restores, then converts: the packed copies must not outlive the old data
+    assert m.model.decoder_layers()[29].mlp.down_proj.weight.dtype == torch.float16
+    m.float()
+    half = full_logits(m, ids, packed=True)
+    assert not torch.equal(half, packed)  # packed again from the float16-rounded weights
+    torch.testing.assert_close(half, packed, rtol=0, atol=0.5)
 
 
 def random_strings(n: int, seed: int = 0) -> list[str]:

@@ -21,6 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--threads", type=int, default=None, help="torch threads (both sides)")
     d.add_argument("--repeats", type=int, default=1, help="runs per engine; fastest counts")
     d.add_argument("--quick", action="store_true", help="1 prompt per kind, 48 tokens, B=8")
+    d.add_argument(
+        "--plain-linear",
+        action="store_true",
+        help="specdec's linear layers through plain F.linear (the BLAS), not packed oneDNN",
+    )
     d.add_argument("--plot", metavar="DIR", help="write PNG plots here")
     d.add_argument("--json", metavar="FILE", help="write every figure here")
     d.add_argument(
@@ -53,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             repeats=args.repeats,
             plot_dir=args.plot,
             json_path=args.json,
+            packed_linear=not args.plain_linear,
         )
         return 0 if all(r.identical for r in runs) else 1
     if args.command == "bench":

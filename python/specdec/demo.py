@@ -173,10 +173,13 @@ def run_demo(
     plot_dir: str | None = None,
     json_path: str | None = None,
     log: Callable[[str], None] = print,
+    packed_linear: bool = True,
 ) -> list[DemoRun]:
     """Run the comparison; returns every run (and prints the tables). With ``repeats`` > 1
     every engine runs that many times per prompt, interleaved with the others, and its
-    fastest run counts (timing noise only ever slows a run down)."""
+    fastest run counts (timing noise only ever slows a run down). ``packed_linear``: the
+    model's :attr:`~specdec.models.llama.LlamaModel.packed_linear` (False: plain
+    ``F.linear``)."""
     from .decode import CostModel
     from .models import smollm2
     from .models.gguf import smollm2_path
@@ -185,10 +188,14 @@ def run_demo(
         torch.set_num_threads(threads)
     lm = smollm2()
     target, eos = lm.model, lm.eos_token_id
+    target.packed_linear = packed_linear
+    if packed_linear:
+        target.release_plain_linears()  # the packed weights only: one copy, not two
     hf = _hf_model(smollm2_path())
     log(
         f"SmolLM2-135M-Instruct (GGUF Q4_1 -> float32), {torch.get_num_threads()} threads, "
-        f"{platform.machine()}; {tokens} new tokens per prompt, greedy"
+        f"{platform.machine()}; {tokens} new tokens per prompt, greedy; specdec linears: "
+        + ("packed oneDNN" if packed_linear else "F.linear")
     )
     t0 = time.perf_counter()
     cost = CostModel.calibrate(target, sizes=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64])

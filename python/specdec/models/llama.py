@@ -136,8 +136,9 @@ def rope_cos_sin(
 # weight packed once (what ``torch.compile``'s CPU freezing uses) does the same product 2-4x
 # faster. Layers that read the same input (q/k/v, gate/up) are packed as one weight, one call
 # (the same sums: each output column is its own dot product). The packed copies live beside
-# the parameters (twice the weight memory) and are rebuilt when a weight changes (its version
-# counter) or is replaced; they go with the weights.
+# the parameters (twice the weight memory; ``LlamaModel.release_plain_linears`` frees the
+# plain ones) and are rebuilt when a weight changes (its version counter) or is replaced;
+# they go with the weights.
 _Entry = tuple[tuple["weakref.ref[Tensor]", ...], tuple[int, ...], Tensor, Tensor | None]
 _packed: dict[tuple[int, ...], _Entry] = {}
 
@@ -222,9 +223,14 @@ def linears(
     return (torch.cat(outs, dim=-1),) if cat and len(outs) > 1 else outs
 
 
-_Plan = tuple[list[Tensor], list[int], list[tuple[Tensor, Tensor | None]]]
+_Groups = list[tuple[Tensor, Tensor | None]]
+_Plan = tuple[list[Tensor], list[int], _Groups]
 # Per model: the weights a decode step reads, their versions, and their packed groups.
 _plans: weakref.WeakKeyDictionary[nn.Module, _Plan] = weakref.WeakKeyDictionary()
+
+
+def _restore_hook(module: LlamaModel, *_: object) -> None:
+    module.restore_plain_linears()
 
 
 def _pointwise(x: Tensor, wb: tuple[Tensor, Tensor | None]) -> Tensor:
@@ -360,10 +366,14 @@ class LlamaModel(nn.Module):
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.backend: Backend = backend
-        # The decode paths (forward_paged, forward_last) run CPU float32 linear layers through
-        # oneDNN on packed weights (see ``linears``); False: plain ``F.linear`` (the BLAS), as
-        # forward and forward_batch always do (their logits equal transformers' bit for bit).
+        # Every forward path (forward, forward_batch, forward_last, forward_paged) runs CPU
+        # float32 linear layers through oneDNN on packed weights (see ``linears``): about 2x
+        # faster than the BLAS at 1-65 rows; logits differ from ``F.linear``'s by ~1e-4 (another
+        # summation order). False: plain ``F.linear`` (transformers' own summation).
         self.packed_linear = True
+        # After release_plain_linears: (module, group, offset) for each freed weight.
+        self._released: list[tuple[nn.Linear, int, int]] = []
+        self._hooked = False
         self.hidden_layers: tuple[int, ...] = ()
         self.hidden_final = False
         self.last_hidden_states: torch.Tensor | None = None
@@ -402,23 +412,32 @@ class LlamaModel(nn.Module):
         ws, bs = [m.weight for m in mods], [m.bias for m in mods]
         return linears(x, ws, bs, packed=packed, cat=cat)
 
+    def _linear_mods(self) -> list[tuple[nn.Linear, ...]]:
+        """The linear layers of :meth:`_linear_groups` (the head: none where it is tied)."""
+        mods: list[tuple[nn.Linear, ...]] = []
+        for layer in self.model.decoder_layers():
+            a, m = layer.self_attn, layer.mlp
+            mods += [(a.q_proj, a.k_proj, a.v_proj), (a.o_proj,), (m.gate_proj, m.up_proj)]
+            mods.append((m.down_proj,))
+        mods.append(() if self.lm_head is None else (self.lm_head,))
+        return mods
+
     def _linear_groups(self) -> list[tuple[list[Tensor], list[Tensor | None]]]:
         """A decode step's linear layers: per layer qkv, o, gate/up, down; then the head."""
         groups: list[tuple[list[Tensor], list[Tensor | None]]] = []
-        for layer in self.model.decoder_layers():
-            a, m = layer.self_attn, layer.mlp
-            for mods in ((a.q_proj, a.k_proj, a.v_proj), (a.o_proj,), (m.gate_proj, m.up_proj)):
-                groups.append(([x.weight for x in mods], [x.bias for x in mods]))
-            groups.append(([m.down_proj.weight], [m.down_proj.bias]))
+        for ms in self._linear_mods()[:-1]:
+            groups.append(([x.weight for x in ms], [x.bias for x in ms]))
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         groups.append(([w], [None]))
         return groups
 
-    def _decode_plan(self) -> list[tuple[Tensor, Tensor | None]] | None:
+    def _decode_plan(self, release: bool = False) -> _Groups | None:
         """The packed groups of :meth:`_linear_groups`, or None where packing does not apply
         (:attr:`packed_linear` off, not CPU float32, autograd on). One pass per call checks
         that no weight was replaced or changed in place since they were packed (else they are
-        packed again), so a step does no per-layer cache look-ups."""
+        packed again), so a step does no per-layer cache look-ups. With ``release``, each
+        group's plain weights are freed as soon as it is packed (see
+        :meth:`release_plain_linears`)."""
         if not (self.packed_linear and _PACK_OK) or torch.is_grad_enabled():
             return None
         groups = self._linear_groups()
@@ -431,20 +450,109 @@ class LlamaModel(nn.Module):
             and len(plan[0]) == len(held)
             and all(a is b for a, b in zip(plan[0], held, strict=True))
         ):
+            if release:
+                for j, mods in enumerate(self._linear_mods()):
+                    self._release_group(j, mods)
             return plan[2]
+        if self._released:  # re-packing reads the plain weights: bring them back first
+            self.restore_plain_linears()
+            return self._decode_plan(release)
         if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in held):
             return None
-        packs = [_pack(ws, bs) for ws, bs in groups]
+        packs = []
+        for j, ((ws, bs), mods) in enumerate(zip(groups, self._linear_mods(), strict=True)):
+            packs.append(_pack(ws, bs))
+            if release:  # one group at a time: the peak holds one group twice, not all
+                self._release_group(j, mods)
         _plans[self] = (held, vers, packs)
         return packs
 
-    def _mlp(self, mlp: MLP, x: Tensor, packed: bool) -> Tensor:
-        g, u = self._lin(x, mlp.gate_proj, mlp.up_proj, packed=packed)
-        return self._lin(nn.functional.silu(g) * u, mlp.down_proj, packed=packed)[0]
+    def _linear_plan(self, packed: bool) -> _Groups | None:
+        """The packed groups with ``packed`` where they apply, else None (plain ``F.linear``
+        on the plain weights, restored first if :meth:`release_plain_linears` freed them)."""
+        plan = self._decode_plan() if packed else None
+        if plan is None and self._released:
+            self.restore_plain_linears()
+        return plan
 
-    def _head(self, x: Tensor, packed: bool) -> Tensor:
+    def release_plain_linears(self) -> int:
+        """Pack the decoder's linear layers and the LM head (as the packed paths do), then
+        free the plain float copies of their weights, one group at a time (the peak holds one
+        group twice, not the model): the model keeps one copy of them, the packed one. The
+        embedding keeps its plain weight (the token lookup reads it; a tied LM head's packed
+        copy stays beside it). Returns the bytes freed; 0 where packing does not apply.
+        Whatever needs the plain weights again (:attr:`packed_linear` off, autograd, a weight
+        replaced, ``.to()``, :meth:`state_dict`, :meth:`load_state_dict` on this module) first
+        restores them, bit for bit, from the packed copies (:meth:`restore_plain_linears`).
+        Reading or changing a released weight directly is not supported: restore first."""
+        if self._released or not self.packed_linear:
+            return 0
+        with torch.no_grad():
+            plan = self._decode_plan(release=True)
+        if plan is None:
+            return 0
+        if not self._hooked:  # restore before the module's state is read or loaded
+            self.register_state_dict_pre_hook(_restore_hook)  # type: ignore[no-untyped-call]
+            self.register_load_state_dict_pre_hook(_restore_hook)  # type: ignore[no-untyped-call]
+            self._hooked = True
+        return sum(m.out_features * m.in_features * 4 for m, _, _ in self._released)  # float32
+
+    def _release_group(self, j: int, mods: tuple[nn.Linear, ...]) -> None:
+        off = 0
+        for mod in mods:
+            w = mod.weight
+            self._released.append((mod, j, off))
+            off += w.shape[0]
+            w.data = w.data.new_empty((0, w.shape[1]))  # keeps identity and version
+
+    def restore_plain_linears(self) -> None:
+        """Undo :meth:`release_plain_linears`: the plain weights again, equal bit for bit to
+        those packed (oneDNN's reorder back to the plain layout)."""
+        if not self._released:
+            return
+        if self not in _plans:  # a copy (deepcopy, pickle) of a released model
+            raise ConfigError("this model's plain linear weights were released and not copied")
+        plan = _plans[self][2]
+        dense: dict[int, Tensor] = {}
+        with torch.no_grad():
+            for mod, j, off in self._released:
+                if j not in dense:
+                    dense[j] = plan[j][0].to_dense()
+                n = mod.out_features
+                mod.weight.data = dense[j][off : off + n].clone()
+        self._released = []
+
+    def _apply(self, fn: Any, recurse: bool = True) -> LlamaModel:  # .to(), .double(), ...
+        # Conversions swap a parameter's data in place (same tensor, same version counter):
+        # the packed copies would look current, so they go.
+        self.restore_plain_linears()
+        for ws, bs in self._linear_groups():
+            held = [*ws, *(b for b in bs if b is not None)]
+            _packed.pop(tuple(id(t) for t in held), None)
+        _plans.pop(self, None)
+        return cast(LlamaModel, super()._apply(fn, recurse))  # type: ignore[no-untyped-call]
+
+    def _proj(
+        self, x: Tensor, plan: _Groups | None, j: int, *mods: nn.Linear
+    ) -> tuple[Tensor, ...]:
+        """The linear layers ``mods`` (group ``j`` of :meth:`_linear_groups`) on ``x``: one
+        packed oneDNN call with a ``plan``, else plain ``F.linear`` calls."""
+        if plan is None:
+            return self._lin(x, *mods, packed=False)
+        out = _pointwise(x, plan[j])
+        if len(mods) == 1:
+            return (out,)
+        return tuple(torch.split(out, [m.out_features for m in mods], dim=-1))
+
+    def _mlp(self, mlp: MLP, x: Tensor, plan: _Groups | None, i: int) -> Tensor:
+        g, u = self._proj(x, plan, 4 * i + 2, mlp.gate_proj, mlp.up_proj)
+        return self._proj(nn.functional.silu(g) * u, plan, 4 * i + 3, mlp.down_proj)[0]
+
+    def _head(self, x: Tensor, plan: _Groups | None) -> Tensor:
+        if plan is not None:
+            return _pointwise(x, plan[-1])
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linears(x, [w], [None], packed=packed)[0]
+        return linears(x, [w], [None], packed=False)[0]
 
     # -- target protocol -----------------------------------------------------------------
     @property
@@ -483,7 +591,9 @@ class LlamaModel(nn.Module):
         this step's tokens under ``mask`` ``[T, committed + T]`` (bool, True = visible;
         ``None`` = causal). Returns logits ``[T, vocab]``; the step stays pending in
         ``cache``."""
-        return self._step(input_ids, position_ids, cache, mask, packed=False, last=False)
+        return self._step(
+            input_ids, position_ids, cache, mask, packed=self.packed_linear, last=False
+        )
 
     @torch.no_grad()
     def forward_last(self, input_ids: Tensor, position_ids: Tensor, cache: KVCache) -> Tensor:
@@ -540,6 +650,7 @@ class LlamaModel(nn.Module):
         c = self.config
         hd = c.head_dim or 0
         t_new = ids.shape[0]
+        plan = self._linear_plan(pk)  # None: plain F.linear calls
         x = self.model.embed_tokens(ids.long())
         cos, sin = rope_cos_sin(pos, hd, c.rope_theta, x.dtype)
         cos, sin = cos[None], sin[None]  # broadcast over heads: [1, T, D]
@@ -547,7 +658,7 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.model.decoder_layers()):
             a = layer.self_attn
             h = layer.input_layernorm(x)
-            q, k, v = self._lin(h, a.q_proj, a.k_proj, a.v_proj, packed=pk)
+            q, k, v = self._proj(h, plan, 4 * i, a.q_proj, a.k_proj, a.v_proj)
             q = q.view(t_new, a.h, hd).transpose(0, 1)
             k = k.view(t_new, a.hkv, hd).transpose(0, 1)
             v = v.view(t_new, a.hkv, hd).transpose(0, 1)
@@ -557,13 +668,14 @@ class LlamaModel(nn.Module):
             o = attend(
                 q[None], k_all[None], v_all[None], mask, backend=self.backend, checked=i > 0
             )[0]
-            x = x + self._lin(o.transpose(0, 1).reshape(t_new, a.h * hd), a.o_proj, packed=pk)[0]
-            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), pk)
+            o = o.transpose(0, 1).reshape(t_new, a.h * hd)
+            x = x + self._proj(o, plan, 4 * i + 1, a.o_proj)[0]
+            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), plan, i)
             if i in self.hidden_layers:
                 kept.append(x)
         x = self.model.norm(x)
         self._keep_hidden(kept, x)
-        return self._head(x[-1:] if last else x, pk)
+        return self._head(x[-1:] if last else x, plan)
 
     @torch.no_grad()
     def forward_batch(
@@ -620,7 +732,7 @@ class LlamaModel(nn.Module):
         c = self.config
         hd = c.head_dim or 0
         r, t_new = ids.shape
-        pk = False  # forward_batch: plain F.linear, as forward
+        plan = self._linear_plan(self.packed_linear)  # None: plain F.linear calls
         x = self.model.embed_tokens(ids.long())  # [R, T, hidden]
         cos, sin = rope_cos_sin(pos.reshape(-1), hd, c.rope_theta, x.dtype)
         cos, sin = cos.view(r, 1, t_new, hd), sin.view(r, 1, t_new, hd)
@@ -629,7 +741,7 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.model.decoder_layers()):
             a = layer.self_attn
             h = layer.input_layernorm(x)
-            q, k, v = self._lin(h, a.q_proj, a.k_proj, a.v_proj, packed=pk)
+            q, k, v = self._proj(h, plan, 4 * i, a.q_proj, a.k_proj, a.v_proj)
             q = q.view(r, t_new, a.h, hd).transpose(1, 2)
             k = k.view(r, t_new, a.hkv, hd).transpose(1, 2)
             v = v.view(r, t_new, a.hkv, hd).transpose(1, 2)
@@ -645,13 +757,14 @@ class LlamaModel(nn.Module):
                 kk[j, :, :n], kk[j, :, p_max:] = k_all[:, :n], k_all[:, n:]
                 vv[j, :, :n], vv[j, :, p_max:] = v_all[:, :n], v_all[:, n:]
             o = attend(q, kk, vv, mask, backend=self.backend)
-            x = x + self._lin(o.transpose(1, 2).reshape(r, t_new, a.h * hd), a.o_proj, packed=pk)[0]
-            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), pk)
+            o = o.transpose(1, 2).reshape(r, t_new, a.h * hd)
+            x = x + self._proj(o, plan, 4 * i + 1, a.o_proj)[0]
+            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), plan, i)
             if i in self.hidden_layers:
                 kept.append(x)
         x = self.model.norm(x)
         self._keep_hidden(kept, x)
-        return self._head(x, pk)
+        return self._head(x, plan)
 
     @torch.no_grad()
     def forward_paged(
@@ -710,7 +823,7 @@ class LlamaModel(nn.Module):
         c = self.config
         hd = c.head_dim or 0
         r = ids.shape[0]
-        plan = self._decode_plan()  # None: plain F.linear calls
+        plan = self._linear_plan(self.packed_linear)  # None: plain F.linear calls
         x = self.model.embed_tokens(ids.long())[:, None]  # [R, 1, hidden]
         cos, sin = rope_cos_sin(pos, hd, c.rope_theta, x.dtype)
         cos, sin = cos.view(r, 1, hd), sin.view(r, 1, hd)
@@ -725,7 +838,7 @@ class LlamaModel(nn.Module):
             # One [R, Hq + 2 Hkv, D] projection; RoPE on the q and k heads in one go.
             if plan is None:
                 qkv = self._lin(h, a.q_proj, a.k_proj, a.v_proj, packed=False, cat=True)[0]
-            else:
+            else:  # the packed q/k/v come out concatenated
                 qkv = _pointwise(h, plan[4 * i])
             qkv = qkv.view(r, a.h + 2 * a.hkv, hd)
             qk = qkv[:, : a.h + a.hkv]
@@ -744,14 +857,14 @@ class LlamaModel(nn.Module):
             o = o.transpose(1, 2).reshape(r, 1, a.h * hd)
             if plan is None:
                 x = x + self._lin(o, a.o_proj, packed=False)[0]
-                x = x + self._mlp(m, layer.post_attention_layernorm(x), False)
+                x = x + self._mlp(m, layer.post_attention_layernorm(x), None, i)
             else:
                 x = x + _pointwise(o, plan[4 * i + 1])
                 gu = _pointwise(layer.post_attention_layernorm(x), plan[4 * i + 2])
                 g, u = torch.split(gu, m.gate_proj.out_features, dim=-1)
                 x = x + _pointwise(silu(g) * u, plan[4 * i + 3])
         x = self.model.norm(x[:, 0])
-        return self._head(x, False) if plan is None else _pointwise(x, plan[-1])
+        return self._head(x, plan)
 
     def init_random(self, seed: int = 0, std: float = 0.3) -> LlamaModel:
         """Random weights (deterministic per seed), large enough that logits are far from
