@@ -6,9 +6,13 @@ prompts; plus the two questions DDTree leaves open: what ``-inf`` marginals (tok
 drafter bans: all but its top k per depth) do to acceptance, and how acceptance and speed
 move with the budget.
 
-Run: ``python benches/bench_drafters.py --json FILE`` (prints markdown tables; needs the
-shipped weights, or ``--block DIR`` / ``--medusa DIR``). ``--smoke``: a tiny random model,
-two prompts (a test that the script works, not a measurement).
+Run: ``python benches/bench_drafters.py --json FILE`` (prints markdown tables: every
+configuration per prompt kind and mode, then one compact table; needs the shipped weights,
+or ``--block DIR`` / ``--medusa DIR``). ``--sample``: also at temperature 1 (transformers
+``generate`` with ``do_sample=True, top_k=0, top_p=1``; every engine and budget);
+``--repeats N``: times are the fastest of N runs; ``--from-json FILE``: the tables of an
+earlier run. ``--smoke``: a tiny random model, two prompts (a test that the script works,
+not a measurement).
 """
 
 from __future__ import annotations
@@ -193,44 +197,65 @@ def run(args: argparse.Namespace) -> list[Row]:
                 )
             )
     rows: list[Row] = []
-    for name, ids in prompts.items():
-        n = args.tokens
-        if hf is not None:
+    reps = max(1, args.repeats)
+
+    def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+        """The first run's result and the fastest of ``reps`` runs' seconds."""
+        out, best = None, float("inf")
+        for _ in range(reps):
             t0 = time.perf_counter()
-            with torch.no_grad():
-                ref = hf.generate(
-                    torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=eos,
-                    pad_token_id=eos,
-                )[0, len(ids):].tolist()  # fmt: skip
-            dt = time.perf_counter() - t0
-            rows.append(Row(name, "greedy", "transformers", "AR", "-", len(ref), dt, 1.0, True))
-        else:
-            ref = autoregressive_generate(target, ids, n).tokens
-        stop = [eos] if eos is not None else None
-        t0 = time.perf_counter()
-        res = SpeculativeGenerator(target, strategy="ar").generate(ids, n, stop_tokens=stop)
-        rows.append(
-            Row(name, "greedy", "specdec", "AR", "-", len(res.tokens),
-                time.perf_counter() - t0, 1.0, res.tokens == ref)
-        )  # fmt: skip
+            r = fn()
+            best = min(best, time.perf_counter() - t0)
+            out = r if out is None else out
+        return out, best
+
+    n = args.tokens
+    stop = [eos] if eos is not None else None
+    for name, ids in prompts.items():
         for mode in ("greedy", "t=1"):
-            for drafter, engine, budget, make in table:
-                # At temperature 1: the chains, B = 8 and 32 and the adaptive budget.
-                sampled = engine.startswith("chain") or (
-                    budget in ("8", "32", "auto") and "-inf" not in drafter
-                )
-                if mode == "t=1" and not (args.sample and sampled):
+            if mode == "t=1" and not args.sample:
+                continue
+            if hf is not None:
+
+                def hf_run(mode: str = mode, ids: list[int] = ids) -> list[int]:
+                    kw: dict[str, Any] = {"do_sample": False}
+                    if mode == "t=1":
+                        torch.manual_seed(0)
+                        kw = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+                    with torch.no_grad():
+                        out = hf.generate(
+                            torch.tensor([ids]), max_new_tokens=n, eos_token_id=eos,
+                            pad_token_id=eos, **kw,
+                        )  # fmt: skip
+                    return list(out[0, len(ids) :].tolist())
+
+                hf_toks, dt = timed(hf_run)
+                if mode == "greedy":
+                    ref = hf_toks
+                rows.append(
+                    Row(name, mode, "transformers", "AR", "-", len(hf_toks), dt, 1.0,
+                        True if mode == "greedy" else None)
+                )  # fmt: skip
+            elif mode == "greedy":
+                ref = autoregressive_generate(target, ids, n).tokens
+            for drafter, engine, budget, make in [
+                ("specdec", "AR", "-", lambda t, r: SpeculativeGenerator(t, strategy="ar", rule=r))
+            ] + table:
+                if mode == "t=1" and "-inf" in drafter:
                     continue
                 rule = None if mode == "greedy" else Sampling(temperature=1.0)
-                gen = make(target, rule)
-                if rule is not None:
-                    gen.verifier.generator = torch.Generator().manual_seed(0)
-                t0 = time.perf_counter()
-                res = gen.generate(ids, n, stop_tokens=stop)
-                dt = time.perf_counter() - t0
+
+                def spec_run(make: Any = make, rule: Any = rule, ids: list[int] = ids) -> Any:
+                    gen = make(target, rule)
+                    if rule is not None:
+                        gen.verifier.generator = torch.Generator().manual_seed(0)
+                    return gen.generate(ids, n, stop_tokens=stop)
+
+                res, dt = timed(spec_run)
+                acc = 1.0 if engine == "AR" else res.acceptance_length
                 rows.append(
-                    Row(name, mode, drafter, engine, budget, len(res.tokens), dt,
-                        res.acceptance_length, res.tokens == ref if mode == "greedy" else None)
+                    Row(name, mode, drafter, engine, budget, len(res.tokens), dt, acc,
+                        res.tokens == ref if mode == "greedy" else None)
                 )  # fmt: skip
                 print(
                     f"{name} {mode} {drafter} {engine}: {rows[-1].accept_len:.2f} "
@@ -248,22 +273,60 @@ def _shipped(cls: Any, target: Any) -> Any:
 
 
 def summary(rows: list[Row]) -> str:
-    """Markdown: per (mode, drafter, engine) mean acceptance length over prompts and
-    tokens/s summed over prompts (total tokens / total seconds)."""
-    keys = list(dict.fromkeys((r.mode, r.drafter, r.engine) for r in rows))
-    ar = [r for r in rows if r.drafter == "transformers"]
-    base = sum(r.tokens for r in ar) / sum(r.seconds for r in ar) if ar else float("nan")
+    """Markdown: per (prompt kind, mode, drafter, engine) mean acceptance length over prompts
+    and tokens/s summed over prompts (total tokens / total seconds), against transformers AR
+    of the same kind and mode."""
+
+    def kind(r: Row) -> str:
+        return r.prompt.split("#")[0]
+
+    keys = list(dict.fromkeys((kind(r), r.mode, r.drafter, r.engine) for r in rows))
     out = [
-        "| mode | drafter | engine | mean acceptance length | tok/s | vs transformers AR | "
-        "greedy identical |",
-        "|---|---|---|---:|---:|---:|---|",
+        "| prompts | mode | drafter | engine | mean acceptance length | tok/s | "
+        "vs transformers AR | greedy identical |",
+        "|---|---|---|---|---:|---:|---:|---|",
     ]
-    for mode, drafter, engine in keys:
-        rs = [r for r in rows if (r.mode, r.drafter, r.engine) == (mode, drafter, engine)]
+    for k, mode, drafter, engine in keys:
+        rs = [
+            r for r in rows if (kind(r), r.mode, r.drafter, r.engine) == (k, mode, drafter, engine)
+        ]
+        ar = [r for r in rows if (kind(r), r.mode, r.drafter) == (k, mode, "transformers")]
+        base = sum(r.tokens for r in ar) / sum(r.seconds for r in ar) if ar else float("nan")
         acc = sum(r.accept_len for r in rs) / len(rs)
         tps = sum(r.tokens for r in rs) / sum(r.seconds for r in rs)
         same = "-" if rs[0].identical is None else ("yes" if all(r.identical for r in rs) else "NO")
-        cells = [mode, drafter, engine, f"{acc:.2f}", f"{tps:.1f}", f"{tps / base:.2f}x", same]
+        cells = [k, mode, drafter, engine, f"{acc:.2f}", f"{tps:.1f}", f"{tps / base:.2f}x", same]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def pivot(rows: list[Row]) -> str:
+    """Markdown, one row per (drafter, engine), one column per (prompt kind, mode): mean
+    acceptance length / speed against transformers AR of that kind and mode."""
+
+    def kind(r: Row) -> str:
+        return r.prompt.split("#")[0]
+
+    cols = list(dict.fromkeys((kind(r), r.mode) for r in rows))
+    keys = list(dict.fromkeys((r.drafter, r.engine) for r in rows))
+    out = [
+        "| drafter | engine | " + " | ".join(f"{k} {m}" for k, m in cols) + " |",
+        "|---|---|" + "---:|" * len(cols),
+    ]
+    for drafter, engine in keys:
+        cells = [drafter, engine]
+        for k, m in cols:
+            rs = [
+                r for r in rows if (kind(r), r.mode, r.drafter, r.engine) == (k, m, drafter, engine)
+            ]
+            ar = [r for r in rows if (kind(r), r.mode, r.drafter) == (k, m, "transformers")]
+            if not rs or not ar:
+                cells.append("")
+                continue
+            base = sum(r.tokens for r in ar) / sum(r.seconds for r in ar)
+            acc = sum(r.accept_len for r in rs) / len(rs)
+            tps = sum(r.tokens for r in rs) / sum(r.seconds for r in rs)
+            cells.append(f"{acc:.2f} / {tps / base:.2f}x")
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -276,13 +339,21 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=None, help="prompts per kind (default: all)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sample", action="store_true", help="also at temperature 1")
+    ap.add_argument("--repeats", type=int, default=1, help="time: the fastest of N runs")
     ap.add_argument("--block", help="block drafter checkpoint directory (default: shipped)")
     ap.add_argument("--medusa", help="Medusa checkpoint directory (default: shipped)")
     ap.add_argument("--json", help="write every row here")
+    ap.add_argument("--from-json", help="print the tables of an earlier --json run")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
-    rows = run(args)
+    if args.from_json:
+        with open(args.from_json) as f:
+            rows = [Row(**{k: v for k, v in r.items() if k != "tok_s"}) for r in json.load(f)]
+    else:
+        rows = run(args)
     print(summary(rows))
+    print()
+    print(pivot(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) | {"tok_s": r.tok_s} for r in rows], f, indent=1)

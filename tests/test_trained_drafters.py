@@ -306,6 +306,58 @@ def test_training_is_deterministic_and_resumable(files, tmp_path) -> None:  # ty
         small_run("block", files, tmp_path / "c", 6, lr=0.5)
 
 
+def test_reused_teacher_passes_are_deterministic_and_resumable(files, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # reuse=2: a chunk's teacher pass serves two updates; the resumed run stops and starts
+    # again inside a chunk (after step 3), recomputing that chunk's pass.
+    a, ra = small_run("block", files, tmp_path / "a", 6, reuse=2)
+    small_run("block", files, tmp_path / "c", 3, reuse=2)
+    c, rc = small_run("block", files, tmp_path / "c", 6, reuse=2)
+    assert ra.steps == rc.steps == 6
+    for x, z in zip(a.parameters(), c.parameters(), strict=True):
+        torch.testing.assert_close(x, z)
+    d, _ = small_run("block", files, tmp_path / "d", 6)  # reuse=1 sees other chunks
+    assert any(not torch.equal(x, y) for x, y in zip(a.parameters(), d.parameters(), strict=True))
+    with pytest.raises(CheckpointError, match="another training config"):
+        small_run("block", files, tmp_path / "c", 8, reuse=3)
+
+
+def test_learning_rate_schedule() -> None:
+    from specdec.train.loop import _lr_factor
+
+    cfg = TrainConfig("block", steps=100, warmup=10, cooldown=40)
+    got = [_lr_factor(cfg, s) for s in (0, 9, 30, 60, 80, 99)]
+    assert got == pytest.approx([0.1, 1.0, 1.0, 1.0, 0.5, 1 / 40])
+    assert _lr_factor(TrainConfig("block", steps=100, warmup=10), 99) == 1.0
+    with pytest.raises(ConfigError, match="cooldown"):
+        TrainConfig("block", steps=10, cooldown=11)
+
+
+def test_block_drafter_from_a_target_layer(target) -> None:  # type: ignore[no-untyped-def]
+    d = BlockDrafter.for_target(target, target_layers=(0, 2), init_from=2)
+    src = target.model.layers[2]
+    assert d.config.intermediate_size == CFG.intermediate_size
+    for (k, a), (k2, b) in zip(
+        d.layers[0].state_dict().items(), src.state_dict().items(), strict=True
+    ):
+        assert k == k2 and torch.equal(a, b)
+    assert torch.equal(d.norm.weight, target.model.norm.weight)
+    assert torch.equal(d.hidden_norm.weight, src.input_layernorm.weight)
+    h = CFG.hidden_size  # fc: the identity on target layer 2's input (layer 1: nearest is 0)
+    want = torch.zeros(h, 2 * h, dtype=d.fc.weight.dtype)
+    want[:, :h] = torch.eye(h)
+    assert torch.equal(d.fc.weight, want)
+    ps = prompts(4, 3)
+    ref = [autoregressive_generate(target, p, 16).tokens for p in ps]
+    gen = SpeculativeGenerator(target, d, depth=4, budget=8)
+    assert [r.tokens for r in gen.generate(ps, 16)] == ref
+    with pytest.raises(ConfigError, match="intermediate_size"):
+        BlockDrafter.for_target(target, init_from=1, intermediate_size=CFG.intermediate_size + 1)
+    with pytest.raises(ConfigError, match="num_heads"):
+        BlockDrafter.for_target(target, init_from=1, num_heads=2)
+    with pytest.raises(ConfigError, match="init_from"):
+        BlockDrafter.for_target(target, init_from=3)
+
+
 def test_training_stops_at_its_time_budget(files, tmp_path) -> None:  # type: ignore[no-untyped-def]
     _, res = small_run("medusa", files, tmp_path, 10_000, minutes=1e-9)
     assert res.steps <= 1

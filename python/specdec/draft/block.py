@@ -171,13 +171,40 @@ class BlockDrafter(nn.Module):
         target_layers: Sequence[int] | None = None,
         num_layers: int = 1,
         num_heads: int | None = None,
-        intermediate_size: int = 512,
+        intermediate_size: int | None = None,
         seed: int = 0,
+        init_from: int | None = None,
     ) -> BlockDrafter:
         """An untrained drafter for ``target`` (a :class:`~specdec.models.LlamaModel`):
-        attention shaped like the target's, weights random (deterministic per ``seed``)."""
+        attention shaped like the target's, weights random (deterministic per ``seed``).
+
+        ``init_from``: start every draft layer as a copy of target layer ``init_from``
+        (MLP width: the target's), the final norm as the target's, ``hidden_norm`` as that
+        layer's input norm and ``fc`` as the identity on the captured layer nearest to the
+        one before it (so the context keys and values start as that layer's own), instead
+        of random. ``intermediate_size`` defaults to 512 (random) or the target's (copied).
+        """
         f = target_facts(target)
         tc = target.config
+        if init_from is not None:
+            check_int(init_from, "init_from", 0, ConfigError)
+            if init_from >= f.num_layers:
+                raise ConfigError(
+                    f"init_from {init_from} is not a target layer (it has {f.num_layers})"
+                )
+            if intermediate_size not in (None, tc.intermediate_size):
+                raise ConfigError(
+                    f"init_from copies the target's MLP: intermediate_size must be "
+                    f"{tc.intermediate_size}, got {intermediate_size}"
+                )
+            if num_heads not in (None, tc.num_attention_heads):
+                raise ConfigError(
+                    f"init_from copies the target's attention: num_heads must be "
+                    f"{tc.num_attention_heads}, got {num_heads}"
+                )
+            intermediate_size = tc.intermediate_size
+        if intermediate_size is None:
+            intermediate_size = 512
         heads = num_heads or tc.num_attention_heads
         kv = min(tc.num_key_value_heads, heads)
         while heads % kv:
@@ -206,7 +233,22 @@ class BlockDrafter(nn.Module):
                     p.copy_(0.02 * torch.randn(p.shape, generator=g))
                 else:
                     p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+            if init_from is not None:
+                d._copy_target_layer(target, init_from)
         return d
+
+    def _copy_target_layer(self, target: Any, i: int) -> None:
+        """The ``init_from`` start of :meth:`for_target` (under no_grad)."""
+        src = target.model.layers[i]
+        for layer in self._layers():
+            layer.load_state_dict(src.state_dict())
+        self.norm.weight.copy_(target.model.norm.weight)
+        self.hidden_norm.weight.copy_(src.input_layernorm.weight)
+        layers = self.config.target_layers
+        j = min(range(len(layers)), key=lambda k: abs(layers[k] - (i - 1)))
+        h = self.config.target_hidden_size
+        self.fc.weight.zero_()
+        self.fc.weight[:, j * h : (j + 1) * h] = torch.eye(h, dtype=self.fc.weight.dtype)
 
     @classmethod
     def load(cls, path: str | Path, target: Any) -> BlockDrafter:

@@ -29,9 +29,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--heads", type=int, default=4, help="Medusa heads")
     ap.add_argument("--layers", type=int, default=1, help="block drafter layers")
+    ap.add_argument(
+        "--intermediate", type=int, default=None, help="block drafter MLP width (default 512)"
+    )
+    ap.add_argument(
+        "--init-layer",
+        type=int,
+        default=None,
+        help="block drafter: start the draft layer as a copy of this target layer",
+    )
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=20, help="linear warmup steps")
+    ap.add_argument("--decay", type=float, default=4.0, help="depth d weighs exp(-d/decay)")
+    ap.add_argument(
+        "--reuse", type=int, default=1, help="drafter updates per target pass (per chunk)"
+    )
     ap.add_argument("--blocks", type=int, default=32, help="block anchors per chunk")
     ap.add_argument("--positions", type=int, default=128, help="Medusa positions per chunk")
+    ap.add_argument(
+        "--cooldown",
+        type=int,
+        default=0,
+        help="the learning rate falls linearly to 0 over the last N of --steps",
+    )
+    ap.add_argument("--eval-every", type=int, default=50, help="held-out figures every N steps")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--fresh", action="store_true", help="ignore an existing train_state.pt")
     a = ap.parse_args(argv)
@@ -48,7 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(a.seed)
     if a.kind == "block":
         drafter: BlockDrafter | MedusaDrafter = BlockDrafter.for_target(
-            target, block_size=a.block_size, num_layers=a.layers, seed=a.seed
+            target,
+            block_size=a.block_size,
+            num_layers=a.layers,
+            seed=a.seed,
+            intermediate_size=a.intermediate,
+            init_from=a.init_layer,
         )
     else:
         drafter = MedusaDrafter.for_target(target, num_heads=a.heads)
@@ -62,6 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         lr=a.lr,
         blocks=a.blocks,
         positions=a.positions,
+        warmup=a.warmup,
+        decay=a.decay,
+        reuse=a.reuse,
+        eval_every=a.eval_every,
+        cooldown=a.cooldown,
     )
     try:
         res = train(

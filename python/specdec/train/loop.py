@@ -38,7 +38,17 @@ __all__ = ["TrainConfig", "TrainResult", "train", "teacher_pass", "Kind"]
 Kind = Literal["block", "medusa"]
 STATE = "train_state.pt"
 # What a resumed run must share with the run it continues (the budget and steps may grow).
-_RESUMABLE_FIELDS = ("kind", "seed", "seq_len", "blocks", "positions", "lr", "warmup", "decay")
+_RESUMABLE_FIELDS = (
+    "kind",
+    "seed",
+    "seq_len",
+    "blocks",
+    "positions",
+    "lr",
+    "warmup",
+    "decay",
+    "reuse",
+)
 LOG = "train_log.json"
 
 
@@ -47,7 +57,12 @@ class TrainConfig:
     """``minutes``: time budget (the run stops at the first step past it, all runs of a
     resumed training together); ``steps``: most steps; ``seq_len``: tokens per chunk;
     ``blocks`` / ``positions``: predictions per chunk (block drafter / Medusa heads);
-    ``decay``: the loss weight of depth d is ``exp(-d / decay)`` (0: equal)."""
+    ``decay``: the loss weight of depth d is ``exp(-d / decay)`` (0: equal); ``reuse``:
+    drafter updates per target pass (each chunk's hidden states and target distributions,
+    the expensive part of a step, are kept for ``reuse`` consecutive updates, each with
+    fresh anchors / positions); ``cooldown``: the learning rate falls linearly to 0 over the
+    last ``cooldown`` of the ``steps`` (0: constant after the warmup; a resumed run may set
+    it, like the budget)."""
 
     kind: Kind
     seed: int = 0
@@ -59,6 +74,8 @@ class TrainConfig:
     lr: float = 1e-3
     warmup: int = 20
     decay: float = 4.0
+    reuse: int = 1
+    cooldown: int = 0
     eval_every: int = 50
     eval_chunks: int = 8
     save_every: int = 25
@@ -66,9 +83,19 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.kind not in ("block", "medusa"):
             raise ConfigError(f"kind must be 'block' or 'medusa', got {self.kind!r}")
-        for name in ("seq_len", "blocks", "positions", "eval_every", "eval_chunks", "save_every"):
+        for name in (
+            "seq_len",
+            "blocks",
+            "positions",
+            "reuse",
+            "eval_every",
+            "eval_chunks",
+            "save_every",
+        ):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.cooldown < 0 or self.cooldown > self.steps:
+            raise ConfigError(f"cooldown must be in [0, steps], got {self.cooldown}")
         if self.minutes <= 0 or self.lr <= 0:
             raise ConfigError(f"minutes and lr must be > 0, got {self.minutes}, {self.lr}")
 
@@ -149,16 +176,26 @@ def _evaluate(
 ) -> dict[str, float]:
     """Held-out KL and chain acceptance (teacher-forced: 1 + the leading depths where the
     drafter's argmax is the target's), on fixed held-out chunks (with their teacher passes)
-    and anchors."""
+    and anchors; ``kl@0``: the KL at the first drafted depth alone; ``accept@4``: the chain
+    cut at depth 4 (the Medusa heads' depth)."""
     gen = torch.Generator().manual_seed(cfg.seed + 1)
-    kls, acc = [], []
+    kls, kl0, acc, acc4 = [], [], [], []
     for ids, hidden, logp in held:
         logits, where = _predict(drafter, cfg, ids, hidden, gen)
         teacher = logp[where]
         kls.append(float(_kl(logits, teacher)))
+        kl0.append(float(_kl(logits[:, :1], teacher[:, :1])))
         same = (logits.argmax(-1) == teacher.argmax(-1)).int()
-        acc.append(float(1 + same.cumprod(-1).sum(-1).float().mean()))
-    return {"kl": sum(kls) / len(kls), "accept": sum(acc) / len(acc)}
+        run = same.cumprod(-1)
+        acc.append(float(1 + run.sum(-1).float().mean()))
+        acc4.append(float(1 + run[:, :4].sum(-1).float().mean()))
+    n = len(kls)
+    return {
+        "kl": sum(kls) / n,
+        "kl@0": sum(kl0) / n,
+        "accept": sum(acc) / n,
+        "accept@4": sum(acc4) / n,
+    }
 
 
 def train(
@@ -190,7 +227,8 @@ def train(
     if resume and state_path.is_file():
         st = torch.load(state_path, weights_only=False)
         same = {k: v for k, v in asdict(cfg).items() if k in _RESUMABLE_FIELDS}
-        was = {k: v for k, v in st.get("config", {}).items() if k in _RESUMABLE_FIELDS}
+        old = {**asdict(TrainConfig(cfg.kind)), **st.get("config", {})}  # older: defaults
+        was = {k: v for k, v in old.items() if k in _RESUMABLE_FIELDS}
         if was != same:
             raise CheckpointError(
                 f"{state_path} was written with another training config: {was}, now {same}"
@@ -204,8 +242,11 @@ def train(
     with torch.no_grad():  # the target is frozen: its held-out passes are computed once
         held = [(ids, *teacher_pass(target, ids)) for ids in held_ids]
     data = chunks(train_files, encode, cfg.seq_len)
-    for _ in range(res.steps):  # resume: the chunks already trained on
+    for _ in range(res.steps // cfg.reuse):  # resume: the chunks already trained on
         next(data, None)
+    # The current chunk and its teacher pass (None: take the next chunk at the next step;
+    # a run resumed inside a chunk's reuse recomputes that chunk's pass, the same numbers).
+    current: tuple[list[int], torch.Tensor, torch.Tensor] | None = None
     t_start, done_before = time.perf_counter(), res.seconds
     losses: list[float] = []
 
@@ -226,19 +267,21 @@ def train(
         elapsed = done_before + time.perf_counter() - t_start
         if elapsed >= cfg.minutes * 60:
             break
-        ids = next(data, None)
-        if ids is None:  # the data ran out: start over (another pass)
-            data = chunks(train_files, encode, cfg.seq_len)
+        if current is None or res.steps % cfg.reuse == 0:
             ids = next(data, None)
-            if ids is None:
-                raise ConfigError("the training files give no chunk of seq_len tokens")
+            if ids is None:  # the data ran out: start over (another pass)
+                data = chunks(train_files, encode, cfg.seq_len)
+                ids = next(data, None)
+                if ids is None:
+                    raise ConfigError("the training files give no chunk of seq_len tokens")
+            with torch.no_grad():
+                current = (ids, *teacher_pass(target, ids))
+        ids, hidden, logp = current
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + res.steps)
-        with torch.no_grad():
-            hidden, logp = teacher_pass(target, ids)
         logits, where = _predict(drafter, cfg, ids, hidden, gen)
         loss = _kl(logits, logp[where], cfg.decay)
         for g in opt.param_groups:
-            g["lr"] = cfg.lr * min(1.0, (res.steps + 1) / cfg.warmup)
+            g["lr"] = cfg.lr * _lr_factor(cfg, res.steps)
         opt.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -275,6 +318,14 @@ def train(
     drafter.save(out, note=note)
     (out / LOG).write_text(json.dumps({"config": asdict(cfg), **asdict(res)}, indent=2) + "\n")
     return res
+
+
+def _lr_factor(cfg: TrainConfig, step: int) -> float:
+    """Warmup, constant, then (``cooldown``) a linear fall to 0 at ``steps``."""
+    f = min(1.0, (step + 1) / cfg.warmup)
+    if cfg.cooldown:
+        f = min(f, (cfg.steps - step) / cfg.cooldown)
+    return f
 
 
 def _take(it: Iterator[list[int]], n: int) -> Iterator[list[int]]:
