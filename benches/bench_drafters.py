@@ -156,6 +156,8 @@ def run(args: argparse.Namespace) -> list[Row]:
         prompts = {"smoke#0": [1, 2, 3, 4], "smoke#1": [5, 6, 5, 6, 5]}
         eos = None
         hf = None
+        # Every engine once, at two budgets and a few tokens: the script works, quickly.
+        args.budgets, args.tokens = "4,8", min(args.tokens, 12)
     else:
         from specdec.demo import _hf_model
         from specdec.demo_prompts import PROMPTS
@@ -181,7 +183,8 @@ def run(args: argparse.Namespace) -> list[Row]:
         }
     from specdec.decode import CostModel
 
-    cost = CostModel.calibrate(target, sizes=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64])
+    sizes = [1, 4, 8, 16] if args.smoke else [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]
+    cost = CostModel.calibrate(target, sizes=sizes)
     budgets = [int(b) for b in args.budgets.split(",")]
     table = engines(block, medusa, budgets, cost)
     if block is not None:
