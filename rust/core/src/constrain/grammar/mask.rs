@@ -21,7 +21,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::cfg::Grammar;
 use super::earley::{Chart, DEAD_SET};
 use super::lexer::Lexeme;
-use crate::constrain::regex::{StateId, DEAD};
+use crate::constrain::regex::{StateId, TableDfa, DEAD};
 use crate::constrain::vocab::{utf8, Allowed, SubtreeSummary, TokenTrie};
 
 /// Subtrees below trie node `parent` (whose bytes, `prefix`, a lexeme accepted on the way)
@@ -129,11 +129,7 @@ pub fn lex_walk(
         };
         // At a unit boundary every unit keeps it alive (the deficit only gates the close):
         // settle by the unit star's body bytes.
-        let star = |s: StateId, b: u8| match unit.next(s, b) {
-            t if t != DEAD && unit.is_accepting(t) => start,
-            t => t,
-        };
-        let loops = body.unit_loops(&star, start);
+        let loops = body.unit_loops(&|s, b| unit_star(unit, s, b), start);
         return walk_with(
             &next,
             |s| s == closed,
@@ -162,14 +158,9 @@ pub fn lex_walk(
     }
     // A counted lexeme near its maximum: a subtree settles whole at a unit boundary when
     // its tokens are string-body text too short to reach the maximum.
-    let loops = lexeme.room_at_boundary(q).and_then(|(_, unit)| {
-        let start = unit.start();
-        let star = |s: StateId, b: u8| match unit.next(s, b) {
-            t if t != DEAD && unit.is_accepting(t) => start,
-            t => t,
-        };
-        body.unit_loops(&star, start)
-    });
+    let loops = lexeme
+        .room_at_boundary(q)
+        .and_then(|(_, unit)| body.unit_loops(&|s, b| unit_star(unit, s, b), unit.start()));
     walk_with(
         &|s, b| lexeme.next(s, b),
         |s| lexeme.is_accepting(s),
@@ -185,6 +176,15 @@ pub fn lex_walk(
         trie,
         words,
     )
+}
+
+/// The star of a counted lexeme's unit: a completed unit starts the next one.
+#[inline]
+fn unit_star(unit: &TableDfa, s: StateId, b: u8) -> StateId {
+    match unit.next(s, b) {
+        t if t != DEAD && unit.is_accepting(t) => unit.start(),
+        t => t,
+    }
 }
 
 /// Per DFA state (dense index): not yet checked, or [`body_loops`]' answer.
@@ -490,6 +490,7 @@ pub fn fill(
     // Subtrees under one parent share the parser state after its prefix.
     groups.sort_by_key(|gr| gr.parent);
     let mut roots: Vec<u32> = Vec::new();
+    let mut stack = vec![DEAD_SET; trie.max_depth + 1];
     let mut k = 0;
     while k < groups.len() {
         let parent = groups[k].parent;
@@ -506,7 +507,7 @@ pub fn fill(
         roots.sort_unstable();
         roots.dedup();
         for &r in &roots {
-            walk_subtree(chart, g, trie, p, r as usize, out);
+            walk_subtree(chart, g, trie, p, r as usize, &mut stack, out);
         }
     }
 }
@@ -514,17 +515,18 @@ pub fn fill(
 /// Set in `out` the bits of the tokens in the subtree of trie node `root` that the parser
 /// accepts, `state` being its state before the root's byte: one pruned preorder walk (a
 /// subtree is skipped as soon as the parser dies; each node costs one cached transition).
-pub fn walk_subtree(
+/// `stack`: scratch of `max_depth + 1` parser states, reused across calls.
+fn walk_subtree(
     chart: &mut Chart,
     g: &Grammar,
     trie: &TokenTrie,
     state: u32,
     root: usize,
+    stack: &mut [u32],
     out: &mut [u32],
 ) {
     let nodes = &trie.nodes;
     let base = nodes[root].depth as usize - 1;
-    let mut stack = vec![DEAD_SET; trie.max_depth + 1];
     stack[base] = state;
     let stop = nodes[root].end as usize;
     let mut i = root;
