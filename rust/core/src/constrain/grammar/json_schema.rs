@@ -963,8 +963,11 @@ impl Compiler<'_> {
             return self.counted_string(min, max);
         }
         if pattern.is_none() && !(body.is_some() && has_len) {
-            let content = body.unwrap_or_else(|| format!("{STRING_CHAR}{len}"));
-            return self.b.lexeme(&format!("\"(?:{content})\""));
+            // (The plain string is spelled as everywhere else: one lexeme for all of them.)
+            return match body {
+                None => self.b.lexeme(STRING),
+                Some(content) => self.b.lexeme(&format!("\"(?:{content})\"")),
+            };
         }
         // The pattern (unanchored, as JSON Schema reads it), the length and the format
         // intersected, over unescaped characters.

@@ -21,6 +21,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::cfg::Grammar;
 use super::earley::{Chart, DEAD_SET};
 use super::lexer::Lexeme;
+use super::walk_cache::{canonical_key, majority_successor, self_loops, SharedWalks};
 use crate::constrain::regex::{StateId, TableDfa, DEAD};
 use crate::constrain::vocab::{utf8, Allowed, SubtreeSummary, TokenTrie};
 
@@ -40,6 +41,10 @@ enum Tokens {
     List(Vec<u32>),
     Bits(Box<[u32]>),
 }
+
+/// A walk copies first-level subtrees from another state's walk when at least this many
+/// bytes lead to one state that loops on them.
+const REUSE_MIN_BYTES: usize = 32;
 
 /// Token sets larger than this are bitmaps.
 const LIST_MAX: usize = 512;
@@ -73,17 +78,60 @@ impl Tokens {
 pub struct LexMask {
     /// Tokens the lexeme consumes whole from this state.
     alive: Tokens,
-    /// Where the lexeme can end inside a token, in trie preorder.
+    /// The same as sorted ranges of trie token positions (`TokenTrie::token_ids`), so that a
+    /// walk entering a first-level subtree in the same state can copy this one's verdict.
+    spans: Box<[(u32, u32)]>,
+    /// Where the lexeme can end inside a token, in trie preorder of their roots.
     groups: Vec<Group>,
 }
 
 impl LexMask {
-    fn bytes(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         self.alive.bytes()
+            + 8 * self.spans.len()
             + (self.groups.iter())
                 .map(|g| g.prefix.len() + 4 * g.roots.len() + std::mem::size_of::<Group>())
                 .sum::<usize>()
     }
+
+    /// Copy this walk's verdict on the subtree of trie nodes `[i, end)` into a walk under
+    /// way that reached node `i` in the state this walk did.
+    fn copy_subtree(
+        &self,
+        (i, end): (usize, usize),
+        trie: &TokenTrie,
+        live: &mut Ranges,
+        dead: &mut Ranges,
+        groups: &mut Vec<Group>,
+    ) {
+        let (lo, hi) = (trie.tok_start[i], trie.tok_start[end]);
+        let first = self.spans.partition_point(|&(_, b)| b <= lo);
+        let mut at = lo;
+        for &(a, b) in self.spans[first..].iter().take_while(|&&(a, _)| a < hi) {
+            let (a, b) = (a.max(lo), b.min(hi));
+            dead.push(at, a);
+            live.push(a, b);
+            at = b;
+        }
+        dead.push(at, hi);
+        let g0 = (self.groups).partition_point(|g| (g.roots[0] as usize) < i);
+        let inside = self.groups[g0..]
+            .iter()
+            .take_while(|g| (g.roots[0] as usize) < end);
+        groups.extend(inside.map(|g| Group {
+            parent: g.parent,
+            prefix: g.prefix.clone(),
+            roots: g.roots.clone(),
+        }));
+    }
+}
+
+/// A finished walk from another state `from` of the same DFA: a node that both walks reach
+/// in the same state (and alike in having accepted on the way) has the same subtree, so
+/// the walk under way copies it (a property-name state reaches the string body a byte in).
+pub struct Reuse<'a> {
+    pub from: StateId,
+    pub walk: &'a LexMask,
 }
 
 /// One DFA walk of the trie from `q`: the tokens alive throughout, and the subtrees where
@@ -98,6 +146,7 @@ pub fn lex_walk(
     trie: &TokenTrie,
     words: usize,
     body: &mut BodyCache,
+    reuse: Option<&Reuse<'_>>,
 ) -> LexMask {
     let sum = &trie.summary;
     if let Some(f) = lexeme.far_unit(q, trie.max_depth) {
@@ -141,6 +190,7 @@ pub fn lex_walk(
             enc(f.deficit as usize, f.u),
             trie,
             words,
+            None,
         );
     }
     if let Some(dfa) = lexeme.table() {
@@ -154,6 +204,7 @@ pub fn lex_walk(
             q,
             trie,
             words,
+            reuse,
         );
     }
     // A counted lexeme near its maximum: a subtree settles whole at a unit boundary when
@@ -175,6 +226,7 @@ pub fn lex_walk(
         q,
         trie,
         words,
+        None,
     )
 }
 
@@ -288,6 +340,7 @@ fn walk_with(
     q: StateId,
     trie: &TokenTrie,
     words: usize,
+    reuse: Option<&Reuse<'_>>,
 ) -> LexMask {
     let mut groups: Vec<Group> = Vec::new();
     let depth = trie.max_depth + 1;
@@ -296,6 +349,10 @@ fn walk_with(
     let mut path = vec![0u8; depth];
     let mut at = vec![0u32; depth];
     st[0] = (q, false);
+    let mut rst = vec![(DEAD, false); if reuse.is_some() { depth } else { 0 }];
+    if let Some(r) = reuse {
+        rst[0] = (r.from, false);
+    }
     let nodes = &trie.nodes[..];
     let ts = &trie.tok_start[..];
     let n = nodes.len();
@@ -331,19 +388,40 @@ fn walk_with(
             i = end;
             continue;
         }
+        let acc_s = acc || accepting(s);
+        if let Some(r) = reuse {
+            // The other walk's state here (dead once its path left this one's).
+            let (rp, racc) = rst[d - 1];
+            let rs = if rp == DEAD {
+                DEAD
+            } else {
+                next(rp, node.byte)
+            };
+            if rs == s && racc == acc_s {
+                r.walk
+                    .copy_subtree((i, end), trie, &mut live, &mut dead, &mut groups);
+                i = end;
+                continue;
+            }
+            rst[d] = (rs, rs != DEAD && (racc || accepting(rs)));
+        }
         if end > i + 1 && settle(s, i, true) {
             live.push(ts[i], ts[end]);
             i = end;
             continue;
         }
-        st[d] = (s, acc || accepting(s));
+        st[d] = (s, acc_s);
         path[d - 1] = node.byte;
         at[d] = i as u32;
         live.push(ts[i], ts[i + 1]);
         i += 1;
     }
     let alive = tokens_of(&live, &dead, trie, words);
-    LexMask { alive, groups }
+    LexMask {
+        alive,
+        spans: live.spans.into(),
+        groups,
+    }
 }
 
 /// Sorted, merged half-open ranges.
@@ -432,10 +510,15 @@ impl MaskStore {
         }
     }
 
+    /// The walk of lexeme `l` from DFA state `q`: from this grammar's cache, else from the
+    /// vocabulary's (`shared`, plain lexemes), else walked, copying first-level subtrees
+    /// from the walk of the state most bytes lead to when that state loops on them (a
+    /// property-name state, one byte into a string: most bytes lead to the string body).
     fn lex_mask(
         &mut self,
         g: &Grammar,
         trie: &TokenTrie,
+        shared: &SharedWalks,
         words: usize,
         (l, q): (u32, StateId),
     ) -> Arc<LexMask> {
@@ -444,11 +527,34 @@ impl MaskStore {
         if let Some(m) = self.lex.get(&key) {
             return m.clone();
         }
-        let states = lexeme.table().map_or(0, |d| d.num_states());
-        let body = (self.bodies)
-            .entry(l)
-            .or_insert_with(|| BodyCache::new(states));
-        let m = Arc::new(lex_walk(lexeme, q, trie, words, body));
+        // Only text-like states (looping on many bytes) are worth a key: they recur across
+        // grammars and their walks are the long ones.
+        let canon = (lexeme.table())
+            .filter(|dfa| self_loops(dfa, q) >= REUSE_MIN_BYTES)
+            .and_then(|dfa| canonical_key(dfa, q));
+        let m = match canon.as_ref().and_then(|c| shared.get(c)) {
+            Some(m) => m,
+            None => {
+                let via = (lexeme.table())
+                    .and_then(|dfa| majority_successor(dfa, q).map(|r| (dfa, r)))
+                    .filter(|&(dfa, (r, n))| {
+                        r != q
+                            && n >= REUSE_MIN_BYTES
+                            && majority_successor(dfa, r).is_some_and(|(r2, _)| r2 == r)
+                    })
+                    .map(|(_, (r, _))| (r, self.lex_mask(g, trie, shared, words, (l, r))));
+                let reuse = (via.as_ref()).map(|(from, walk)| Reuse { from: *from, walk });
+                let states = lexeme.table().map_or(0, |d| d.num_states());
+                let body = (self.bodies)
+                    .entry(l)
+                    .or_insert_with(|| BodyCache::new(states));
+                let m = Arc::new(lex_walk(lexeme, q, trie, words, body, reuse.as_ref()));
+                if let Some(c) = canon {
+                    shared.offer(c, m.clone());
+                }
+                m
+            }
+        };
         let size = m.bytes();
         if self.used_bytes + size <= self.cap_bytes {
             self.lex.insert(key, m.clone());
@@ -468,6 +574,7 @@ pub fn fill(
     store: &mut MaskStore,
     g: &Grammar,
     trie: &TokenTrie,
+    shared: &SharedWalks,
     state: u32,
     out: &mut [u32],
 ) {
@@ -477,7 +584,7 @@ pub fn fill(
     pairs.sort_unstable();
     pairs.dedup();
     let mut lex: Vec<Arc<LexMask>> = (pairs.iter())
-        .map(|&pair| store.lex_mask(g, trie, out.len(), pair))
+        .map(|&pair| store.lex_mask(g, trie, shared, out.len(), pair))
         .collect();
     // States far from a counted lexeme's bounds share one walk.
     lex.sort_unstable_by_key(Arc::as_ptr);
@@ -544,5 +651,76 @@ fn walk_subtree(
             out[t as usize / 32] |= 1 << (t % 32);
         }
         i += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::constrain::regex::RegexLimits;
+    use crate::constrain::Vocabulary;
+    use proptest::prelude::*;
+
+    fn token_set(m: &LexMask, words: usize) -> Vec<u32> {
+        let mut bits = vec![0u32; words];
+        m.alive.or_into(&mut bits);
+        (0..words as u32 * 32)
+            .filter(|&t| bits[t as usize / 32] >> (t % 32) & 1 == 1)
+            .collect()
+    }
+
+    fn group_set(m: &LexMask) -> Vec<(u32, Vec<u8>, u32)> {
+        let mut out: Vec<_> = (m.groups.iter())
+            .flat_map(|g| g.roots.iter().map(|&r| (g.parent, g.prefix.to_vec(), r)))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Lexemes with text-like states (string bodies, names excluded from a string).
+    const LEXEMES: &[&str] = &[
+        r#""(?:[^"\\\x00-\x1F]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*""#,
+        r#""(?:[^"\\]|\\.)*"|"ab"x"#,
+        r#""[ab]*(?:c|"")?"#,
+        r#"(?:[^"]|"a)*"#,
+        // The same state reached with and without having accepted on the way.
+        r#""a(?:bc)?|xabc"#,
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// A walk copying subtrees from another state's walk (any state of the DFA) equals
+        /// the walk done in full: same tokens, same places where the lexeme can end.
+        #[test]
+        fn reuse_equals_full_walk(
+            tokens in prop::collection::vec(
+                prop::collection::vec(prop::sample::select(vec![
+                    b'a', b'b', b'c', b'"', b'\\', b'x', b'u', b'0', b'd', b'e', b'f', b'g',
+                    b'h', b' ', 0xC3, 0xA9,
+                ]), 1..7),
+                900..2000),
+            which in 0..LEXEMES.len(),
+        ) {
+            let toks: Vec<Option<Vec<u8>>> = tokens.into_iter().map(Some).collect();
+            let n = toks.len();
+            let v = Vocabulary::new(toks, &[n as i64], Some(n + 1)).unwrap();
+            let (trie, words) = (v.trie(), v.words());
+            let lexeme = Lexeme::compile(LEXEMES[which], RegexLimits::default()).unwrap();
+            let dfa = lexeme.table().unwrap();
+            let states: Vec<StateId> = dfa.states().filter(|&s| s != DEAD).collect();
+            let mut body = BodyCache::new(dfa.num_states());
+            let full: Vec<LexMask> = (states.iter())
+                .map(|&q| lex_walk(&lexeme, q, trie, words, &mut body, None))
+                .collect();
+            for (k, &q) in states.iter().enumerate() {
+                for (j, &r) in states.iter().enumerate() {
+                    let reuse = Reuse { from: r, walk: &full[j] };
+                    let m = lex_walk(&lexeme, q, trie, words, &mut body, Some(&reuse));
+                    prop_assert_eq!(token_set(&m, words), token_set(&full[k], words));
+                    prop_assert_eq!(group_set(&m), group_set(&full[k]));
+                }
+            }
+        }
     }
 }

@@ -33,10 +33,12 @@ pub mod lark;
 mod lexer;
 mod mask;
 mod multiple_of;
+mod walk_cache;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use cfg::{Grammar, GrammarBuilder, GrammarLimits, Rule, Sym};
+pub use walk_cache::SharedWalks;
 
 use earley::{Chart, DEAD_SET};
 use mask::MaskStore;
@@ -228,6 +230,7 @@ impl Constraint for CompiledGrammar {
             &mut sh.masks,
             &self.grammar,
             self.vocab.trie(),
+            self.vocab.walks(),
             state.0,
             out,
         );

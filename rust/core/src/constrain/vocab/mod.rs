@@ -12,6 +12,7 @@ pub use subtree::{Allowed, SubtreeSummary};
 pub(crate) use trie::heights_below;
 pub use trie::{TokenTrie, TrieNode};
 
+use super::grammar::SharedWalks;
 use super::GrammarError;
 
 /// Token bytes in one flat buffer (`offsets[i]..offsets[i+1]`), built once and shared.
@@ -25,6 +26,8 @@ pub struct Vocabulary {
     eos: Vec<u32>,
     is_eos: Vec<bool>,
     trie: TokenTrie,
+    /// Trie walks shared by every grammar compiled against this vocabulary.
+    walks: SharedWalks,
 }
 
 impl Vocabulary {
@@ -87,8 +90,10 @@ impl Vocabulary {
             eos,
             is_eos,
             trie: TokenTrie::default(),
+            walks: SharedWalks::default(),
         };
         v.trie = TokenTrie::build(&v);
+        v.walks = SharedWalks::seeded(&v.trie, v.words());
         Ok(v)
     }
 
@@ -182,6 +187,10 @@ impl Vocabulary {
 
     pub fn trie(&self) -> &TokenTrie {
         &self.trie
+    }
+
+    pub fn walks(&self) -> &SharedWalks {
+        &self.walks
     }
 
     /// Check a token id from outside.
