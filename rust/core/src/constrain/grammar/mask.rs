@@ -78,9 +78,10 @@ impl Tokens {
 pub struct LexMask {
     /// Tokens the lexeme consumes whole from this state.
     alive: Tokens,
-    /// The same as sorted ranges of trie token positions (`TokenTrie::token_ids`), so that a
-    /// walk entering a first-level subtree in the same state can copy this one's verdict.
-    spans: Box<[(u32, u32)]>,
+    /// The same as sorted ranges of trie token positions (`TokenTrie::token_ids`), kept by
+    /// walks done in full, so that another walk reaching a node in the same state can take
+    /// this one's verdict on the subtree ([`Reuse`]).
+    spans: Option<Box<[(u32, u32)]>>,
     /// Where the lexeme can end inside a token, in trie preorder of their roots.
     groups: Vec<Group>,
 }
@@ -88,32 +89,16 @@ pub struct LexMask {
 impl LexMask {
     pub fn bytes(&self) -> usize {
         self.alive.bytes()
-            + 8 * self.spans.len()
+            + 8 * self.spans.as_ref().map_or(0, |s| s.len())
             + (self.groups.iter())
                 .map(|g| g.prefix.len() + 4 * g.roots.len() + std::mem::size_of::<Group>())
                 .sum::<usize>()
     }
 
-    /// Copy this walk's verdict on the subtree of trie nodes `[i, end)` into a walk under
-    /// way that reached node `i` in the state this walk did.
-    fn copy_subtree(
-        &self,
-        (i, end): (usize, usize),
-        trie: &TokenTrie,
-        live: &mut Ranges,
-        dead: &mut Ranges,
-        groups: &mut Vec<Group>,
-    ) {
-        let (lo, hi) = (trie.tok_start[i], trie.tok_start[end]);
-        let first = self.spans.partition_point(|&(_, b)| b <= lo);
-        let mut at = lo;
-        for &(a, b) in self.spans[first..].iter().take_while(|&&(a, _)| a < hi) {
-            let (a, b) = (a.max(lo), b.min(hi));
-            dead.push(at, a);
-            live.push(a, b);
-            at = b;
-        }
-        dead.push(at, hi);
+    /// Copy this walk's places where the lexeme ends inside the subtree of trie nodes
+    /// `[i, end)` into a walk under way that reached node `i` in the state this walk did (its
+    /// tokens there are taken from this walk's set when the walk ends).
+    fn copy_groups(&self, (i, end): (usize, usize), groups: &mut Vec<Group>) {
         let g0 = (self.groups).partition_point(|g| (g.roots[0] as usize) < i);
         let inside = self.groups[g0..]
             .iter()
@@ -353,6 +338,8 @@ fn walk_with(
     if let Some(r) = reuse {
         rst[0] = (r.from, false);
     }
+    // Token ranges whose verdict is the other walk's.
+    let mut copied = Ranges::default();
     let nodes = &trie.nodes[..];
     let ts = &trie.tok_start[..];
     let n = nodes.len();
@@ -398,8 +385,8 @@ fn walk_with(
                 next(rp, node.byte)
             };
             if rs == s && racc == acc_s {
-                r.walk
-                    .copy_subtree((i, end), trie, &mut live, &mut dead, &mut groups);
+                r.walk.copy_groups((i, end), &mut groups);
+                copied.push(ts[i], ts[end]);
                 i = end;
                 continue;
             }
@@ -416,10 +403,17 @@ fn walk_with(
         live.push(ts[i], ts[i + 1]);
         i += 1;
     }
+    if let Some(r) = reuse {
+        return LexMask {
+            alive: patched(r.walk, &copied, &live, trie, words),
+            spans: None,
+            groups,
+        };
+    }
     let alive = tokens_of(&live, &dead, trie, words);
     LexMask {
         alive,
-        spans: live.spans.into(),
+        spans: Some(live.spans.into()),
         groups,
     }
 }
@@ -443,6 +437,35 @@ impl Ranges {
             _ => self.spans.push((a, b)),
         }
     }
+}
+
+/// The tokens of a walk that took the ranges `copied` from walk `from` and found `live`
+/// alive elsewhere: `from`'s set with the other ranges' tokens replaced (the cost follows
+/// the ranges walked here, not the whole set).
+fn patched(
+    from: &LexMask,
+    copied: &Ranges,
+    live: &Ranges,
+    trie: &TokenTrie,
+    words: usize,
+) -> Tokens {
+    let ids = &trie.token_ids;
+    let mut bits = vec![0u32; words];
+    from.alive.or_into(&mut bits);
+    let mut at = 0u32;
+    let end = ids.len() as u32;
+    for (a, b) in (copied.spans.iter().copied()).chain([(end, end)]) {
+        for &t in &ids[at as usize..a as usize] {
+            bits[t as usize / 32] &= !(1 << (t % 32));
+        }
+        at = b;
+    }
+    for &(a, b) in &live.spans {
+        for &t in &ids[a as usize..b as usize] {
+            bits[t as usize / 32] |= 1 << (t % 32);
+        }
+    }
+    Tokens::Bits(bits.into())
 }
 
 /// The live tokens as a list or a bitmap, built from whichever side is smaller: the live
@@ -543,7 +566,9 @@ impl MaskStore {
                             && majority_successor(dfa, r).is_some_and(|(r2, _)| r2 == r)
                     })
                     .map(|(_, (r, _))| (r, self.lex_mask(g, trie, shared, words, (l, r))));
-                let reuse = (via.as_ref()).map(|(from, walk)| Reuse { from: *from, walk });
+                let reuse = (via.as_ref())
+                    .filter(|(_, walk)| walk.spans.is_some())
+                    .map(|(from, walk)| Reuse { from: *from, walk });
                 let states = lexeme.table().map_or(0, |d| d.num_states());
                 let body = (self.bodies)
                     .entry(l)
