@@ -550,10 +550,10 @@ impl MaskStore {
         if let Some(m) = self.lex.get(&key) {
             return m.clone();
         }
-        // Only text-like states (looping on many bytes) are worth a key: they recur across
-        // grammars and their walks are the long ones.
+        // Only states that loop are worth a key (text, whitespace: they recur across
+        // grammars and their walks are the long ones; a literal's walk is short).
         let canon = (lexeme.table())
-            .filter(|dfa| self_loops(dfa, q) >= REUSE_MIN_BYTES)
+            .filter(|dfa| self_loops(dfa, q) > 0)
             .and_then(|dfa| canonical_key(dfa, q));
         let m = match canon.as_ref().and_then(|c| shared.get(c)) {
             Some(m) => m,
