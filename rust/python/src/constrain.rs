@@ -737,6 +737,14 @@ fn build_ddtree_constrained<'py>(
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // numpy's C API and its borrow checking are set up on first use: do it at import, so a
+    // process's first mask does not pay it (nor does every worker a server forks after import).
+    let probe = PyArray2::<i32>::zeros(m.py(), [1, 1], false);
+    drop(probe.try_readwrite().map_err(|e| {
+        PyErr::from(crate::errors::Error::from(GrammarError::Shape(format!(
+            "numpy buffer check failed at import: {e}"
+        ))))
+    })?);
     m.add_class::<Vocabulary>()?;
     m.add_class::<RegexGrammar>()?;
     m.add_class::<CfgGrammar>()?;
