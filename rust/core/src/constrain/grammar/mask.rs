@@ -224,13 +224,24 @@ fn unit_star(unit: &TableDfa, s: StateId, b: u8) -> StateId {
     }
 }
 
-/// Per DFA state (dense index): not yet checked, or [`body_loops`]' answer.
+/// Per DFA state checked so far (by dense index, of `states`): [`body_loops`]' answer.
+/// Sparse: a walk meets few of a large automaton's states, and a table per lexeme sized
+/// by its states is memory every new grammar would zero and fault in.
 #[derive(Debug, Default)]
-pub struct BodyCache(Vec<Option<Option<Allowed>>>);
+pub struct BodyCache {
+    checked: FxHashMap<u32, Option<Allowed>>,
+    states: usize,
+}
+
+/// [`BodyCache`]'s slot for a counted lexeme's unit star.
+const UNIT_SLOT: u32 = u32::MAX;
 
 impl BodyCache {
     pub fn new(states: usize) -> Self {
-        BodyCache(vec![None; states])
+        BodyCache {
+            checked: FxHashMap::default(),
+            states,
+        }
     }
 
     /// A counted lexeme's unit star at its start (kept in the first slot).
@@ -239,10 +250,9 @@ impl BodyCache {
         star: &impl Fn(StateId, u8) -> StateId,
         start: StateId,
     ) -> Option<Allowed> {
-        if self.0.is_empty() {
-            self.0.push(None);
-        }
-        *self.0[0].get_or_insert_with(|| body_loops(star, start))
+        *(self.checked)
+            .entry(UNIT_SLOT)
+            .or_insert_with(|| body_loops(star, start))
     }
 
     /// Is the subtree of node `i` (`kids`: below node `i`) alive throughout from state `p`
@@ -257,10 +267,12 @@ impl BodyCache {
         kids: bool,
         sum: &SubtreeSummary,
     ) -> bool {
-        let Some(slot) = self.0.get_mut(p.index()) else {
+        if p.index() >= self.states {
             return false;
-        };
-        let loops = slot.get_or_insert_with(|| body_loops(next, p));
+        }
+        let loops = (self.checked)
+            .entry(p.index() as u32)
+            .or_insert_with(|| body_loops(next, p));
         loops.as_ref().is_some_and(|l| sum.fits(i, byte, kids, l))
     }
 }
