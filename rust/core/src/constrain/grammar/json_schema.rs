@@ -205,6 +205,17 @@ fn negation(n: &Value) -> Option<Value> {
     None
 }
 
+/// The lexemes every JSON Schema grammar with the default options is made of (strings,
+/// numbers, whitespace and punctuation), spelled as the compiler spells them: a vocabulary
+/// prepares their automata and trie walks once for all the schemas it serves.
+pub(crate) fn common_lexemes() -> Vec<String> {
+    let mut out: Vec<String> = [STRING, NUMBER, INTEGER, WS].map(str::to_owned).to_vec();
+    for p in ["{", "}", "[", "]", ",", ":"] {
+        out.push(format!("{WS}{}{WS}", regex_escape(p)));
+    }
+    out
+}
+
 fn regex_escape(s: &str) -> String {
     s.chars()
         .map(|c| format!("\\x{{{:X}}}", c as u32))

@@ -5,8 +5,41 @@
 //! of one character's and states far from the bounds share one mask (see
 //! [`Lexeme::mask_key`]).
 
-use crate::constrain::regex::{RegexLimits, StateId, TableDfa, DEAD};
+use std::sync::{Arc, Mutex};
+
+use rustc_hash::FxHashMap;
+
+use crate::constrain::regex::{escaped_literal, RegexLimits, StateId, TableDfa, DEAD};
 use crate::constrain::GrammarError;
+
+/// Compiled lexeme automata by (regex, limits), shared by every grammar of the process: a
+/// server's JSON Schemas all scan the same strings, numbers and punctuation, whose
+/// automata would otherwise be rebuilt (the larger part of compiling a schema) each time.
+type DfaKey = (String, usize, usize);
+static DFAS: Mutex<Option<FxHashMap<DfaKey, Arc<TableDfa>>>> = Mutex::new(None);
+
+/// Automata kept at most (small ones only: see [`DFA_CACHE_MAX_STATES`]).
+const DFA_CACHE_MAX: usize = 4096;
+const DFA_CACHE_MAX_STATES: usize = 256;
+
+/// `regex`'s automaton from the process cache, or compiled (and kept if small).
+fn cached_dfa(regex: &str, limits: RegexLimits) -> Result<Arc<TableDfa>, GrammarError> {
+    let key = (regex.to_owned(), limits.automaton_bytes, limits.table_bytes);
+    // A panic while holding the lock cannot leave a half-inserted entry.
+    let lock = || DFAS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(d) = lock().get_or_insert_with(FxHashMap::default).get(&key) {
+        return Ok(d.clone());
+    }
+    let dfa = Arc::new(TableDfa::compile(regex, limits)?);
+    if dfa.num_states() <= DFA_CACHE_MAX_STATES {
+        let mut cache = lock();
+        let map = cache.get_or_insert_with(FxHashMap::default);
+        if map.len() < DFA_CACHE_MAX {
+            map.insert(key, dfa.clone());
+        }
+    }
+    Ok(dfa)
+}
 
 #[derive(Debug)]
 pub struct Lexeme {
@@ -16,7 +49,7 @@ pub struct Lexeme {
 
 #[derive(Debug)]
 enum Kind {
-    Dfa(TableDfa),
+    Dfa(Arc<TableDfa>),
     Counted(Counted),
 }
 
@@ -102,7 +135,11 @@ impl Lexeme {
     pub fn compile(regex: &str, limits: RegexLimits) -> Result<Self, GrammarError> {
         Ok(Lexeme {
             regex: regex.to_owned(),
-            kind: Kind::Dfa(TableDfa::compile(regex, limits)?),
+            // Literals are built directly (cheaper than a lookup's key) and not kept.
+            kind: Kind::Dfa(match escaped_literal(regex) {
+                Some(_) => Arc::new(TableDfa::compile(regex, limits)?),
+                None => cached_dfa(regex, limits)?,
+            }),
         })
     }
 
@@ -112,7 +149,7 @@ impl Lexeme {
     pub fn from_dfa(name: &str, dfa: TableDfa) -> Self {
         Lexeme {
             regex: name.to_owned(),
-            kind: Kind::Dfa(dfa),
+            kind: Kind::Dfa(Arc::new(dfa)),
         }
     }
 
@@ -259,5 +296,34 @@ impl Lexeme {
             );
         }
         (l, u32::from(q) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lexemes_share_cached_automata_but_not_literals() {
+        let limits = RegexLimits::default();
+        let a = Lexeme::compile("[a-c]+x?", limits).unwrap();
+        let b = Lexeme::compile("[a-c]+x?", limits).unwrap();
+        let (Kind::Dfa(da), Kind::Dfa(db)) = (&a.kind, &b.kind) else {
+            panic!("plain lexemes")
+        };
+        assert!(Arc::ptr_eq(da, db));
+        // Other limits are another key (a tighter table limit must still refuse).
+        let tight = RegexLimits {
+            table_bytes: 1024,
+            ..limits
+        };
+        assert!(Lexeme::compile("[a-c]{5}", tight).is_err());
+        let l1 = Lexeme::compile("\\x{61}\\x{62}", limits).unwrap();
+        let l2 = Lexeme::compile("\\x{61}\\x{62}", limits).unwrap();
+        let (Kind::Dfa(d1), Kind::Dfa(d2)) = (&l1.kind, &l2.kind) else {
+            panic!("plain lexemes")
+        };
+        assert!(!Arc::ptr_eq(d1, d2));
+        assert_eq!(l1.next(l1.start(), b'a'), l2.next(l2.start(), b'a'));
     }
 }

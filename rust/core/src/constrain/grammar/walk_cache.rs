@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use rustc_hash::FxHashMap;
 
+use super::json_schema::common_lexemes;
 use super::lexer::Lexeme;
 use super::mask::{lex_walk, BodyCache, LexMask};
 use crate::constrain::regex::{RegexLimits, StateId, TableDfa, DEAD};
@@ -17,21 +18,6 @@ use crate::constrain::vocab::TokenTrie;
 /// Sub-automata larger than this are not keyed (their keys cost more than they save, and
 /// such states rarely recur across grammars).
 const KEY_MAX_STATES: usize = 24;
-
-/// The JSON string lexeme every JSON Schema grammar scans for keys and plain string values.
-pub(crate) const JSON_STRING: &str = r#""(?:[^"\\\x00-\x1F]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*""#;
-
-/// Lexemes of every JSON grammar with flexible whitespace: whitespace, and punctuation
-/// with whitespace around it.
-const JSON_PUNCT: &[&str] = &[
-    r"[ \t\n\r]*",
-    r"[ \t\n\r]*\{[ \t\n\r]*",
-    r"[ \t\n\r]*\}[ \t\n\r]*",
-    r"[ \t\n\r]*\[[ \t\n\r]*",
-    r"[ \t\n\r]*\][ \t\n\r]*",
-    r"[ \t\n\r]*,[ \t\n\r]*",
-    r"[ \t\n\r]*:[ \t\n\r]*",
-];
 
 /// The canonical form of the automaton reachable from `q` (states numbered in breadth-first
 /// order, bytes in order; per state: accepting, then 256 successors, dead as 0), or None
@@ -110,15 +96,16 @@ impl Default for SharedWalks {
 
 impl SharedWalks {
     /// The shared walks of `trie`, with those every JSON grammar starts with already done
-    /// (a few milliseconds on a 131k vocabulary): the string body, whitespace, and
-    /// punctuation with whitespace around it, from each state that loops.
+    /// (a few milliseconds on a 131k vocabulary): the string body, numbers, whitespace, and
+    /// punctuation with whitespace around it, from each state that loops (compiling them
+    /// also leaves their automata in the lexeme cache).
     pub fn seeded(trie: &TokenTrie, words: usize) -> Self {
         let shared = SharedWalks::default();
         if trie.nodes.is_empty() {
             return shared;
         }
-        for regex in [JSON_STRING].iter().chain(JSON_PUNCT) {
-            let Ok(lexeme) = Lexeme::compile(regex, RegexLimits::default()) else {
+        for regex in common_lexemes() {
+            let Ok(lexeme) = Lexeme::compile(&regex, RegexLimits::default()) else {
                 continue;
             };
             let dfa = lexeme.table().expect("a regex lexeme has a table");
@@ -166,6 +153,8 @@ impl SharedWalks {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const JSON_STRING: &str = r#""(?:[^"\\\x00-\x1F]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*""#;
 
     fn inside(regex: &str) -> (TableDfa, StateId) {
         let dfa = TableDfa::compile(regex, RegexLimits::default()).unwrap();

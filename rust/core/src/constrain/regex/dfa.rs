@@ -100,8 +100,47 @@ pub struct TableDfa {
     start: StateId,
 }
 
+/// The text of a pattern written only as `\x{HEX}` escapes (how grammar front ends spell
+/// property names and constants), or None.
+pub(crate) fn escaped_literal(pattern: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut rest = pattern;
+    while !rest.is_empty() {
+        let body = rest.strip_prefix("\\x{")?;
+        let close = body.find('}')?;
+        let hex = &body[..close];
+        if hex.is_empty() || hex.len() > 6 {
+            return None;
+        }
+        out.push(char::from_u32(u32::from_str_radix(hex, 16).ok()?)?);
+        rest = &body[close + 1..];
+    }
+    (!out.is_empty()).then_some(out)
+}
+
 impl TableDfa {
+    /// The DFA of exactly `text`'s bytes: a chain, built without the regex machinery.
+    pub fn literal(text: &[u8]) -> TableDfa {
+        let n = text.len();
+        // State 0 dead, state i + 1 after i bytes.
+        let mut edges = vec![[0u32; 256]; n + 2];
+        for (i, &b) in text.iter().enumerate() {
+            edges[i + 1][b as usize] = i as u32 + 2;
+        }
+        let mut accepting = vec![false; n + 2];
+        accepting[n + 1] = true;
+        TableDfa::trimmed(&edges, &accepting)
+    }
+
     pub fn compile(pattern: &str, limits: RegexLimits) -> Result<Self, GrammarError> {
+        // Literals (most lexemes of a JSON Schema: its property names) skip regex-automata,
+        // whose set-up costs more than the literal's whole automaton.
+        if let Some(text) = escaped_literal(pattern) {
+            let max_states = (limits.table_bytes / (256 * 4)).max(2);
+            if text.len() + 2 <= max_states {
+                return Ok(TableDfa::literal(text.as_bytes()));
+            }
+        }
         let syntax_config = syntax::Config::new().utf8(true).unicode(true);
         let max_states = (limits.table_bytes / (256 * 4)).max(2);
         // A match of n bytes walks n + 1 distinct live states (a repeated one could be cut out
@@ -436,5 +475,64 @@ fn classify(pattern: &str, msg: &str) -> GrammarError {
         GrammarError::TooLarge(format!("{pattern:?}: {msg}"))
     } else {
         GrammarError::Regex(format!("{pattern:?}: {msg}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The same text spelled as `\x{..}` escapes but forced through regex-automata (a
+    /// trailing empty group defeats the literal fast path).
+    fn via_regex(text: &str) -> TableDfa {
+        let escaped: String = text
+            .chars()
+            .map(|c| format!("\\x{{{:X}}}", c as u32))
+            .collect();
+        TableDfa::compile(&format!("{escaped}(?:)"), RegexLimits::default()).unwrap()
+    }
+
+    proptest! {
+        /// The literal fast path accepts and rejects exactly what the regex does, on the
+        /// literal's prefixes, extensions and one-byte edits.
+        #[test]
+        fn literal_equals_regex(text in "[a-z\"\\\\é€0-9 ]{1,12}", probe in prop::collection::vec(any::<u8>(), 0..16)) {
+            let escaped: String = text.chars().map(|c| format!("\\x{{{:X}}}", c as u32)).collect();
+            let decoded = escaped_literal(&escaped);
+            prop_assert_eq!(decoded.as_deref(), Some(text.as_str()));
+            let fast = TableDfa::compile(&escaped, RegexLimits::default()).unwrap();
+            let slow = via_regex(&text);
+            let bytes = text.as_bytes();
+            let mut inputs: Vec<Vec<u8>> = (0..=bytes.len()).map(|k| bytes[..k].to_vec()).collect();
+            inputs.push([bytes, &probe[..]].concat());
+            inputs.push(probe.clone());
+            for i in 0..bytes.len() {
+                let mut e = bytes.to_vec();
+                e[i] ^= 1;
+                inputs.push(e);
+            }
+            for x in inputs {
+                let (a, b) = (fast.run(fast.start(), &x), slow.run(slow.start(), &x));
+                prop_assert_eq!(a == DEAD, b == DEAD, "alive on {:?}", x);
+                prop_assert_eq!(a != DEAD && fast.is_accepting(a), b != DEAD && slow.is_accepting(b));
+            }
+        }
+    }
+
+    #[test]
+    fn only_escape_sequences_are_literals() {
+        assert_eq!(escaped_literal("\\x{61}\\x{E9}").as_deref(), Some("aé"));
+        for p in [
+            "a",
+            "\\x{61}b",
+            "\\x{}",
+            "\\x{110000}",
+            "\\x{61",
+            "",
+            "\\x{61}*",
+        ] {
+            assert_eq!(escaped_literal(p), None, "{p:?}");
+        }
     }
 }

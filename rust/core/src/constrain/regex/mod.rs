@@ -11,6 +11,7 @@ mod trie_walk;
 use std::sync::{Arc, OnceLock};
 
 pub use cache::MaskCache;
+pub(crate) use dfa::escaped_literal;
 pub use dfa::{RegexLimits, StateId, TableDfa, DEAD};
 
 use class_trie::{byte_classes, ClassTrie};
