@@ -60,6 +60,10 @@ class Vocabulary:
     Special tokens (no text) and ids past the tokenizer's size never match a grammar; EOS is
     allowed exactly where the grammar accepts. SentencePiece pieces keep their leading space
     (``"▁Hi"`` is ``b" Hi"``), as the model sees it.
+
+    Building one costs a trie over the tokens and, once, the mask walks of the lexemes every
+    JSON grammar scans (strings, numbers, whitespace, punctuation); every grammar compiled
+    against it then shares those, so build one per tokenizer and keep it.
     """
 
     __slots__ = ("_v", "_grammars")
