@@ -28,7 +28,7 @@ import torch
 from .._arrays import check_int
 from ..errors import ConfigError, KVCacheError, SpecdecTypeError, VerifyError
 from ..protocols import Constraint, Drafter, DraftRequest, KVCache, Target, TreeDrafter, TreeShape
-from ..tree import DraftTree, tree_shape
+from ..tree import DDTreeShape, DraftTree, tree_shape
 from ..verify import STAGES, DecodingRule, StepResult, Verifier
 from .budget import AdaptiveBudget, CostModel
 from .common import GenerationResult, RequestOutput, emit, prompt_ids
@@ -465,8 +465,13 @@ class SpeculativeGenerator:
                 trees = [t.best_path().pruned(self.depth) for t in trees]
             return trees
         assert isinstance(self.drafter, Drafter)
-        logits = self.drafter.draft(requests, self.depth)
-        want = (len(contexts), self.depth, self.target.vocab_size)
+        # A best-first tree of B drafted nodes is at most B deep: deeper marginals (their LM
+        # head rows above all) would go unread.
+        depth = self.depth
+        if isinstance(self.shape, DDTreeShape):
+            depth = min(depth, self.shape.budget)
+        logits = self.drafter.draft(requests, depth)
+        want = (len(contexts), depth, self.target.vocab_size)
         if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != want:
             from ..errors import DraftError
 

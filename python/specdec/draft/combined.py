@@ -42,7 +42,8 @@ class CombinedDrafter:
 
     def propose(self, requests: Sequence[DraftRequest], budget: int) -> list[DraftTree]:
         budget = check_int(budget, "budget", 1, DraftError)
-        logits = self.model.draft(requests, self.depth)
+        # A best-first tree of ``budget`` nodes is at most that deep: no deeper marginals.
+        logits = self.model.draft(requests, min(self.depth, budget))
         shape = DDTreeShape(budget)
         suffix = self.suffix.propose(requests, budget)
         out = []
