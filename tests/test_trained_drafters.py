@@ -457,6 +457,20 @@ def test_smollm2_greedy_matches_transformers_generate(smol, hf_smol, kind, strat
     assert res.tokens == ref, (smol.tokenizer.decode(res.tokens), smol.tokenizer.decode(ref))
 
 
+def test_smollm2_adaptive_budget_matches_transformers_generate(smol, hf_smol) -> None:  # type: ignore[no-untyped-def]
+    """The adaptive budget (binned calibration, draft depth cut to what gets accepted) with
+    the block drafter + suffix index: still the target's greedy tokens."""
+    ids = smol.encode_chat([{"role": "user", "content": "Write a Python function that adds."}])
+    with torch.no_grad():
+        ref = hf_smol.generate(
+            torch.tensor([ids]), do_sample=False, max_new_tokens=24, eos_token_id=2
+        )[0, len(ids) :].tolist()
+    d = CombinedDrafter(smol_drafter("block", smol.model), SuffixDrafter(max_depth=16))
+    gen = SpeculativeGenerator(smol.model, d, budget="auto", max_budget=16, depth=8)
+    res = gen.generate(ids, 24, eos_token_id=smol.eos_token_id)
+    assert res.tokens == ref
+
+
 # -- sampling ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["block", "medusa"])
 def test_sampling_matches_the_target_distribution(kind) -> None:  # type: ignore[no-untyped-def]
