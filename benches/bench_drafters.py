@@ -187,7 +187,10 @@ def run(args: argparse.Namespace) -> list[Row]:
     cost = CostModel.calibrate(target, sizes=sizes)
     budgets = [int(b) for b in args.budgets.split(",")]
     table = engines(block, medusa, budgets, cost)
-    if block is not None:
+    if args.drafters:
+        keep = set(args.drafters.split(","))
+        table = [e for e in table if e[0] in keep]
+    if block is not None and (not args.drafters or "block-inf" in args.drafters):
         for k in (1, 4):
             table.append(
                 (
@@ -260,9 +263,14 @@ def run(args: argparse.Namespace) -> list[Row]:
                     Row(name, mode, drafter, engine, budget, len(res.tokens), dt, acc,
                         res.tokens == ref if mode == "greedy" else None)
                 )  # fmt: skip
+                tm = getattr(res, "timings", None) or {}
+                split = " ".join(
+                    f"{k} {1e3 * v / max(len(res.tokens), 1):.1f}" for k, v in tm.items() if v
+                )
                 print(
                     f"{name} {mode} {drafter} {engine}: {rows[-1].accept_len:.2f} "
-                    f"{rows[-1].tok_s:.1f} tok/s {rows[-1].identical}",
+                    f"{rows[-1].tok_s:.1f} tok/s {rows[-1].identical}"
+                    + (f"  [ms/token: {split}]" if split else ""),
                     flush=True,
                 )
     return rows
@@ -347,6 +355,11 @@ def main() -> None:
     ap.add_argument("--medusa", help="Medusa checkpoint directory (default: shipped)")
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("--from-json", help="print the tables of an earlier --json run")
+    ap.add_argument(
+        "--drafters",
+        help="only these drafters (comma list of suffix, block, medusa, block+suffix, "
+        "block-inf for the banned-token rows; default: all)",
+    )
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     if args.from_json:

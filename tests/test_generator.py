@@ -336,6 +336,44 @@ def test_adaptive_budget_probes_a_drafter_it_gave_up_on() -> None:
     assert ab.choose([chain]).nodes == 4 and ab.probe_after == 8
 
 
+def test_adaptive_calibration_keeps_sources_apart() -> None:
+    """An over-confident chain (a suffix match: conditional probabilities of 1) that keeps
+    failing loses its value, geometrically along the chain, without dragging down a model
+    tree whose marginals are calibrated (another probability range); the tree's values stay
+    its path probabilities."""
+    sure = np.tile(np.array([0.0, -30.0], dtype=np.float32), (8, 1))
+    chain = specdec.build_ddtree(sure, np.tile(np.arange(2), (8, 1)), 8, root_token=0)
+    assert chain.depths.tolist() == list(range(9))
+    lp = np.log(np.tile(np.array([0.3, 0.2, 0.1], dtype=np.float32), (4, 1)))
+    model = specdec.build_ddtree(lp, np.tile(np.arange(3), (4, 1)), 8, root_token=0)
+    ab = AdaptiveBudget(SLOW_COST, 8)
+    before = ab.node_values(model)
+    np.testing.assert_allclose(before, np.exp(model.logprobs[1:]), rtol=1e-6)
+    for _ in range(6):
+        ab.observe([chain], [np.zeros(0, dtype=np.int32)], 0.0)  # the chain fails at once
+    v = ab.node_values(chain)
+    assert v[0] < 0.3 and all(v[1:] < v[:-1]) and v.sum() < 0.5
+    np.testing.assert_allclose(ab.node_values(model), before, rtol=1e-6)
+    # A count instead of the accepted nodes: the likeliest path's first nodes.
+    ab.observe([chain], [8], 0.0)
+    assert ab.node_values(chain)[0] > v[0]
+
+
+def test_adaptive_draft_depth_follows_the_accepted_lengths() -> None:
+    """Per-depth drafters are asked for two depths beyond the longest acceptance lately
+    (all of them before any step)."""
+    ab = AdaptiveBudget(SLOW_COST, 16, depth_window=4)
+    assert ab.draft_depth(8) == 8
+    chain = specdec.tree_from_branches([[1, 2, 3, 4, 5, 6]], root_token=0)
+    ab.observe([chain], [1], 0.0)
+    assert ab.draft_depth(8) == 3
+    ab.observe([chain], [5], 0.0)
+    assert ab.draft_depth(8) == 7 and ab.draft_depth(4) == 4
+    for _ in range(4):  # the long acceptance leaves the window
+        ab.observe([chain], [0], 0.0)
+    assert ab.draft_depth(8) == 2
+
+
 def test_cost_model_calibrates_on_the_target(target: LlamaModel) -> None:
     cm = CostModel.calibrate(target, sizes=[1, 4, 16], prefix=16, repeats=1)
     assert cm.tokens == [1, 4, 16] and all(s > 0 for s in cm.seconds)

@@ -375,6 +375,41 @@ def test_data_split_is_by_file_and_seeded() -> None:
         TrainConfig("other")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("kind", ["block", "medusa"])
+def test_packed_drafter_layers_match_plain(kind) -> None:  # type: ignore[no-untyped-def]
+    """On a float32 CPU target the drafters' linear layers and the shared LM head run on
+    oneDNN packed weights (the target's own packed head, not a second copy): their logits
+    stay within float32 rounding of plain ``F.linear``'s, with the same argmax, and greedy
+    output is still the target's own."""
+    from specdec.models import llama
+
+    t = LlamaModel(CFG).init_random(3)
+    d: Any = block(t) if kind == "block" else medusa(t).float()
+    ps = [p for p in prompts(6, 6) if len(p) > 1]
+    hs = []
+    for p in ps:
+        t.capture_hidden(d.hidden_layers, final=d.hidden_final)
+        causal_hidden(t, p)
+        assert t.last_hidden_states is not None
+        hs.append(t.last_hidden_states[:-1] if kind == "block" else t.last_hidden_states)
+    out = {}
+    for packed in (False, True):
+        d.packed_linear = packed
+        d._requests = []
+        out[packed] = torch.stack(
+            [d.draft([DraftRequest(p, h)], 4)[0] for p, h in zip(ps, hs, strict=True)]
+        )
+    if llama._PACK_OK:
+        head = t.model.embed_tokens.weight if t.lm_head is None else t.lm_head.weight
+        assert sum(id(head) in key for key in llama._packed) == 1  # one packed head, shared
+    scale = out[False].abs().max()
+    assert (out[True] - out[False]).abs().max() <= 1e-4 * scale
+    assert torch.equal(out[True].argmax(-1), out[False].argmax(-1))
+    ref = [autoregressive_generate(t, p, 20).tokens for p in ps]
+    gen = SpeculativeGenerator(t, d, depth=4, budget=3)  # depth cut to the budget's 3
+    assert [r.tokens for r in gen.generate(ps, 20)] == ref
+
+
 # -- SmolLM2 against transformers --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smol() -> Any:
@@ -404,7 +439,7 @@ def smol_drafter(kind: str, model: LlamaModel) -> Any:
         return cls.for_target(model)
 
 
-@pytest.mark.parametrize("kind", ["block", "medusa"])
+@pytest.mark.parametrize("kind", ["block", "medusa", "block+suffix"])
 @pytest.mark.parametrize("strategy", ["chain", "ddtree"])
 def test_smollm2_greedy_matches_transformers_generate(smol, hf_smol, kind, strategy) -> None:  # type: ignore[no-untyped-def]
     ids = smol.encode_chat([{"role": "user", "content": "Write a Python function that adds."}])
@@ -412,11 +447,28 @@ def test_smollm2_greedy_matches_transformers_generate(smol, hf_smol, kind, strat
         ref = hf_smol.generate(
             torch.tensor([ids]), do_sample=False, max_new_tokens=16, eos_token_id=2
         )[0, len(ids) :].tolist()
-    d = smol_drafter(kind, smol.model)
-    depth = 4
-    gen = SpeculativeGenerator(smol.model, d, strategy=strategy, budget=16, depth=depth)
+    d: Any = smol_drafter(kind.split("+")[0], smol.model)
+    depth, budget = 4, 16
+    if kind == "block+suffix":  # the block's full depth, a budget below it (depth cut to 4)
+        depth, budget = d.config.block_size, 4
+        d = CombinedDrafter(d, SuffixDrafter(max_depth=16), depth=depth)
+    gen = SpeculativeGenerator(smol.model, d, strategy=strategy, budget=budget, depth=depth)
     res = gen.generate(ids, 16, eos_token_id=smol.eos_token_id)
     assert res.tokens == ref, (smol.tokenizer.decode(res.tokens), smol.tokenizer.decode(ref))
+
+
+def test_smollm2_adaptive_budget_matches_transformers_generate(smol, hf_smol) -> None:  # type: ignore[no-untyped-def]
+    """The adaptive budget (binned calibration, draft depth cut to what gets accepted) with
+    the block drafter + suffix index: still the target's greedy tokens."""
+    ids = smol.encode_chat([{"role": "user", "content": "Write a Python function that adds."}])
+    with torch.no_grad():
+        ref = hf_smol.generate(
+            torch.tensor([ids]), do_sample=False, max_new_tokens=24, eos_token_id=2
+        )[0, len(ids) :].tolist()
+    d = CombinedDrafter(smol_drafter("block", smol.model), SuffixDrafter(max_depth=16))
+    gen = SpeculativeGenerator(smol.model, d, budget="auto", max_budget=16, depth=8)
+    res = gen.generate(ids, 24, eos_token_id=smol.eos_token_id)
+    assert res.tokens == ref
 
 
 # -- sampling ----------------------------------------------------------------------------------

@@ -268,3 +268,26 @@ def test_chi_square_detects_a_broken_verifier(model: LlamaModel) -> None:
     counts: Counter = Counter(tuple(spec.generate(PROMPT, 3).tokens) for _ in range(5_000))
     obs, exp, outside = merged(counts, exact, 5_000)
     assert outside > 0 or stats.chisquare(obs, exp).pvalue < 1e-6
+
+
+def test_sample_rows_draws_the_row_distributions() -> None:
+    """The rule's sampler (two-level inverse CDF in float64) draws each row's distribution:
+    chi-square against the exact probabilities over a vocabulary that is not a multiple of
+    its block size, with zeros that are never drawn, mass at block edges and rows of one
+    certain token."""
+    from specdec.verify.rules.sampling import sample_rows
+
+    g = torch.Generator().manual_seed(11)
+    q = torch.zeros(600, dtype=torch.float32)
+    support = [0, 5, 255, 256, 511, 599]
+    q[support] = torch.tensor([0.1, 0.2, 0.05, 0.3, 0.15, 0.2])
+    n = 100_000
+    s = sample_rows(q.expand(n, 600).contiguous(), g)
+    counts = torch.bincount(s, minlength=600)
+    assert int(counts[q == 0].sum()) == 0
+    obs = counts[support].double().numpy()
+    exp = np.array([0.1, 0.2, 0.05, 0.3, 0.15, 0.2]) * n
+    assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3
+    sure = torch.zeros(4, 300, dtype=torch.float64)
+    sure[0, 299] = sure[1, 0] = sure[2, 256] = sure[3, 255] = 1.0
+    assert sample_rows(sure, g).tolist() == [299, 0, 256, 255]

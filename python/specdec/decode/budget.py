@@ -10,10 +10,18 @@ two CPU cores several times as much. So the choice is measured, not assumed:
   second, ``sum_r (1 + E_r(b)) / (cost(R * (b + 1)) + host)``, where ``E_r(b)`` is request
   r's expected acceptance with its tree cut to its ``b`` best nodes: the sum of the nodes'
   path probabilities (a best-first tree's first ``b`` nodes are its best ``b``-node tree).
-  Drafters are not perfectly calibrated, so the prediction is scaled by the ratio of accepted
-  to predicted tokens seen so far; trees without probabilities (explicit branches, n-gram
-  chains) use the acceptance rate measured per depth. ``b = 0`` is a plain one-token step:
-  the budget falls back to autoregressive decoding when no tree pays.
+  Drafters are not perfectly calibrated, so each step of a node's path (its probability
+  given its parent) is scaled by the ratio of accepted to predicted seen so far among tried
+  nodes (parent accepted) of about the same conditional probability: a reliability curve
+  over :data:`CALIBRATION_BINS`, applied along the path, so a chain's deep nodes shrink
+  geometrically. Not one ratio for all nodes' path probabilities: a combined drafter's trees
+  come from sources calibrated very differently (suffix chains whose empirical
+  probabilities are 1 after one sighting, a model's marginals), and one shared ratio let
+  the over-confident source talk the budget out of the calibrated one; nor flat along a
+  path (a failing 16-node chain then still looked worth 16 times its first node). Trees
+  without probabilities (explicit branches, n-gram chains) use the acceptance rate measured
+  per depth. ``b = 0`` is a plain one-token step: the budget falls
+  back to autoregressive decoding when no tree pays.
 """
 
 from __future__ import annotations
@@ -31,7 +39,12 @@ from ..errors import ConfigError
 from ..protocols import Target
 from ..tree import DraftTree
 
-__all__ = ["CostModel", "AdaptiveBudget", "BudgetChoice"]
+__all__ = ["CostModel", "AdaptiveBudget", "BudgetChoice", "CALIBRATION_BINS"]
+
+# Upper edges of the conditional-probability bins the calibration keeps apart, and a
+# typical probability of each (where its prior pseudo-nodes sit).
+CALIBRATION_BINS = np.array([0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 0.95, np.inf])
+_BIN_MID = np.array([0.01, 0.035, 0.075, 0.15, 0.25, 0.375, 0.525, 0.7, 0.875, 0.975])
 
 
 @dataclass
@@ -68,7 +81,10 @@ class CostModel:
     ) -> CostModel:
         """Time ``target`` forwards of each size in ``sizes`` after a ``prefix``-token
         context (fastest of ``repeats``, after one warm-up: noise on a shared machine only
-        ever adds time), in a scratch cache."""
+        ever adds time), in a scratch cache. The sizes take turns, one forward each per
+        round, so a burst of load inflates one repeat of several sizes rather than every
+        repeat of one size (whose inflated time the monotone curve would then carry up to
+        all larger sizes)."""
         sizes = sorted({check_int(s, "calibration size", 1, ConfigError) for s in sizes})
         prefix = min(prefix, target.max_positions - max(sizes) - 1)
         if prefix < 1:
@@ -78,20 +94,27 @@ class CostModel:
         ids = torch.zeros(prefix, dtype=torch.long, device=dev)
         target(ids, torch.arange(prefix, device=dev), cache, None)
         cache.commit_fed(ids)
-        seconds = []
-        for n in sizes:
-            x = torch.zeros(n, dtype=torch.long, device=dev)
-            pos = torch.arange(prefix, prefix + n, device=dev)
-            times = []
-            for _ in range(repeats + 1):
+        times: list[list[float]] = [[] for _ in sizes]
+        for _ in range(repeats + 1):
+            for n, ts in zip(sizes, times, strict=True):
+                x = torch.zeros(n, dtype=torch.long, device=dev)
+                pos = torch.arange(prefix, prefix + n, device=dev)
                 t0 = time.perf_counter()
                 target(x, pos, cache, None)
                 if dev.type == "cuda":
                     torch.cuda.synchronize(dev)
-                times.append(time.perf_counter() - t0)
+                ts.append(time.perf_counter() - t0)
                 cache.rollback()
-            seconds.append(float(min(times[1:])))
-        return cls(list(sizes), seconds)
+        return cls(list(sizes), [float(min(ts[1:])) for ts in times])
+
+
+def _conditionals(tree: DraftTree) -> tuple[np.ndarray, np.ndarray]:
+    """Each drafted node's log-probability given its parent ``[N]`` (float64) and the real
+    nodes' parents ``[N + 1]``."""
+    n = tree.num_real
+    lp = tree.logprobs[:n].astype(np.float64)
+    par = tree.parents[:n].astype(np.int64)
+    return lp[1:] - lp[par[1:]], par
 
 
 @dataclass(frozen=True)
@@ -112,9 +135,15 @@ class AdaptiveBudget:
     cost: CostModel
     max_budget: int
     host_seconds: float = 0.0  # per-step work besides the forward, learnt as the run goes
-    # Drafters' own probabilities (suffix frequencies above all) run optimistic, so the
-    # calibration starts at ``prior`` (worth two predicted tokens) until steps say otherwise.
-    prior: float = 0.5
+    # Each bin's calibration starts at ``prior`` (worth ``prior_weight`` predicted tokens)
+    # until steps say otherwise: a suffix chain's empirical probabilities of 1 that fail
+    # drag their own bin down within a step or two, while a model's marginals (the block
+    # drafter's are close to calibrated on SmolLM2) keep their value; a low bin needs many
+    # tried nodes to move, so one lucky hit among them does not inflate it. (With one ratio
+    # for all nodes the prior had to be pessimistic, 0.5, for the suffix chains' sake, which
+    # halved the model's values.)
+    prior: float = 1.0
+    prior_weight: float = 2.0
     # Exploration: after ``probe_after`` steps in a row whose trees were not worth
     # verifying, verify the best non-empty tree once (without it a drafter judged useless
     # early would never be measured again); the wait doubles after a probe that accepted
@@ -123,8 +152,14 @@ class AdaptiveBudget:
     probe_after: int = 8
     _skipped: int = 0
     _probing: bool = False
-    _predicted: float = 2.0
-    _realised: float = -1.0  # set from ``prior``
+    # Draft depth (:meth:`draft_depth`): two beyond the longest acceptance of the last
+    # ``depth_window`` steps.
+    depth_window: int = 16
+    _depths: list[int] = field(default_factory=list)
+    # Per bin of CALIBRATION_BINS, over tried nodes: predicted (conditional probabilities
+    # summed) and accepted.
+    _predicted: np.ndarray = field(default_factory=lambda: np.zeros(len(CALIBRATION_BINS)))
+    _realised: np.ndarray = field(default_factory=lambda: np.zeros(len(CALIBRATION_BINS)))
     # Acceptance per depth for trees without probabilities: reached[d] / tried[d].
     _tried: list[float] = field(default_factory=list)
     _reached: list[float] = field(default_factory=list)
@@ -133,19 +168,44 @@ class AdaptiveBudget:
         self.max_budget = check_int(self.max_budget, "max_budget", 1, ConfigError)
         if not 0.0 < self.prior <= 2.0:
             raise ConfigError(f"prior calibration must be in (0, 2], got {self.prior}")
-        if self._realised < 0:
-            self._realised = self._predicted * self.prior
+        if not self.prior_weight > 0.0:
+            raise ConfigError(f"prior_weight must be positive, got {self.prior_weight}")
 
     @property
-    def calibration(self) -> float:
-        """Accepted over predicted tokens so far (``prior`` before any step)."""
-        return min(max(self._realised / self._predicted, 0.05), 2.0)
+    def calibration(self) -> np.ndarray:
+        """Per bin of :data:`CALIBRATION_BINS`: accepted over predicted nodes so far, with
+        ``prior`` worth ``prior_weight`` nodes of the bin (``prior`` before any step)."""
+        w = self.prior_weight
+        ratio: np.ndarray = (self._realised + w * self.prior) / (self._predicted + w)
+        return np.clip(ratio, 0.02, 1.0 / _BIN_MID)
+
+    def draft_depth(self, limit: int) -> int:
+        """How many depths a per-depth drafter should draft this step (at most ``limit``):
+        such drafters pay per depth (the block drafter's LM head runs on one row per
+        depth), and depths past what gets accepted only widen the choice, so two beyond the
+        longest acceptance of the last ``depth_window`` steps (``limit`` before any step).
+        An acceptance that reaches the cap raises it the next step; depths that stop paying
+        drop out of the window. (Accepted, not verified, depth: a combined drafter's suffix
+        chains are verified deep and fail, which says nothing of the model's depths.)"""
+        if not self._depths:
+            return limit
+        return max(1, min(limit, max(self._depths) + 2))
 
     def node_values(self, tree: DraftTree) -> np.ndarray:
         """Each drafted node's expected contribution to the acceptance length, in node order."""
         n = tree.num_real
         if not math.isnan(tree.expected_acceptance):
-            values: np.ndarray = np.exp(tree.logprobs[1:n]) * self.calibration
+            # Path probability times, along the path, each node's calibration ratio for
+            # its conditional probability (capped so no step is surer than certain).
+            cond, par = _conditionals(tree)
+            ratio = self.calibration[np.searchsorted(CALIBRATION_BINS, np.exp(cond), "right")]
+            log_r = np.minimum(np.log(ratio), -cond)
+            cum = np.zeros(n)
+            depths = tree.depths[:n]
+            for d in range(1, int(depths.max(initial=0)) + 1):  # parents before children
+                at = np.flatnonzero(depths[1:] == d) + 1
+                cum[at] = cum[par[at]] + log_r[at - 1]
+            values: np.ndarray = np.exp(tree.logprobs[1:n]) * np.exp(cum[1:])
             return values
         depth = tree.depths[1:n]
         rate = np.array(
@@ -186,18 +246,45 @@ class AdaptiveBudget:
                 return best
         return plain
 
-    def observe(self, trees: Sequence[DraftTree], accepted: Sequence[int], host: float) -> None:
-        """Learn from a finished step: the trees verified, the drafted tokens each accepted,
-        and the step's seconds besides the forward."""
+    def observe(
+        self,
+        trees: Sequence[DraftTree],
+        accepted: Sequence[int | np.ndarray],
+        host: float,
+    ) -> None:
+        """Learn from a finished step: the trees verified, what each accepted (its accepted
+        node indices, root excluded, as :attr:`~specdec.tree.WalkResult.accepted`; or just
+        their count, taken as the likeliest path's first nodes), and the step's seconds
+        besides the forward."""
+        counts = [int(a) if isinstance(a, int | np.integer) else len(a) for a in accepted]
         if self._probing:
             self._probing = False
-            paid = sum(accepted) > 0
+            paid = sum(counts) > 0
             self.probe_after = 8 if paid else min(2 * self.probe_after, 1024)
-        for tree, a in zip(trees, accepted, strict=True):
+        self._depths = [*self._depths[-(self.depth_window - 1) :], max(counts, default=0)]
+        for tree, a, acc in zip(trees, counts, accepted, strict=True):
             n = tree.num_real
             if n > 1 and not math.isnan(tree.expected_acceptance):
-                self._predicted += tree.expected_acceptance
-                self._realised += a
+                cond, par = _conditionals(tree)
+                hit = np.zeros(n, dtype=bool)
+                hit[0] = True  # the root: its children are always tried
+                if isinstance(acc, int | np.integer):
+                    node = 0
+                    for _ in range(int(acc)):  # the likeliest child, depth by depth
+                        ch = np.flatnonzero(par == node)
+                        if len(ch) == 0:
+                            break
+                        node = int(ch[int(np.argmax(tree.logprobs[ch]))])
+                        hit[node] = True
+                else:
+                    idx = np.asarray(acc, dtype=np.int64)
+                    hit[idx[(idx > 0) & (idx < n)]] = True
+                # A node was tried when its parent was accepted (or is the root).
+                tried = hit[par[1:]]
+                q = np.exp(cond[tried])
+                b = np.searchsorted(CALIBRATION_BINS, q, side="right")
+                np.add.at(self._predicted, b, q)
+                np.add.at(self._realised, b, hit[1:][tried].astype(np.float64))
             if n > 1:
                 # Per-depth acceptance: depth d was tried if the tree reached it.
                 max_d = int(tree.depths[1:n].max())

@@ -26,9 +26,10 @@ from typing import Any, Literal
 import torch
 
 from .._arrays import check_int
+from ..draft.combined import CombinedDrafter
 from ..errors import ConfigError, KVCacheError, SpecdecTypeError, VerifyError
 from ..protocols import Constraint, Drafter, DraftRequest, KVCache, Target, TreeDrafter, TreeShape
-from ..tree import DraftTree, tree_shape
+from ..tree import DDTreeShape, DraftTree, tree_shape
 from ..verify import STAGES, DecodingRule, StepResult, Verifier
 from .budget import AdaptiveBudget, CostModel
 from .common import GenerationResult, RequestOutput, emit, prompt_ids
@@ -343,7 +344,7 @@ class SpeculativeGenerator:
         timings.update({k: v for k, v in steps[0].timings.items() if k != "build"})
         if self.adaptive is not None:
             host = sum(timings.values()) - timings["forward"]
-            self.adaptive.observe(trees, [s.num_accepted for s in steps], host)
+            self.adaptive.observe(trees, [s.accepted for s in steps], host)
         for req, tree, s in zip(reqs, trees, steps, strict=True):
             outputs.append(self._advance(req, tree, s, timings))
         return outputs
@@ -459,14 +460,24 @@ class SpeculativeGenerator:
         if self.drafter is None or self.shape is None:
             return [DraftTree([c[-1]], [-1]) for c in contexts]
         requests = [DraftRequest(c, h) for c, h in zip(contexts, hidden, strict=True)]
+        # A best-first tree of B drafted nodes is at most B deep: deeper marginals (their LM
+        # head rows above all) would go unread; the adaptive budget cuts deeper still.
+        depth = self.depth
+        if isinstance(self.shape, DDTreeShape):
+            depth = min(depth, self.shape.budget)
+        if self.auto:
+            depth = self._adaptive().draft_depth(depth)
         if self.tree_drafter is not None:
-            trees = self.tree_drafter.propose(requests, self.max_budget)
+            if isinstance(self.tree_drafter, CombinedDrafter):
+                trees = self.tree_drafter.propose(requests, self.max_budget, depth=depth)
+            else:
+                trees = self.tree_drafter.propose(requests, self.max_budget)
             if self.strategy == "chain":
                 trees = [t.best_path().pruned(self.depth) for t in trees]
             return trees
         assert isinstance(self.drafter, Drafter)
-        logits = self.drafter.draft(requests, self.depth)
-        want = (len(contexts), self.depth, self.target.vocab_size)
+        logits = self.drafter.draft(requests, depth)
+        want = (len(contexts), depth, self.target.vocab_size)
         if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != want:
             from ..errors import DraftError
 

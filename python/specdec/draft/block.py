@@ -26,7 +26,14 @@ from torch import nn
 
 from .._arrays import check_int
 from ..errors import CheckpointError, ConfigError, DraftError
-from ..models.llama import DecoderLayer, LlamaConfig, RMSNorm, _rotate_half, rope_cos_sin
+from ..models.llama import (
+    DecoderLayer,
+    LlamaConfig,
+    LlamaModel,
+    RMSNorm,
+    _rotate_half,
+    rope_cos_sin,
+)
 from ..protocols import DraftRequest
 from ..verify.attention import attend
 from .base import check_requests
@@ -35,6 +42,7 @@ from .checkpoint import (
     check_state,
     load_dir,
     save_dir,
+    shared_head_logits,
     shipped_path,
     target_facts,
     target_weights,
@@ -156,9 +164,14 @@ class BlockDrafter(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(lc) for _ in range(config.num_layers))
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.mask_embedding = nn.Parameter(torch.zeros(h))
-        # Shared with the target and frozen: plain attributes, so not in state_dict().
+        # Shared with the target and frozen: plain attributes, so not in state_dict(). The
+        # head's own tensor (in a tuple: not registered) keys the target's packed copy.
         self._embed = embed.detach()
         self._head = head.detach()
+        self._head_src = (head,)
+        # Linear layers (and the shared head) on oneDNN packed weights where that applies
+        # (CPU float32, no autograd), as the target's decode steps; False: plain F.linear.
+        self.packed_linear = True
         self._requests: list[_Request] = []
 
     # -- construction ------------------------------------------------------------------------
@@ -300,15 +313,21 @@ class BlockDrafter(nn.Module):
                 f"hidden states must be [m, {want}] (target layers {list(c.target_layers)} x "
                 f"hidden size {c.target_hidden_size}), got {tuple(hidden.shape)}"
             )
-        f = self.hidden_norm(self.fc(hidden.to(self.fc.weight.dtype)))
+        f = self.hidden_norm(self._lin(hidden.to(self.fc.weight.dtype), self.fc)[0])
         cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, f.dtype)
         out = []
         for layer in self._layers():
             a = layer.self_attn
-            k = a.k_proj(f).view(-1, a.hkv, a.hd).transpose(0, 1)
-            v = a.v_proj(f).view(-1, a.hkv, a.hd).transpose(0, 1)
+            k, v = self._lin(f, a.k_proj, a.v_proj)
+            k = k.view(-1, a.hkv, a.hd).transpose(0, 1)
+            v = v.view(-1, a.hkv, a.hd).transpose(0, 1)
             out.append((k * cos[None] + _rotate_half(k) * sin[None], v))
         return out
+
+    def _lin(self, x: torch.Tensor, *mods: nn.Linear) -> tuple[torch.Tensor, ...]:
+        """The linear layers ``mods`` on ``x`` (one packed call for several, see
+        :attr:`packed_linear`)."""
+        return LlamaModel._lin(x, *mods, packed=self.packed_linear)
 
     def block_hidden(
         self,
@@ -339,23 +358,24 @@ class BlockDrafter(nn.Module):
         n = b * el
         for layer, (kc, vc) in zip(self._layers(), ctx_kv, strict=True):
             a = layer.self_attn
-            hh = layer.input_layernorm(x)
-            q = a.q_proj(hh).view(n, a.h, a.hd).transpose(0, 1)
-            k = a.k_proj(hh).view(n, a.hkv, a.hd).transpose(0, 1)
-            v = a.v_proj(hh).view(n, a.hkv, a.hd).transpose(0, 1)
+            m = layer.mlp
+            q, k, v = self._lin(layer.input_layernorm(x), a.q_proj, a.k_proj, a.v_proj)
+            q = q.view(n, a.h, a.hd).transpose(0, 1)
+            k = k.view(n, a.hkv, a.hd).transpose(0, 1)
+            v = v.view(n, a.hkv, a.hd).transpose(0, 1)
             q = q * cos[None] + _rotate_half(q) * sin[None]
             k = k * cos[None] + _rotate_half(k) * sin[None]
             kk, vv = torch.cat((kc, k), 1), torch.cat((vc, v), 1)
             o = attend(q[None], kk[None], vv[None], mask, backend="sdpa", checked=True)[0]
-            x = x + a.o_proj(o.transpose(0, 1).reshape(n, a.h * a.hd))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self._lin(o.transpose(0, 1).reshape(n, a.h * a.hd), a.o_proj)[0]
+            g, u = self._lin(layer.post_attention_layernorm(x), m.gate_proj, m.up_proj)
+            x = x + self._lin(nn.functional.silu(g) * u, m.down_proj)[0]
         out: torch.Tensor = self.norm(x).view(b, el, h)
         return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The shared LM head over final-norm hidden states."""
-        out: torch.Tensor = hidden @ self._head.to(hidden.dtype).T
-        return out
+        return shared_head_logits(hidden, self._head_src[0], self._head, self.packed_linear)
 
     def _layers(self) -> list[DecoderLayer]:
         return [layer for layer in self.layers if isinstance(layer, DecoderLayer)]

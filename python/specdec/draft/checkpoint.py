@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError, ConfigError
+from ..models.llama import linears
 
 __all__ = [
     "TargetFacts",
@@ -19,6 +20,7 @@ __all__ = [
     "save_dir",
     "load_dir",
     "shipped_path",
+    "shared_head_logits",
     "CONFIG",
     "WEIGHTS",
 ]
@@ -74,10 +76,26 @@ def target_facts(target: Any) -> TargetFacts:
 
 
 def target_weights(target: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's token embedding and LM head weights (the drafters share them, frozen)."""
+    """The target's token embedding and LM head weights (the drafters share them, frozen:
+    they keep detached views for the plain path, and the tensors themselves so that their
+    packed LM head is the target's own packed copy, see :func:`shared_head_logits`)."""
     emb = target.model.embed_tokens.weight
     head = emb if getattr(target, "lm_head", None) is None else target.lm_head.weight
-    return emb.detach(), head.detach()
+    return emb, head
+
+
+def shared_head_logits(
+    hidden: torch.Tensor, head: torch.Tensor, plain: torch.Tensor, packed: bool
+) -> torch.Tensor:
+    """``hidden @ head.T``: the target's shared LM head ``head`` (its own weight tensor) on
+    the drafter's final-norm hidden states. With ``packed`` and no autograd, through the
+    packed oneDNN linear the target's decode steps use, keyed by that tensor, so drafter and
+    target share one packed copy (``specdec.models.llama.linears``); else the plain product
+    with ``plain`` (the detached weight: no gradient reaches the target)."""
+    if packed and not torch.is_grad_enabled() and head.dtype == hidden.dtype:
+        return linears(hidden, [head], [None])[0]
+    out: torch.Tensor = hidden @ plain.to(hidden.dtype).T
+    return out
 
 
 def save_dir(path: str | Path, config: dict[str, Any], state: dict[str, torch.Tensor]) -> Path:

@@ -40,9 +40,15 @@ class CombinedDrafter:
             return getattr(self.model, name)
         raise AttributeError(name)
 
-    def propose(self, requests: Sequence[DraftRequest], budget: int) -> list[DraftTree]:
+    def propose(
+        self, requests: Sequence[DraftRequest], budget: int, *, depth: int | None = None
+    ) -> list[DraftTree]:
+        """One tree per request of at most ``budget`` drafted nodes; the model drafts at
+        most ``depth`` depths (default: its ``depth``; an adaptive budget asks for fewer)."""
         budget = check_int(budget, "budget", 1, DraftError)
-        logits = self.model.draft(requests, self.depth)
+        cap = self.depth if depth is None else min(self.depth, check_int(depth, "depth", 1))
+        # A best-first tree of ``budget`` nodes is at most that deep: no deeper marginals.
+        logits = self.model.draft(requests, min(cap, budget))
         shape = DDTreeShape(budget)
         suffix = self.suffix.propose(requests, budget)
         out = []

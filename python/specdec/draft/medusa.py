@@ -18,6 +18,7 @@ from torch import nn
 
 from .._arrays import check_int
 from ..errors import CheckpointError, ConfigError, DraftError
+from ..models.llama import linears
 from ..protocols import DraftRequest
 from .base import check_requests
 from .checkpoint import (
@@ -25,6 +26,7 @@ from .checkpoint import (
     check_state,
     load_dir,
     save_dir,
+    shared_head_logits,
     shipped_path,
     target_facts,
     target_weights,
@@ -75,6 +77,10 @@ class MedusaDrafter(nn.Module):
             nn.init.zeros_(lin.weight)
             nn.init.zeros_(lin.bias)
         self._head = head.detach()  # shared and frozen: not in state_dict()
+        self._head_src = (head,)  # its own tensor (keys the target's packed head)
+        # The heads (one packed call for all) and the shared head on oneDNN packed weights
+        # where that applies (CPU float32, no autograd), as the target's decode steps.
+        self.packed_linear = True
 
     @classmethod
     def for_target(cls, target: Any, *, num_heads: int = 4) -> MedusaDrafter:
@@ -124,11 +130,12 @@ class MedusaDrafter(nn.Module):
         """``[N, H]`` final-norm hidden states -> ``[N, depth, H]`` (one row per head)."""
         heads = self._linears()[: depth or len(self.heads)]
         x = hidden.to(heads[0].weight.dtype)
-        return torch.stack([x + nn.functional.silu(lin(x)) for lin in heads], 1)
+        ws, bs = [lin.weight for lin in heads], [lin.bias for lin in heads]
+        y = linears(x, ws, bs, packed=self.packed_linear, cat=True)[0]  # [N, depth * H]
+        return x[:, None] + nn.functional.silu(y.view(x.shape[0], len(heads), x.shape[1]))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = hidden @ self._head.to(hidden.dtype).T
-        return out
+        return shared_head_logits(hidden, self._head_src[0], self._head, self.packed_linear)
 
     @torch.no_grad()
     def draft(self, requests: Sequence[DraftRequest], depth: int) -> torch.Tensor:
