@@ -736,7 +736,7 @@ class LlamaModel(nn.Module):
         silu, keep = nn.functional.silu, self.hidden_layers
         hq, hkv = c.num_attention_heads, c.num_key_value_heads
         nqk = hq + hkv
-        backend, split = self.backend, [c.intermediate_size, c.intermediate_size]
+        backend, inter = self.backend, c.intermediate_size
         for i, layer in enumerate(self.model.decoder_layers()):
             a, m = layer.self_attn, layer.mlp
             h = _norm(x, layer.input_layernorm)
@@ -763,7 +763,8 @@ class LlamaModel(nn.Module):
             else:
                 x = x + _pointwise(o, plan[4 * i + 1])
                 h = _norm(x, layer.post_attention_layernorm)
-                g, u = torch.split(_pointwise(h, plan[4 * i + 2]), split, dim=-1)
+                gu = _pointwise(h, plan[4 * i + 2])  # narrow: cheaper than torch.split
+                g, u = gu.narrow(-1, 0, inter), gu.narrow(-1, inter, inter)
                 x = x + _pointwise(silu(g) * u, plan[4 * i + 3])
             if i in keep:
                 kept.append(x)
@@ -954,7 +955,8 @@ class LlamaModel(nn.Module):
             else:
                 x = x + _pointwise(o, plan[4 * i + 1])
                 gu = _pointwise(layer.post_attention_layernorm(x), plan[4 * i + 2])
-                g, u = torch.split(gu, m.gate_proj.out_features, dim=-1)
+                n = m.gate_proj.out_features
+                g, u = gu.narrow(-1, 0, n), gu.narrow(-1, n, n)
                 x = x + _pointwise(silu(g) * u, plan[4 * i + 3])
         x = self.model.norm(x[:, 0])
         return self._head(x, plan)
