@@ -111,6 +111,15 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+def _norm(x: Tensor, norm: RMSNorm) -> Tensor:
+    """``norm(x)`` without the module call (the fused kernel for float32, as RMSNorm does)."""
+    if x.dtype == torch.float32:
+        w = norm.weight
+        return nn.functional.rms_norm(x, w.shape, w, norm.eps)
+    out: Tensor = norm(x)
+    return out
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -127,6 +136,16 @@ def rope_cos_sin(
     ang = positions.to(ft)[:, None] * inv[None]
     emb = torch.cat((ang, ang), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """RoPE on ``x [..., D]``: ``x * cos + rotate_half(x) * sin`` in four ops, bit for bit
+    (``rotate_half(x) * sin`` is the halves of ``x`` swapped times ``sin`` with its first half
+    negated: a negation is exact). ``cos`` / ``sin_signed`` broadcast against ``x``."""
+    half = x.shape[-1] // 2
+    rot = x.view(*x.shape[:-1], 2, half).flip(-2).flatten(-2)
+    rot.mul_(sin_signed)
+    return (x * cos).add_(rot)
 
 
 # -- packed linear layers ------------------------------------------------------------------
@@ -224,9 +243,33 @@ def linears(
 
 
 _Groups = list[tuple[Tensor, Tensor | None]]
-_Plan = tuple[list[Tensor], list[int], _Groups]
+# (weights, their versions, packed groups, the registration count when it was checked)
+_Plan = tuple[list[Tensor], list[int], _Groups, int]
 # Per model: the weights a decode step reads, their versions, and their packed groups.
 _plans: weakref.WeakKeyDictionary[nn.Module, _Plan] = weakref.WeakKeyDictionary()
+
+
+# Parameter and submodule (re)registrations anywhere in the process (assigning a new weight
+# or layer, ``load_state_dict(assign=True)``), counted by global nn.Module hooks: while the
+# count stands, a model's packed plan only needs its weights' version counters checked, not
+# a walk over its modules (a walk costs ~0.4 ms a step on SmolLM2-135M).
+_registrations = 0
+_hooks_on = False
+
+
+def _count_registration(*_: object) -> None:
+    global _registrations
+    _registrations += 1
+
+
+def _watch_registrations() -> None:
+    global _hooks_on
+    if not _hooks_on:
+        from torch.nn.modules import module as nn_module
+
+        nn_module.register_module_parameter_registration_hook(_count_registration)
+        nn_module.register_module_module_registration_hook(_count_registration)
+        _hooks_on = True
 
 
 def _restore_hook(module: LlamaModel, *_: object) -> None:
@@ -377,6 +420,7 @@ class LlamaModel(nn.Module):
         self.hidden_layers: tuple[int, ...] = ()
         self.hidden_final = False
         self.last_hidden_states: torch.Tensor | None = None
+        self._rope_tab: tuple[Tensor, Tensor] | None = None  # see _rope_tables
 
     # -- hidden states -------------------------------------------------------------------
     def capture_hidden(self, layers: Sequence[int] = (), *, final: bool = False) -> None:
@@ -440,10 +484,18 @@ class LlamaModel(nn.Module):
         :meth:`release_plain_linears`)."""
         if not (self.packed_linear and _PACK_OK) or torch.is_grad_enabled():
             return None
+        plan = _plans.get(self)
+        if (
+            not release
+            and plan is not None
+            and plan[3] == _registrations
+            and plan[1] == [_version(t) for t in plan[0]]
+        ):
+            return plan[2]  # nothing registered anywhere since, no weight changed in place
+        _watch_registrations()
         groups = self._linear_groups()
         held = [t for ws, bs in groups for t in (*ws, *bs) if t is not None]
         vers = [_version(t) for t in held]
-        plan = _plans.get(self)
         if (
             plan is not None
             and plan[1] == vers
@@ -453,6 +505,7 @@ class LlamaModel(nn.Module):
             if release:
                 for j, mods in enumerate(self._linear_mods()):
                     self._release_group(j, mods)
+            _plans[self] = (held, vers, plan[2], _registrations)
             return plan[2]
         if self._released:  # re-packing reads the plain weights: bring them back first
             self.restore_plain_linears()
@@ -464,7 +517,7 @@ class LlamaModel(nn.Module):
             packs.append(_pack(ws, bs))
             if release:  # one group at a time: the peak holds one group twice, not all
                 self._release_group(j, mods)
-        _plans[self] = (held, vers, packs)
+        _plans[self] = (held, vers, packs, _registrations)
         return packs
 
     def _linear_plan(self, packed: bool) -> _Groups | None:
@@ -638,6 +691,31 @@ class LlamaModel(nn.Module):
             cache.rollback()
             raise
 
+    def _rope_tables(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos and sign-folded sin ``[T, D]`` (see :func:`_rope`) for positions ``pos``,
+        gathered from per-position tables built once (grown as positions grow): the values
+        :func:`rope_cos_sin` gives, one gather per forward instead of a trig pass."""
+        c = self.config
+        hd = c.head_dim or 0
+        need = int(pos.max()) + 1
+        tab = self._rope_tab
+        if (
+            tab is None
+            or tab[0].shape[0] < need
+            or (tab[0].dtype, tab[0].device)
+            != (
+                dtype,
+                pos.device,
+            )
+        ):
+            have = 0 if tab is None else tab[0].shape[0]
+            n = max(need, min(c.max_position_embeddings, max(256, 2 * have)))
+            cos, sin = rope_cos_sin(torch.arange(n, device=pos.device), hd, c.rope_theta, dtype)
+            sin = torch.cat((-sin[:, : hd // 2], sin[:, hd // 2 :]), dim=-1)
+            tab = self._rope_tab = (cos, sin)
+        idx = pos.reshape(-1).long()
+        return tab[0].index_select(0, idx), tab[1].index_select(0, idx)
+
     def _run(
         self,
         ids: torch.Tensor,
@@ -652,26 +730,43 @@ class LlamaModel(nn.Module):
         t_new = ids.shape[0]
         plan = self._linear_plan(pk)  # None: plain F.linear calls
         x = self.model.embed_tokens(ids.long())
-        cos, sin = rope_cos_sin(pos, hd, c.rope_theta, x.dtype)
-        cos, sin = cos[None], sin[None]  # broadcast over heads: [1, T, D]
+        cos, sin = self._rope_tables(pos, x.dtype)
+        cos, sin = cos[:, None], sin[:, None]  # broadcast over heads: [T, 1, D]
         kept: list[torch.Tensor] = []
+        silu, keep = nn.functional.silu, self.hidden_layers
+        hq, hkv = c.num_attention_heads, c.num_key_value_heads
+        nqk = hq + hkv
+        backend, inter = self.backend, c.intermediate_size
         for i, layer in enumerate(self.model.decoder_layers()):
-            a = layer.self_attn
-            h = layer.input_layernorm(x)
-            q, k, v = self._proj(h, plan, 4 * i, a.q_proj, a.k_proj, a.v_proj)
-            q = q.view(t_new, a.h, hd).transpose(0, 1)
-            k = k.view(t_new, a.hkv, hd).transpose(0, 1)
-            v = v.view(t_new, a.hkv, hd).transpose(0, 1)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            k_all, v_all = cache.append(i, k, v)
+            a, m = layer.self_attn, layer.mlp
+            h = _norm(x, layer.input_layernorm)
+            # One [T, Hq + 2 Hkv, D] projection; RoPE on the q and k heads in one go.
+            if plan is None:
+                qkv = self._lin(h, a.q_proj, a.k_proj, a.v_proj, packed=False, cat=True)[0]
+            else:  # the packed q/k/v come out concatenated
+                qkv = _pointwise(h, plan[4 * i])
+            qkv = qkv.view(t_new, nqk + hkv, hd)
+            qk = _rope(qkv[:, :nqk], cos, sin)
+            k_all, v_all = cache.append(i, qk[:, hq:].transpose(0, 1), qkv[:, nqk:].transpose(0, 1))
             o = attend(
-                q[None], k_all[None], v_all[None], mask, backend=self.backend, checked=i > 0
-            )[0]
-            o = o.transpose(0, 1).reshape(t_new, a.h * hd)
-            x = x + self._proj(o, plan, 4 * i + 1, a.o_proj)[0]
-            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), plan, i)
-            if i in self.hidden_layers:
+                qk[None, :, :hq].transpose(1, 2),
+                k_all[None],
+                v_all[None],
+                mask,
+                backend=backend,
+                checked=i > 0,
+            )
+            o = o[0].transpose(0, 1).reshape(t_new, hq * hd)
+            if plan is None:
+                x = x + self._lin(o, a.o_proj, packed=False)[0]
+                x = x + self._mlp(m, _norm(x, layer.post_attention_layernorm), None, i)
+            else:
+                x = x + _pointwise(o, plan[4 * i + 1])
+                h = _norm(x, layer.post_attention_layernorm)
+                gu = _pointwise(h, plan[4 * i + 2])  # narrow: cheaper than torch.split
+                g, u = gu.narrow(-1, 0, inter), gu.narrow(-1, inter, inter)
+                x = x + _pointwise(silu(g) * u, plan[4 * i + 3])
+            if i in keep:
                 kept.append(x)
         x = self.model.norm(x)
         self._keep_hidden(kept, x)
@@ -734,7 +829,7 @@ class LlamaModel(nn.Module):
         r, t_new = ids.shape
         plan = self._linear_plan(self.packed_linear)  # None: plain F.linear calls
         x = self.model.embed_tokens(ids.long())  # [R, T, hidden]
-        cos, sin = rope_cos_sin(pos.reshape(-1), hd, c.rope_theta, x.dtype)
+        cos, sin = self._rope_tables(pos, x.dtype)
         cos, sin = cos.view(r, 1, t_new, hd), sin.view(r, 1, t_new, hd)
         lens = [cache.committed_len for cache in caches]
         kept: list[torch.Tensor] = []
@@ -745,8 +840,7 @@ class LlamaModel(nn.Module):
             q = q.view(r, t_new, a.h, hd).transpose(1, 2)
             k = k.view(r, t_new, a.hkv, hd).transpose(1, 2)
             v = v.view(r, t_new, a.hkv, hd).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
             # Each cache returns its own [prefix + step] K/V; pad prefixes to P_max (the
             # mask hides the padding columns).
             kk = k.new_zeros(r, a.hkv, p_max + t_new, hd)
@@ -825,7 +919,7 @@ class LlamaModel(nn.Module):
         r = ids.shape[0]
         plan = self._linear_plan(self.packed_linear)  # None: plain F.linear calls
         x = self.model.embed_tokens(ids.long())[:, None]  # [R, 1, hidden]
-        cos, sin = rope_cos_sin(pos, hd, c.rope_theta, x.dtype)
+        cos, sin = self._rope_tables(pos, x.dtype)
         cos, sin = cos.view(r, 1, hd), sin.view(r, 1, hd)
         mask: Tensor | None = step.mask[:, None]  # [R, 1, S]
         if mask is not None and bool(mask.all()):
@@ -842,7 +936,7 @@ class LlamaModel(nn.Module):
                 qkv = _pointwise(h, plan[4 * i])
             qkv = qkv.view(r, a.h + 2 * a.hkv, hd)
             qk = qkv[:, : a.h + a.hkv]
-            qk = qk * cos + _rotate_half(qk) * sin
+            qk = _rope(qk, cos, sin)
             q = qk[:, : a.h, None]  # [R, Hq, 1, D]
             ks, vs = k_slots[i], v_slots[i]
             ks[step.new_slots] = qk[:, a.h :].to(ks.dtype)
@@ -861,7 +955,8 @@ class LlamaModel(nn.Module):
             else:
                 x = x + _pointwise(o, plan[4 * i + 1])
                 gu = _pointwise(layer.post_attention_layernorm(x), plan[4 * i + 2])
-                g, u = torch.split(gu, m.gate_proj.out_features, dim=-1)
+                n = m.gate_proj.out_features
+                g, u = gu.narrow(-1, 0, n), gu.narrow(-1, n, n)
                 x = x + _pointwise(silu(g) * u, plan[4 * i + 3])
         x = self.model.norm(x[:, 0])
         return self._head(x, plan)
