@@ -78,10 +78,6 @@ impl Tokens {
 pub struct LexMask {
     /// Tokens the lexeme consumes whole from this state.
     alive: Tokens,
-    /// The same as sorted ranges of trie token positions (`TokenTrie::token_ids`), kept by
-    /// walks done in full, so that another walk reaching a node in the same state can take
-    /// this one's verdict on the subtree ([`Reuse`]).
-    spans: Option<Box<[(u32, u32)]>>,
     /// Where the lexeme can end inside a token, in trie preorder of their roots.
     groups: Vec<Group>,
 }
@@ -89,7 +85,6 @@ pub struct LexMask {
 impl LexMask {
     pub fn bytes(&self) -> usize {
         self.alive.bytes()
-            + 8 * self.spans.as_ref().map_or(0, |s| s.len())
             + (self.groups.iter())
                 .map(|g| g.prefix.len() + 4 * g.roots.len() + std::mem::size_of::<Group>())
                 .sum::<usize>()
@@ -415,19 +410,11 @@ fn walk_with(
         live.push(ts[i], ts[i + 1]);
         i += 1;
     }
-    if let Some(r) = reuse {
-        return LexMask {
-            alive: patched(r.walk, &copied, &live, trie, words),
-            spans: None,
-            groups,
-        };
-    }
-    let alive = tokens_of(&live, &dead, trie, words);
-    LexMask {
-        alive,
-        spans: Some(live.spans.into()),
-        groups,
-    }
+    let alive = match reuse {
+        Some(r) => patched(r.walk, &copied, &live, trie, words),
+        None => tokens_of(&live, &dead, trie, words),
+    };
+    LexMask { alive, groups }
 }
 
 /// Sorted, merged half-open ranges.
@@ -578,9 +565,7 @@ impl MaskStore {
                             && majority_successor(dfa, r).is_some_and(|(r2, _)| r2 == r)
                     })
                     .map(|(_, (r, _))| (r, self.lex_mask(g, trie, shared, words, (l, r))));
-                let reuse = (via.as_ref())
-                    .filter(|(_, walk)| walk.spans.is_some())
-                    .map(|(from, walk)| Reuse { from: *from, walk });
+                let reuse = (via.as_ref()).map(|(from, walk)| Reuse { from: *from, walk });
                 let states = lexeme.table().map_or(0, |d| d.num_states());
                 let body = (self.bodies)
                     .entry(l)
