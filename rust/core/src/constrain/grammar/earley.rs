@@ -71,6 +71,8 @@ pub struct Chart {
     /// (set, nonterminal) -> node.
     projections: FxHashMap<(u32, u32), u32>,
     trans: FxHashMap<(u32, u8), u32>,
+    /// Per state asked: the bytes some item can scan next ([`Chart::first_bytes`]).
+    first: FxHashMap<u32, [u64; 4]>,
     start: u32,
     max_states: usize,
     /// A new state was needed past `max_states` (the step went to the dead state).
@@ -92,6 +94,7 @@ impl Chart {
             completions: FxHashMap::default(),
             projections: FxHashMap::default(),
             trans: FxHashMap::default(),
+            first: FxHashMap::default(),
             start: DEAD_SET,
             max_states: g.limits.max_states,
             overflowed: false,
@@ -156,6 +159,28 @@ impl Chart {
         }
         self.trans.insert((s, b), t);
         t
+    }
+
+    /// The bytes some item of set `s` can scan (a byte outside them steps to the dead set).
+    pub fn first_bytes(&mut self, g: &Grammar, s: u32) -> [u64; 4] {
+        if let Some(&f) = self.first.get(&s) {
+            return f;
+        }
+        let mut pairs = Vec::new();
+        self.scanning(g, s, &mut pairs);
+        pairs.sort_unstable();
+        pairs.dedup();
+        let mut f = [0u64; 4];
+        for (l, q) in pairs {
+            let lexeme = &g.lexemes[l as usize];
+            for b in 0..=255u8 {
+                if lexeme.next(q, b) != DEAD {
+                    f[b as usize / 64] |= 1 << (b % 64);
+                }
+            }
+        }
+        self.first.insert(s, f);
+        f
     }
 
     /// Push the (lexeme, DFA state) pairs that the items of set `s` scan next.

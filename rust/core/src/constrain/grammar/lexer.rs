@@ -22,29 +22,34 @@ static DFAS: Mutex<Option<FxHashMap<DfaKey, Arc<TableDfa>>>> = Mutex::new(None);
 const DFA_CACHE_MAX: usize = 4096;
 const DFA_CACHE_MAX_STATES: usize = 256;
 
-/// `regex`'s automaton from the process cache, or compiled (and kept if small).
-fn cached_dfa(regex: &str, limits: RegexLimits) -> Result<Arc<TableDfa>, GrammarError> {
+/// `regex`'s automaton from the process cache, or compiled (and kept if small); true when
+/// the cache holds it (it then lives as long as the process).
+fn cached_dfa(regex: &str, limits: RegexLimits) -> Result<(Arc<TableDfa>, bool), GrammarError> {
     let key = (regex.to_owned(), limits.automaton_bytes, limits.table_bytes);
     // A panic while holding the lock cannot leave a half-inserted entry.
     let lock = || DFAS.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(d) = lock().get_or_insert_with(FxHashMap::default).get(&key) {
-        return Ok(d.clone());
+        return Ok((d.clone(), true));
     }
     let dfa = Arc::new(TableDfa::compile(regex, limits)?);
+    let mut kept = false;
     if dfa.num_states() <= DFA_CACHE_MAX_STATES {
         let mut cache = lock();
         let map = cache.get_or_insert_with(FxHashMap::default);
         if map.len() < DFA_CACHE_MAX {
             map.insert(key, dfa.clone());
+            kept = true;
         }
     }
-    Ok(dfa)
+    Ok((dfa, kept))
 }
 
 #[derive(Debug)]
 pub struct Lexeme {
     pub regex: String,
     kind: Kind,
+    /// The automaton is the process cache's (shared by every grammar that spells the regex).
+    cached: bool,
 }
 
 #[derive(Debug)]
@@ -133,13 +138,15 @@ impl Counted {
 
 impl Lexeme {
     pub fn compile(regex: &str, limits: RegexLimits) -> Result<Self, GrammarError> {
+        // Literals are built directly (cheaper than a lookup's key) and not kept.
+        let (dfa, cached) = match escaped_literal(regex) {
+            Some(_) => (Arc::new(TableDfa::compile(regex, limits)?), false),
+            None => cached_dfa(regex, limits)?,
+        };
         Ok(Lexeme {
             regex: regex.to_owned(),
-            // Literals are built directly (cheaper than a lookup's key) and not kept.
-            kind: Kind::Dfa(match escaped_literal(regex) {
-                Some(_) => Arc::new(TableDfa::compile(regex, limits)?),
-                None => cached_dfa(regex, limits)?,
-            }),
+            kind: Kind::Dfa(dfa),
+            cached,
         })
     }
 
@@ -150,6 +157,7 @@ impl Lexeme {
         Lexeme {
             regex: name.to_owned(),
             kind: Kind::Dfa(Arc::new(dfa)),
+            cached: false,
         }
     }
 
@@ -204,6 +212,7 @@ impl Lexeme {
                 max,
                 k,
             }),
+            cached: false,
         })
     }
 
@@ -236,6 +245,15 @@ impl Lexeme {
         match &self.kind {
             Kind::Dfa(d) => Some(d),
             Kind::Counted(_) => None,
+        }
+    }
+
+    /// The automaton when the process-wide lexeme cache holds it (so facts about its states
+    /// may be kept by its address for the life of the process).
+    pub fn cached_table(&self) -> Option<&Arc<TableDfa>> {
+        match &self.kind {
+            Kind::Dfa(d) if self.cached => Some(d),
+            _ => None,
         }
     }
 

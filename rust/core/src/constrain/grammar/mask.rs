@@ -21,7 +21,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::cfg::Grammar;
 use super::earley::{Chart, DEAD_SET};
 use super::lexer::Lexeme;
-use super::walk_cache::{canonical_key, majority_successor, self_loops, SharedWalks};
+use super::walk_cache::{majority_successor, SharedWalks};
 use crate::constrain::regex::{StateId, TableDfa, DEAD};
 use crate::constrain::vocab::{utf8, Allowed, SubtreeSummary, TokenTrie};
 
@@ -495,11 +495,66 @@ fn tokens_of(live: &Ranges, dead: &Ranges, trie: &TokenTrie, words: usize) -> To
     Tokens::Bits(bits)
 }
 
+/// A parser state's cached mask. Kept as its parts (the scanning lexemes' walks, shared with
+/// the lexeme cache, and the few tokens the parser added) when at most one part is a bitmap:
+/// writing it out then costs about a copy, and keeping it costs no bitmap (a fresh bitmap
+/// per new state was ~40% of a first mask's time, in allocation and first-touch page
+/// faults). Otherwise the union.
+#[derive(Debug)]
+enum StateMask {
+    Parts {
+        lex: Box<[Arc<LexMask>]>,
+        extra: Box<[u32]>,
+    },
+    Union(Box<[u32]>),
+}
+
+impl StateMask {
+    fn write(&self, out: &mut [u32]) {
+        match self {
+            StateMask::Union(b) => out.copy_from_slice(b),
+            StateMask::Parts { lex, extra } => {
+                // The bitmap part (at most one) is copied, the lists set on top.
+                match lex.iter().find(|m| matches!(m.alive, Tokens::Bits(_))) {
+                    Some(m) => {
+                        if let Tokens::Bits(b) = &m.alive {
+                            out.copy_from_slice(b);
+                        }
+                    }
+                    None => out.fill(0),
+                }
+                for m in lex.iter() {
+                    if let Tokens::List(l) = &m.alive {
+                        set_bits(out, l);
+                    }
+                }
+                set_bits(out, extra);
+            }
+        }
+    }
+
+    /// Memory of its own (the walks are counted where they are cached).
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + match self {
+                StateMask::Union(b) => std::mem::size_of_val(&b[..]),
+                StateMask::Parts { lex, extra } => 8 * lex.len() + 4 * extra.len(),
+            }
+    }
+}
+
+#[inline]
+fn set_bits(out: &mut [u32], tokens: &[u32]) {
+    for &t in tokens {
+        out[t as usize / 32] |= 1 << (t % 32);
+    }
+}
+
 /// Cached masks of parser states and of (lexeme, DFA state) pairs, under one memory cap
 /// (beyond it, masks are recomputed on every request).
 #[derive(Debug)]
 pub struct MaskStore {
-    masks: FxHashMap<u32, Box<[u32]>>,
+    masks: FxHashMap<u32, StateMask>,
     /// By [`Lexeme::mask_key`].
     lex: FxHashMap<(u32, u64), Arc<LexMask>>,
     /// Per plain lexeme: its DFA states' [`body_loops`].
@@ -519,15 +574,26 @@ impl MaskStore {
         }
     }
 
-    pub fn get(&self, state: u32) -> Option<&[u32]> {
-        self.masks.get(&state).map(|m| &m[..])
+    pub fn contains(&self, state: u32) -> bool {
+        self.masks.contains_key(&state)
+    }
+
+    /// Write `state`'s cached mask into `out`; false when it is not cached.
+    pub fn write(&self, state: u32, out: &mut [u32]) -> bool {
+        match self.masks.get(&state) {
+            Some(m) => {
+                m.write(out);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Keep `mask` if the cap allows.
-    pub fn offer(&mut self, state: u32, mask: &[u32]) {
-        let size = std::mem::size_of_val(mask);
+    fn offer(&mut self, state: u32, mask: StateMask) {
+        let size = mask.bytes();
         if self.used_bytes + size <= self.cap_bytes && !self.masks.contains_key(&state) {
-            self.masks.insert(state, mask.into());
+            self.masks.insert(state, mask);
             self.used_bytes += size;
         }
     }
@@ -549,12 +615,8 @@ impl MaskStore {
         if let Some(m) = self.lex.get(&key) {
             return m.clone();
         }
-        // Only states that loop are worth a key (text, whitespace: they recur across
-        // grammars and their walks are the long ones; a literal's walk is short).
-        let canon = (lexeme.table())
-            .filter(|dfa| self_loops(dfa, q) > 0)
-            .and_then(|dfa| canonical_key(dfa, q));
-        let m = match canon.as_ref().and_then(|c| shared.get(c)) {
+        let canon = shared.key_of(lexeme, q);
+        let m = match canon.and_then(|c| shared.get(c)) {
             Some(m) => m,
             None => {
                 let via = (lexeme.table())
@@ -590,7 +652,8 @@ impl MaskStore {
     }
 }
 
-/// Set in `out` (zeroed first) the bits of the text tokens the parser accepts from `state`.
+/// Set in `out` (zeroed first) the bits of the text tokens the parser accepts from `state`,
+/// and keep them in `store`.
 pub fn fill(
     chart: &mut Chart,
     store: &mut MaskStore,
@@ -619,6 +682,7 @@ pub fn fill(
     // Subtrees under one parent share the parser state after its prefix.
     groups.sort_by_key(|gr| gr.parent);
     let mut roots: Vec<u32> = Vec::new();
+    let mut extra: Vec<u32> = Vec::new();
     let mut stack = vec![DEAD_SET; trie.max_depth + 1];
     let mut k = 0;
     while k < groups.len() {
@@ -635,16 +699,35 @@ pub fn fill(
         }
         roots.sort_unstable();
         roots.dedup();
+        // Most roots start with a byte nothing in `p` can scan (whitespace ended before a
+        // word): test the byte before stepping, which would intern a dead transition each.
+        let first = chart.first_bytes(g, p);
         for &r in &roots {
-            walk_subtree(chart, g, trie, p, r as usize, &mut stack, out);
+            let b = trie.nodes[r as usize].byte;
+            if first[b as usize / 64] >> (b % 64) & 1 == 1 {
+                walk_subtree(chart, g, trie, p, r as usize, &mut stack, &mut extra);
+            }
         }
     }
+    set_bits(out, &extra);
+    let bitmaps = (lex.iter())
+        .filter(|m| matches!(m.alive, Tokens::Bits(_)))
+        .count();
+    let kept = if bitmaps <= 1 && extra.len() <= LIST_MAX {
+        StateMask::Parts {
+            lex: lex.into(),
+            extra: extra.into(),
+        }
+    } else {
+        StateMask::Union(out.into())
+    };
+    store.offer(state, kept);
 }
 
-/// Set in `out` the bits of the tokens in the subtree of trie node `root` that the parser
-/// accepts, `state` being its state before the root's byte: one pruned preorder walk (a
-/// subtree is skipped as soon as the parser dies; each node costs one cached transition).
-/// `stack`: scratch of `max_depth + 1` parser states, reused across calls.
+/// Push to `out` the tokens in the subtree of trie node `root` that the parser accepts,
+/// `state` being its state before the root's byte: one pruned preorder walk (a subtree is
+/// skipped as soon as the parser dies; each node costs one cached transition). `stack`:
+/// scratch of `max_depth + 1` parser states, reused across calls.
 fn walk_subtree(
     chart: &mut Chart,
     g: &Grammar,
@@ -652,7 +735,7 @@ fn walk_subtree(
     state: u32,
     root: usize,
     stack: &mut [u32],
-    out: &mut [u32],
+    out: &mut Vec<u32>,
 ) {
     let nodes = &trie.nodes;
     let base = nodes[root].depth as usize - 1;
@@ -668,10 +751,9 @@ fn walk_subtree(
             continue;
         }
         stack[d] = s;
-        let toks = &trie.token_ids[trie.tok_start[i] as usize..trie.tok_start[i + 1] as usize];
-        for &t in toks {
-            out[t as usize / 32] |= 1 << (t % 32);
-        }
+        out.extend_from_slice(
+            &trie.token_ids[trie.tok_start[i] as usize..trie.tok_start[i + 1] as usize],
+        );
         i += 1;
     }
 }

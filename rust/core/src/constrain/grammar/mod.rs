@@ -182,7 +182,7 @@ impl CompiledGrammar {
     pub fn is_cheap(&self, state: ParserState) -> bool {
         state == ParserState::TERMINATED
             || state == ParserState::DEAD
-            || self.lock().masks.get(state.0).is_some()
+            || self.lock().masks.contains(state.0)
     }
 
     /// State after `bytes` from the start.
@@ -221,22 +221,19 @@ impl Constraint for CompiledGrammar {
     fn fill_live_mask(&self, state: ParserState, out: &mut [u32]) {
         let mut guard = self.lock();
         let sh = &mut *guard;
-        if let Some(m) = sh.masks.get(state.0) {
-            out.copy_from_slice(m);
-            return;
+        if !sh.masks.write(state.0, out) {
+            mask::fill(
+                &mut sh.chart,
+                &mut sh.masks,
+                &self.grammar,
+                self.vocab.trie(),
+                self.vocab.walks(),
+                state.0,
+                out,
+            );
         }
-        mask::fill(
-            &mut sh.chart,
-            &mut sh.masks,
-            &self.grammar,
-            self.vocab.trie(),
-            self.vocab.walks(),
-            state.0,
-            out,
-        );
         if sh.chart.accepts(state.0) {
             super::set_eos(&self.vocab, out);
         }
-        sh.masks.offer(state.0, out);
     }
 }

@@ -24,28 +24,32 @@ const KEY_MAX_STATES: usize = 24;
 /// when more than [`KEY_MAX_STATES`] states are reachable. Equal keys mean equal languages
 /// from the two states, state by state, so equal walks.
 pub fn canonical_key(dfa: &TableDfa, q: StateId) -> Option<Box<[u32]>> {
+    // At most KEY_MAX_STATES states: a linear search beats hashing, and runs of bytes
+    // with one successor (most of a row) reuse the last answer.
     let mut order: Vec<StateId> = vec![q];
-    let mut id: FxHashMap<StateId, u32> = FxHashMap::default();
-    id.insert(q, 1);
     let mut key: Vec<u32> = Vec::with_capacity(257 * 8);
     let mut k = 0;
     while k < order.len() {
         let s = order[k];
         key.push(dfa.is_accepting(s) as u32);
+        let mut last = (DEAD, 0u32);
         for b in 0..=255u8 {
             let t = dfa.next(s, b);
-            if t == DEAD {
-                key.push(0);
+            if t == last.0 {
+                key.push(last.1);
                 continue;
             }
-            let n = id.len() as u32 + 1;
-            let c = *id.entry(t).or_insert(n);
-            if c == n {
-                if order.len() == KEY_MAX_STATES {
-                    return None;
+            let c = match order.iter().position(|&o| o == t) {
+                Some(p) => p as u32 + 1,
+                None => {
+                    if order.len() == KEY_MAX_STATES {
+                        return None;
+                    }
+                    order.push(t);
+                    order.len() as u32
                 }
-                order.push(t);
-            }
+            };
+            last = (t, c);
             key.push(c);
         }
         k += 1;
@@ -77,9 +81,20 @@ pub struct SharedWalks {
     inner: Mutex<Inner>,
 }
 
+/// A canonical key, interned: equal ids, equal sub-automata.
+pub type KeyId = u32;
+
 #[derive(Debug, Default)]
 struct Inner {
-    walks: FxHashMap<Box<[u32]>, Arc<LexMask>>,
+    keys: FxHashMap<Box<[u32]>, KeyId>,
+    walks: FxHashMap<KeyId, Arc<LexMask>>,
+    /// Per state of an automaton the process-wide lexeme cache holds (by its address: the
+    /// `Arc` kept here keeps the address from being reused): its key id, or None when the
+    /// state has none (it does not loop, or too many states lie beyond it). Every grammar
+    /// spelling a lexeme the same way shares the automaton, so after the first one a
+    /// state's key costs a lookup, not a breadth-first pass over 256 bytes per state.
+    by_state: FxHashMap<(usize, StateId), Option<KeyId>>,
+    held: FxHashMap<usize, Arc<TableDfa>>,
     used_bytes: usize,
 }
 
@@ -94,11 +109,27 @@ impl Default for SharedWalks {
     }
 }
 
+impl Inner {
+    fn intern(&mut self, key: Box<[u32]>) -> Option<KeyId> {
+        if let Some(&id) = self.keys.get(&key) {
+            return Some(id);
+        }
+        let size = 4 * key.len();
+        if self.used_bytes + size > SHARED_CAP_BYTES {
+            return None;
+        }
+        let id = self.keys.len() as KeyId;
+        self.keys.insert(key, id);
+        self.used_bytes += size;
+        Some(id)
+    }
+}
+
 impl SharedWalks {
     /// The shared walks of `trie`, with those every JSON grammar starts with already done
     /// (a few milliseconds on a 131k vocabulary): the string body, numbers, whitespace, and
     /// punctuation with whitespace around it, from each state that loops (compiling them
-    /// also leaves their automata in the lexeme cache).
+    /// also leaves their automata in the lexeme cache, and their states' keys here).
     pub fn seeded(trie: &TokenTrie, words: usize) -> Self {
         let shared = SharedWalks::default();
         if trie.nodes.is_empty() {
@@ -110,28 +141,51 @@ impl SharedWalks {
             };
             let dfa = lexeme.table().expect("a regex lexeme has a table");
             let mut body = BodyCache::new(dfa.num_states());
-            for q in dfa
-                .states()
-                .filter(|&q| q != DEAD && self_loops(dfa, q) > 0)
-            {
-                if let Some(key) = canonical_key(dfa, q) {
+            for q in dfa.states().filter(|&q| q != DEAD) {
+                if let Some(id) = shared.key_of(&lexeme, q) {
                     let walk = lex_walk(&lexeme, q, trie, words, &mut body, None);
-                    shared.offer(key, Arc::new(walk));
+                    shared.offer(id, Arc::new(walk));
                 }
             }
         }
         shared
     }
 
-    pub fn get(&self, key: &[u32]) -> Option<Arc<LexMask>> {
-        self.lock().walks.get(key).cloned()
+    /// The key of `lexeme`'s automaton from state `q` when the state loops (text,
+    /// whitespace: the states whose walks are long and recur across grammars; a literal's
+    /// walk is short), remembered per state for automata of the lexeme cache.
+    pub fn key_of(&self, lexeme: &Lexeme, q: StateId) -> Option<KeyId> {
+        let dfa = lexeme.table()?;
+        let compute = || {
+            (self_loops(dfa, q) > 0)
+                .then(|| canonical_key(dfa, q))
+                .flatten()
+        };
+        let Some(arc) = lexeme.cached_table() else {
+            let key = compute()?;
+            return self.lock().intern(key);
+        };
+        let addr = Arc::as_ptr(arc) as usize;
+        if let Some(&id) = self.lock().by_state.get(&(addr, q)) {
+            return id;
+        }
+        let key = compute();
+        let mut inner = self.lock();
+        let id = key.and_then(|k| inner.intern(k));
+        inner.held.entry(addr).or_insert_with(|| arc.clone());
+        inner.by_state.insert((addr, q), id);
+        id
     }
 
-    pub fn offer(&self, key: Box<[u32]>, walk: Arc<LexMask>) {
+    pub fn get(&self, id: KeyId) -> Option<Arc<LexMask>> {
+        self.lock().walks.get(&id).cloned()
+    }
+
+    pub fn offer(&self, id: KeyId, walk: Arc<LexMask>) {
         let mut inner = self.lock();
-        let size = walk.bytes() + 4 * key.len();
-        if inner.used_bytes + size <= SHARED_CAP_BYTES && !inner.walks.contains_key(&key) {
-            inner.walks.insert(key, walk);
+        let size = walk.bytes();
+        if inner.used_bytes + size <= SHARED_CAP_BYTES && !inner.walks.contains_key(&id) {
+            inner.walks.insert(id, walk);
             inner.used_bytes += size;
         }
     }
