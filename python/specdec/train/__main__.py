@@ -76,7 +76,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.kind == "vocab":
         t0 = time.perf_counter()
         try:
-            vocab = frequent_vocab(split.train, encode, target.config.vocab_size, a.size)
+            vocab = frequent_vocab(
+                split.train,
+                encode,
+                target.config.vocab_size,
+                a.size,
+                source=f"python -m specdec.train vocab --target {a.target} --size {a.size} "
+                f"--seed {a.seed}: the most frequent tokens of the training split",
+            )
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

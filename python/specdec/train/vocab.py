@@ -19,11 +19,13 @@ def frequent_vocab(
     encode: Callable[[str], list[int]],
     vocab_size: int,
     size: int,
+    source: str = "",
 ) -> DraftVocab:
     """The ``size`` most frequent token ids over every token of ``files`` (whole files, as
     the training reads them; ties broken by the smaller id, so the result is a function of
     the files alone), most frequent first. Fewer than ``size`` distinct tokens seen: the
-    rest are the smallest unseen ids (a subset always has ``size`` tokens)."""
+    rest are the smallest unseen ids (a subset always has ``size`` tokens). ``source``: how
+    the files were chosen (kept in the file)."""
     check_int(vocab_size, "vocab_size", 1, ConfigError)
     check_int(size, "size", 1, ConfigError)
     if size > vocab_size:
@@ -51,7 +53,6 @@ def frequent_vocab(
     return DraftVocab(
         tuple(ranked),
         vocab_size,
-        source=f"python -m specdec.train vocab --size {size}: the most frequent tokens of the "
-        "training split",
+        source=source or f"the {size} most frequent tokens of {used} files",
         extra={"counted_tokens": total, "files": used, "coverage": kept / total},
     )
