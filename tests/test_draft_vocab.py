@@ -24,6 +24,7 @@ from specdec.draft import (
     SuffixDrafter,
 )
 from specdec.draft.checkpoint import VOCAB as VOCAB_FILE
+from specdec.draft.checkpoint import bf16_supported, drafter_linears
 from specdec.errors import CheckpointError, ConfigError, SpecdecError, SpecdecTypeError
 from specdec.models import LlamaConfig, LlamaModel
 from specdec.train.vocab import frequent_vocab
@@ -202,6 +203,70 @@ def test_frequent_vocab_ranks_by_count(tmp_path) -> None:  # type: ignore[no-unt
         frequent_vocab(files, encode, 12, 3)
     with pytest.raises(ConfigError, match="no tokens"):
         frequent_vocab(files[-1:], encode, 20, 3)
+
+
+# -- bfloat16 packed drafter linears ---------------------------------------------------------
+needs_bf16 = pytest.mark.skipif(not bf16_supported(), reason="no native bfloat16 oneDNN here")
+
+
+@needs_bf16
+def test_bf16_linears_round_like_bfloat16_and_follow_weight_changes() -> None:
+    """Against the float64 product: within what rounding the inputs and weights to bfloat16
+    (8 significant bits) allows; an in-place weight change is seen on the next call;
+    in autograd mode the float32 path (exact to float32 rounding) runs instead."""
+    g = torch.Generator().manual_seed(0)
+    w1, w2 = torch.randn(24, 16, generator=g), torch.randn(8, 16, generator=g)
+    b1 = torch.randn(24, generator=g)
+    x = torch.randn(5, 16, generator=g)
+
+    def oracle() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y1 = x.double() @ w1.double().T + b1.double()
+        y2 = x.double() @ w2.double().T
+        bound = 2 * 2.0**-8 * (x.double().abs() @ torch.cat((w1, w2)).double().abs().T)
+        return y1, y2, bound + 2.0**-8 * torch.cat((b1, torch.zeros(8))).double().abs()
+
+    for _ in range(2):
+        with torch.no_grad():
+            o1, o2 = drafter_linears(x, [w1, w2], [b1, None], bf16=True)
+        y1, y2, bound = oracle()
+        assert o1.dtype == torch.float32 and o1.shape == (5, 24) and o2.shape == (5, 8)
+        err = (torch.cat((o1, o2), -1).double() - torch.cat((y1, y2), -1)).abs()
+        assert (err <= bound + 1e-3).all()
+        assert err.max() > 0  # it did round: the bfloat16 path ran
+        w1.add_(0.5)  # in place: the next call must not reuse the old copy
+    with torch.enable_grad():
+        exact = drafter_linears(x, [w1], [b1], bf16=True)[0]
+    assert torch.allclose(exact.double(), x.double() @ w1.double().T + b1.double(), atol=1e-5)
+
+
+@needs_bf16
+@pytest.mark.parametrize("kind", ["block", "medusa"])
+def test_greedy_with_bf16_drafter_equals_autoregressive(kind) -> None:  # type: ignore[no-untyped-def]
+    t, d = make(kind)
+    ps = [[1, 2, 3], [7, 3, 7, 3, 7], [5, 12, 30, 21, 0, 8, 9]]
+    ref = [autoregressive_generate(t, p, 16).tokens for p in ps]
+    out = {}
+    for bf16 in (False, True):
+        d.packed_bf16 = bf16
+        d.set_draft_vocab(DraftVocab(KEEP, V))
+        if kind == "block":
+            d._requests = []
+        gen = SpeculativeGenerator(t, d, depth=4, budget=6)
+        assert [r.tokens for r in gen.generate(ps, 16)] == ref
+        h = torch.randn(3, CFG.hidden_size, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            out[bf16] = d.logits(h)
+    keep = list(KEEP)
+    assert torch.allclose(out[True][:, keep], out[False][:, keep], rtol=0.05, atol=0.05)
+    assert not torch.equal(out[True][:, keep], out[False][:, keep])
+
+
+def test_loaders_set_the_precision(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    t, d = make("block")
+    path = write_checkpoint(t, d, tmp_path / "ckpt")
+    assert BlockDrafter.load(path, t).packed_bf16 == bf16_supported()
+    assert BlockDrafter.load(path, t, bf16=False).packed_bf16 is False
+    assert BlockDrafter.for_target(t).packed_bf16 is False  # training and tests: float32
 
 
 # -- SmolLM2 against transformers --------------------------------------------------------------

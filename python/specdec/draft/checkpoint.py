@@ -6,6 +6,8 @@ and the draft vocabulary subset (:class:`DraftVocab`, :class:`SubsetHead`)."""
 from __future__ import annotations
 
 import json
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -13,12 +15,15 @@ from typing import Any, Literal
 import torch
 
 from ..errors import CheckpointError, ConfigError, SpecdecTypeError
+from ..models import llama as _llama
 from ..models.llama import linears
 
 __all__ = [
     "TargetFacts",
     "DraftVocab",
     "SubsetHead",
+    "bf16_supported",
+    "drafter_linears",
     "VocabChoice",
     "resolve_vocab",
     "target_facts",
@@ -293,11 +298,12 @@ class SubsetHead:
             self._rows = r = r.contiguous()
         return r
 
-    def logits(self, hidden: torch.Tensor, packed: bool) -> torch.Tensor:
-        """``[..., H]`` hidden states -> ``[..., V]`` logits (-inf outside the subset)."""
+    def logits(self, hidden: torch.Tensor, packed: bool, bf16: bool = False) -> torch.Tensor:
+        """``[..., H]`` hidden states -> ``[..., V]`` logits (-inf outside the subset);
+        ``bf16``: the product on bfloat16 packed rows (see :func:`drafter_linears`)."""
         rows = self.rows(hidden)
         if packed and not torch.is_grad_enabled():
-            sub = linears(hidden, [rows], [None])[0]
+            sub = drafter_linears(hidden, [rows], [None], bf16=bf16)[0]
         else:
             sub = hidden @ rows.T
         out = sub.new_full((*sub.shape[:-1], self.vocab.vocab_size), float("-inf"))
@@ -312,7 +318,17 @@ class SharedHead:
     _head: torch.Tensor  # the detached weight (plain path)
     _head_src: tuple[torch.Tensor]  # the target's own tensor (keys its packed copy)
     packed_linear: bool
+    # With packed_linear: the drafter's own linear layers and its draft-vocabulary head on
+    # bfloat16 packed copies (see drafter_linears); the full shared head stays the target's.
+    packed_bf16: bool = False
     _subset: SubsetHead | None = None
+
+    def _run_linears(
+        self, x: torch.Tensor, ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor | None],
+        cat: bool = False,
+    ) -> tuple[torch.Tensor, ...]:  # fmt: skip
+        """The drafter's linear layers ``ws`` / ``bs`` on ``x`` (one call for several)."""
+        return drafter_linears(x, ws, bs, packed=self.packed_linear, bf16=self.packed_bf16, cat=cat)
 
     @property
     def draft_vocab(self) -> DraftVocab | None:
@@ -331,5 +347,91 @@ class SharedHead:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The shared LM head over final-norm hidden states ``[..., H]`` -> ``[..., V]``."""
         if self._subset is not None:
-            return self._subset.logits(hidden, self.packed_linear)
+            return self._subset.logits(hidden, self.packed_linear, self.packed_bf16)
         return shared_head_logits(hidden, self._head_src[0], self._head, self.packed_linear)
+
+
+# -- bfloat16 packed linears ----------------------------------------------------------------
+# A draft step reads every drafter weight once, right after the target's forward has pushed
+# them out of the caches: at one thread it is bound by memory (~37 MB of float32 for the block
+# drafter's layer, fc and an 8192-token head). bfloat16 copies halve that; the products then
+# round to bfloat16 (3 significant digits), which moves drafts only, never the verified
+# output. Only where oneDNN runs bfloat16 natively (AVX512-BF16 / AMX; elsewhere it emulates).
+
+
+def bf16_supported() -> bool:
+    """Whether this CPU's oneDNN runs bfloat16 linears natively."""
+    try:
+        return bool(_llama._PACK_OK and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:  # pragma: no cover - exotic builds
+        return False
+
+
+# (weak refs to the float32 weights, their versions, the bfloat16 copy, its bias)
+_Bf16Entry = tuple[
+    tuple["weakref.ref[torch.Tensor]", ...], tuple[int, ...], torch.Tensor, torch.Tensor | None
+]
+_bf16: dict[tuple[int, ...], _Bf16Entry] = {}
+
+
+def _bf16_copy(
+    ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor | None]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The bfloat16 concatenation of ``ws`` (and of ``bs``), cached while the weights live
+    and are unchanged (their version counters), like the float32 packed copies."""
+    held = [*ws, *(b for b in bs if b is not None)]
+    key = tuple(id(t) for t in held)
+    vers = tuple(_llama._version(t) for t in held)
+    hit = _bf16.get(key)
+    if (
+        hit is not None
+        and hit[1] == vers
+        and all(r() is t for r, t in zip(hit[0], held, strict=True))
+    ):
+        return hit[2], hit[3]
+    w = torch.cat([t.detach() for t in ws]).to(torch.bfloat16).contiguous()
+    bias = None
+    if any(b is not None for b in bs):
+        bias = torch.cat(
+            [
+                b.detach() if b is not None else wi.new_zeros(wi.shape[0])
+                for wi, b in zip(ws, bs, strict=True)
+            ]
+        ).to(torch.bfloat16)
+
+    def drop(_: object) -> None:  # a weight went: its copy goes (and with it the packed one)
+        _bf16.pop(key, None)
+
+    _bf16[key] = (tuple(weakref.ref(t, drop) for t in held), vers, w, bias)
+    return w, bias
+
+
+def drafter_linears(
+    x: torch.Tensor,
+    ws: Sequence[torch.Tensor],
+    bs: Sequence[torch.Tensor | None],
+    *,
+    packed: bool = True,
+    bf16: bool = False,
+    cat: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """:func:`specdec.models.llama.linears`, or with ``bf16`` (where it applies: packed, no
+    autograd, CPU float32 weights and input, native bfloat16) one oneDNN call on the packed
+    bfloat16 copy of the concatenated weights, the result back in float32."""
+    if (
+        bf16
+        and packed
+        and not torch.is_grad_enabled()
+        and x.dtype == torch.float32
+        and all(w.device.type == "cpu" and w.dtype == torch.float32 for w in ws)
+        and bf16_supported()
+    ):
+        w, b = _bf16_copy(ws, bs)
+        p, pb = _llama._pack([w], [b])  # keyed by the bfloat16 copy: packed once
+        out = torch.ops.mkldnn._linear_pointwise(
+            x.to(torch.bfloat16), p, pb, "none", [], ""
+        ).float()
+        if len(ws) == 1 or cat:
+            return (out,)
+        return tuple(torch.split(out, [t.shape[0] for t in ws], dim=-1))
+    return linears(x, ws, bs, packed=packed, cat=cat)

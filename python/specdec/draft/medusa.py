@@ -18,13 +18,13 @@ from torch import nn
 
 from .._arrays import check_int
 from ..errors import CheckpointError, ConfigError, DraftError
-from ..models.llama import linears
 from ..protocols import DraftRequest
 from .base import check_requests
 from .checkpoint import (
     SharedHead,
     TargetFacts,
     VocabChoice,
+    bf16_supported,
     check_state,
     load_dir,
     resolve_vocab,
@@ -93,10 +93,16 @@ class MedusaDrafter(SharedHead, nn.Module):
 
     @classmethod
     def load(
-        cls, path: str | Path, target: Any, *, draft_vocab: VocabChoice = "auto"
+        cls,
+        path: str | Path,
+        target: Any,
+        *,
+        draft_vocab: VocabChoice = "auto",
+        bf16: bool | None = None,
     ) -> MedusaDrafter:
         """A checkpoint directory (``config.json`` + ``model.safetensors``) for ``target``;
-        ``draft_vocab`` as in :meth:`BlockDrafter.load <specdec.draft.BlockDrafter.load>`."""
+        ``draft_vocab`` and ``bf16`` as in
+        :meth:`BlockDrafter.load <specdec.draft.BlockDrafter.load>`."""
         raw, state = load_dir(path, KIND)
         fields = {k: v for k, v in raw.items() if k not in ("drafter", "note")}
         try:
@@ -108,14 +114,17 @@ class MedusaDrafter(SharedHead, nn.Module):
         check_state(path, state, d.state_dict())
         d.load_state_dict(state)
         d.set_draft_vocab(resolve_vocab(draft_vocab, path, cfg.vocab_size))
+        d.packed_bf16 = bf16_supported() if bf16 is None else bool(bf16)
         return d.to(target.dtype).eval()
 
     @classmethod
-    def shipped(cls, target: Any, *, draft_vocab: VocabChoice = "auto") -> MedusaDrafter:
+    def shipped(
+        cls, target: Any, *, draft_vocab: VocabChoice = "auto", bf16: bool | None = None
+    ) -> MedusaDrafter:
         """The weights shipped with specdec (trained for SmolLM2-135M-Instruct by
         ``python -m specdec.train medusa``), checked against ``target``; ``draft_vocab`` as
-        in :meth:`load`."""
-        return cls.load(shipped_path(KIND), target, draft_vocab=draft_vocab)
+        in :meth:`load`, and ``bf16``."""
+        return cls.load(shipped_path(KIND), target, draft_vocab=draft_vocab, bf16=bf16)
 
     def save(self, path: str | Path, note: str | None = None) -> Path:
         cfg: dict[str, Any] = {"drafter": KIND, **asdict(self.config)}
@@ -138,7 +147,7 @@ class MedusaDrafter(SharedHead, nn.Module):
         heads = self._linears()[: depth or len(self.heads)]
         x = hidden.to(heads[0].weight.dtype)
         ws, bs = [lin.weight for lin in heads], [lin.bias for lin in heads]
-        y = linears(x, ws, bs, packed=self.packed_linear, cat=True)[0]  # [N, depth * H]
+        y = self._run_linears(x, ws, bs, cat=True)[0]  # [N, depth * H]
         return x[:, None] + nn.functional.silu(y.view(x.shape[0], len(heads), x.shape[1]))
 
     @torch.no_grad()
