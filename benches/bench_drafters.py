@@ -14,8 +14,10 @@ or ``--block DIR`` / ``--medusa DIR``). ``--sample``: also at temperature 1 (tra
 each prompt's configurations); ``--from-json FILE``: the tables of an
 earlier run; ``--draft-vocab full,auto,FILE``: the trained drafters once per draft vocabulary
 (``auto``: the checkpoint's ``draft_vocab.json`` when it has one, the default; ``full``: the
-whole vocabulary), named ``block[full]`` etc. when there are several. ``--smoke``: a tiny
-random model, two prompts (a test that the script works, not a measurement).
+whole vocabulary; a suffix ``@f32`` / ``@bf16`` sets the drafters' packed precision, default
+where the CPU runs bfloat16 natively), named ``block[full]`` etc. when there are several.
+``--smoke``: a tiny random model, two prompts (a test that the script works, not a
+measurement).
 """
 
 from __future__ import annotations
@@ -187,11 +189,13 @@ def run(args: argparse.Namespace) -> list[Row]:
     table = []
     for i, choice in enumerate(choices):
         # One drafter object per vocabulary (each keeps its own packed sub-head).
-        v = None if choice == "full" else choice
+        vocab, _, prec = choice.partition("@")
+        v = None if vocab == "full" else vocab
+        bf16 = {"": None, "bf16": True, "f32": False}[prec]
         bv, mv = block, medusa
         if not args.smoke:
-            bv = _trained(BlockDrafter, args.block, target, v)
-            mv = _trained(MedusaDrafter, args.medusa, target, v)
+            bv = _trained(BlockDrafter, args.block, target, v, bf16)
+            mv = _trained(MedusaDrafter, args.medusa, target, v, bf16)
         part = engines(bv, mv, budgets, cost)
         if args.drafters:
             keep = set(args.drafters.split(","))
@@ -301,12 +305,14 @@ def run(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
-def _trained(cls: Any, path: str | None, target: Any, vocab: str | None) -> Any:
+def _trained(
+    cls: Any, path: str | None, target: Any, vocab: str | None, bf16: bool | None = None
+) -> Any:
     """A checkpoint (``path``) or the shipped weights with draft vocabulary ``vocab``."""
     if path:
-        return cls.load(path, target, draft_vocab=vocab)
+        return cls.load(path, target, draft_vocab=vocab, bf16=bf16)
     try:
-        return cls.shipped(target, draft_vocab=vocab)
+        return cls.shipped(target, draft_vocab=vocab, bf16=bf16)
     except Exception:  # noqa: BLE001 - a kind not shipped is left out of the tables
         return None
 
@@ -315,7 +321,9 @@ def _label(name: str, choice: str) -> str:
     """``block+suffix`` with vocabulary ``choice`` -> ``block[choice]+suffix``."""
     if name == "suffix":
         return name
-    tag = choice if choice in ("full", "auto") else choice.rstrip("/").split("/")[-1]
+    vocab, at, prec = choice.partition("@")
+    tag = vocab if vocab in ("full", "auto") else vocab.rstrip("/").split("/")[-1]
+    tag += at + prec
     head, _, tail = name.partition("+")
     return f"{head}[{tag}]" + (f"+{tail}" if tail else "")
 
@@ -400,7 +408,8 @@ def main() -> None:
     ap.add_argument(
         "--draft-vocab",
         default="auto",
-        help="comma list: the trained drafters once per draft vocabulary (full, auto, files)",
+        help="comma list: the trained drafters once per draft vocabulary (full, auto, files; "
+        "@f32 / @bf16: their packed precision)",
     )
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()

@@ -5,8 +5,9 @@ depths), teacher-forced chain acceptance at the drafter's full depth and cut at 
 Run: ``python benches/eval_heldout.py --block DIR --medusa DIR`` (default: the shipped
 weights; ``--chunks``: held-out chunks of 256 tokens, default 8 = the training's;
 ``--draft-vocab full,auto,FILE...``: one evaluation per draft vocabulary, ``auto`` = the
-checkpoint's ``draft_vocab.json`` when it has one; with a subset the KL is infinite, since
-tokens outside it get no probability, so only the acceptance figures compare).
+checkpoint's ``draft_vocab.json`` when it has one; ``@f32`` / ``@bf16`` after one: the
+drafter's packed precision; with a subset the KL is infinite, since tokens outside it get no
+probability, so only the acceptance figures compare).
 """
 
 from __future__ import annotations
@@ -46,11 +47,13 @@ def main() -> None:
         cls = BlockDrafter if kind == "block" else MedusaDrafter
         held = None
         for choice in a.draft_vocab.split(","):
-            v = None if choice == "full" else choice
+            vocab, _, prec = choice.partition("@")
+            v = None if vocab == "full" else vocab
+            bf16 = {"": None, "bf16": True, "f32": False}[prec]
             d = (
-                cls.load(path, target, draft_vocab=v)  # type: ignore[attr-defined]
+                cls.load(path, target, draft_vocab=v, bf16=bf16)  # type: ignore[attr-defined]
                 if path
-                else cls.shipped(target, draft_vocab=v)  # type: ignore[attr-defined]
+                else cls.shipped(target, draft_vocab=v, bf16=bf16)  # type: ignore[attr-defined]
             )
             if held is None:
                 target.capture_hidden(getattr(d, "hidden_layers", ()), final=d.hidden_final)
