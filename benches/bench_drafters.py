@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -417,7 +418,10 @@ def main() -> None:
         with open(args.from_json) as f:
             rows = [Row(**{k: v for k, v in r.items() if k != "tok_s"}) for r in json.load(f)]
     else:
+        # The machine's load around the run (the benchmark shares its cores): noise context.
+        print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         rows = run(args)
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(summary(rows))
     print()
     print(pivot(rows))
