@@ -10,15 +10,21 @@ Run: ``python benches/bench_drafters.py --json FILE`` (prints markdown tables: e
 configuration per prompt kind and mode, then one compact table; needs the shipped weights,
 or ``--block DIR`` / ``--medusa DIR``). ``--sample``: also at temperature 1 (transformers
 ``generate`` with ``do_sample=True, top_k=0, top_p=1``; every engine and budget);
-``--repeats N``: times are the fastest of N runs; ``--from-json FILE``: the tables of an
-earlier run. ``--smoke``: a tiny random model, two prompts (a test that the script works,
-not a measurement).
+``--repeats N``: times are the fastest of N runs (transformers': of N before and N after
+each prompt's configurations); ``--from-json FILE``: the tables of an
+earlier run; ``--draft-vocab full,auto,FILE``: the trained drafters once per draft vocabulary
+(``auto``: the checkpoint's ``draft_vocab.json`` when it has one, the default; ``full``: the
+whole vocabulary; a suffix ``@f32`` / ``@bf16`` sets the drafters' packed precision, default
+where the CPU runs bfloat16 natively), named ``block[full]`` etc. when there are several.
+``--smoke``: a tiny random model, two prompts (a test that the script works, not a
+measurement).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -167,14 +173,8 @@ def run(args: argparse.Namespace) -> list[Row]:
         lm = smollm2()
         target, eos = lm.model, lm.eos_token_id
         hf = _hf_model(smollm2_path())
-        block = (
-            BlockDrafter.load(args.block, target) if args.block else _shipped(BlockDrafter, target)
-        )
-        medusa = (
-            MedusaDrafter.load(args.medusa, target)
-            if args.medusa
-            else _shipped(MedusaDrafter, target)
-        )
+        block = _trained(BlockDrafter, args.block, target, None)
+        medusa = _trained(MedusaDrafter, args.medusa, target, None)
         prompts = {
             f"{kind}#{i}": lm.encode_chat([{"role": "user", "content": text}])
             for kind, texts in PROMPTS.items()
@@ -186,10 +186,28 @@ def run(args: argparse.Namespace) -> list[Row]:
     sizes = [1, 4, 8, 16] if args.smoke else [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]
     cost = CostModel.calibrate(target, sizes=sizes)
     budgets = [int(b) for b in args.budgets.split(",")]
-    table = engines(block, medusa, budgets, cost)
-    if args.drafters:
-        keep = set(args.drafters.split(","))
-        table = [e for e in table if e[0] in keep]
+    choices = args.draft_vocab.split(",")
+    table = []
+    for i, choice in enumerate(choices):
+        # One drafter object per vocabulary (each keeps its own packed sub-head).
+        vocab, _, prec = choice.partition("@")
+        v = None if vocab == "full" else vocab
+        bf16 = {"": None, "bf16": True, "f32": False}[prec]
+        bv, mv = block, medusa
+        if not args.smoke:
+            bv = _trained(BlockDrafter, args.block, target, v, bf16)
+            mv = _trained(MedusaDrafter, args.medusa, target, v, bf16)
+        part = engines(bv, mv, budgets, cost)
+        if args.drafters:
+            keep = set(args.drafters.split(","))
+            part = [e for e in part if e[0] in keep]
+        if len(choices) > 1:
+            part = [
+                (_label(name, choice), *rest)
+                for name, *rest in part
+                if name != "suffix" or i == 0  # the suffix drafter has no vocabulary
+            ]
+        table += part
     if block is not None and (not args.drafters or "block-inf" in args.drafters):
         for k in (1, 4):
             table.append(
@@ -242,6 +260,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                     Row(name, mode, "transformers", "AR", "-", len(hf_toks), dt, 1.0,
                         True if mode == "greedy" else None)
                 )  # fmt: skip
+                hf_row = rows[-1]
             elif mode == "greedy":
                 ref = autoregressive_generate(target, ids, n).tokens
             for drafter, engine, budget, make in [
@@ -273,14 +292,41 @@ def run(args: argparse.Namespace) -> list[Row]:
                     + (f"  [ms/token: {split}]" if split else ""),
                     flush=True,
                 )
+            if hf is not None:
+                # The baseline again after the prompt's configurations, its time the fastest
+                # of both: a burst of load on the shared machine during its first runs would
+                # otherwise inflate every ratio of the prompt (this can only lower them).
+                _, dt = timed(hf_run)
+                print(
+                    f"{name} {mode} transformers AR: {hf_row.tokens / hf_row.seconds:.1f} tok/s "
+                    f"before, {hf_row.tokens / dt:.1f} after",
+                    flush=True,
+                )
+                hf_row.seconds = min(hf_row.seconds, dt)
     return rows
 
 
-def _shipped(cls: Any, target: Any) -> Any:
+def _trained(
+    cls: Any, path: str | None, target: Any, vocab: str | None, bf16: bool | None = None
+) -> Any:
+    """A checkpoint (``path``) or the shipped weights with draft vocabulary ``vocab``."""
+    if path:
+        return cls.load(path, target, draft_vocab=vocab, bf16=bf16)
     try:
-        return cls.shipped(target)
+        return cls.shipped(target, draft_vocab=vocab, bf16=bf16)
     except Exception:  # noqa: BLE001 - a kind not shipped is left out of the tables
         return None
+
+
+def _label(name: str, choice: str) -> str:
+    """``block+suffix`` with vocabulary ``choice`` -> ``block[choice]+suffix``."""
+    if name == "suffix":
+        return name
+    vocab, at, prec = choice.partition("@")
+    tag = vocab if vocab in ("full", "auto") else vocab.rstrip("/").split("/")[-1]
+    tag += at + prec
+    head, _, tail = name.partition("+")
+    return f"{head}[{tag}]" + (f"+{tail}" if tail else "")
 
 
 def summary(rows: list[Row]) -> str:
@@ -360,13 +406,22 @@ def main() -> None:
         help="only these drafters (comma list of suffix, block, medusa, block+suffix, "
         "block-inf for the banned-token rows; default: all)",
     )
+    ap.add_argument(
+        "--draft-vocab",
+        default="auto",
+        help="comma list: the trained drafters once per draft vocabulary (full, auto, files; "
+        "@f32 / @bf16: their packed precision)",
+    )
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     if args.from_json:
         with open(args.from_json) as f:
             rows = [Row(**{k: v for k, v in r.items() if k != "tok_s"}) for r in json.load(f)]
     else:
+        # The machine's load around the run (the benchmark shares its cores): noise context.
+        print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         rows = run(args)
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(summary(rows))
     print()
     print(pivot(rows))

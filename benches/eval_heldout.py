@@ -3,7 +3,11 @@ held-out chunks (the standard library files the seed holds out): KL (nats, mean 
 depths), teacher-forced chain acceptance at the drafter's full depth and cut at depth 4.
 
 Run: ``python benches/eval_heldout.py --block DIR --medusa DIR`` (default: the shipped
-weights; ``--chunks``: held-out chunks of 256 tokens, default 8 = the training's).
+weights; ``--chunks``: held-out chunks of 256 tokens, default 8 = the training's;
+``--draft-vocab full,auto,FILE...``: one evaluation per draft vocabulary, ``auto`` = the
+checkpoint's ``draft_vocab.json`` when it has one; ``@f32`` / ``@bf16`` after one: the
+drafter's packed precision; with a subset the KL is infinite, since tokens outside it get no
+probability, so only the acceptance figures compare).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ def main() -> None:
     ap.add_argument("--medusa", default=None)
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--draft-vocab", default="auto", help="comma list: full, auto, or files")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from specdec.models import smollm2
@@ -40,13 +45,25 @@ def main() -> None:
     out = {}
     for kind, path in (("block", a.block), ("medusa", a.medusa)):
         cls = BlockDrafter if kind == "block" else MedusaDrafter
-        d = cls.load(path, target) if path else cls.shipped(target)  # type: ignore[attr-defined]
-        target.capture_hidden(getattr(d, "hidden_layers", ()), final=d.hidden_final)
-        with torch.no_grad():
-            held = [(x, *teacher_pass(target, x)) for x in ids]
-        cfg = TrainConfig(kind, blocks=32, positions=128)  # type: ignore[arg-type]
-        out[kind] = _evaluate(d.float(), target, cfg, held)
-        print(kind, path or "shipped", json.dumps(out[kind]), flush=True)
+        held = None
+        for choice in a.draft_vocab.split(","):
+            vocab, _, prec = choice.partition("@")
+            v = None if vocab == "full" else vocab
+            bf16 = {"": None, "bf16": True, "f32": False}[prec]
+            d = (
+                cls.load(path, target, draft_vocab=v, bf16=bf16)  # type: ignore[attr-defined]
+                if path
+                else cls.shipped(target, draft_vocab=v, bf16=bf16)  # type: ignore[attr-defined]
+            )
+            if held is None:
+                target.capture_hidden(getattr(d, "hidden_layers", ()), final=d.hidden_final)
+                with torch.no_grad():
+                    held = [(x, *teacher_pass(target, x)) for x in ids]
+            cfg = TrainConfig(kind, blocks=32, positions=128)  # type: ignore[arg-type]
+            res = _evaluate(d.float(), target, cfg, held)
+            n = len(d.draft_vocab) if d.draft_vocab is not None else "full"
+            out[f"{kind} {choice}"] = res
+            print(kind, path or "shipped", f"vocab {choice} ({n})", json.dumps(res), flush=True)
 
 
 if __name__ == "__main__":

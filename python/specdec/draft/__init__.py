@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..protocols import Drafter, DraftRequest, TreeDrafter
 from .base import SequenceDrafter
 from .block import BlockDrafter, BlockDrafterConfig
+from .checkpoint import DraftVocab
 from .combined import CombinedDrafter
 from .medusa import MedusaConfig, MedusaDrafter
 from .model import ModelDrafter, greedy_rollout
@@ -29,5 +30,6 @@ __all__ = [
     "MedusaDrafter",
     "MedusaConfig",
     "CombinedDrafter",
+    "DraftVocab",
     "TreeDrafter",
 ]

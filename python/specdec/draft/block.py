@@ -29,7 +29,6 @@ from ..errors import CheckpointError, ConfigError, DraftError
 from ..models.llama import (
     DecoderLayer,
     LlamaConfig,
-    LlamaModel,
     RMSNorm,
     _rotate_half,
     rope_cos_sin,
@@ -38,11 +37,14 @@ from ..protocols import DraftRequest
 from ..verify.attention import attend
 from .base import check_requests
 from .checkpoint import (
+    SharedHead,
     TargetFacts,
+    VocabChoice,
+    bf16_supported,
     check_state,
     load_dir,
+    resolve_vocab,
     save_dir,
-    shared_head_logits,
     shipped_path,
     target_facts,
     target_weights,
@@ -141,7 +143,7 @@ class _Request:
         return self.start + (self.kv[0][0].shape[1] if self.kv else 0)
 
 
-class BlockDrafter(nn.Module):
+class BlockDrafter(SharedHead, nn.Module):
     """A :class:`~specdec.protocols.Drafter`: ``draft(requests, depth) -> [R, depth, V]``
     with ``depth <= block_size``. Make one with :meth:`for_target` (untrained) or
     :meth:`load` (a checkpoint directory, checked against the target)."""
@@ -264,22 +266,39 @@ class BlockDrafter(nn.Module):
         self.fc.weight[:, j * h : (j + 1) * h] = torch.eye(h, dtype=self.fc.weight.dtype)
 
     @classmethod
-    def load(cls, path: str | Path, target: Any) -> BlockDrafter:
+    def load(
+        cls,
+        path: str | Path,
+        target: Any,
+        *,
+        draft_vocab: VocabChoice = "auto",
+        bf16: bool | None = None,
+    ) -> BlockDrafter:
         """A checkpoint directory (``config.json`` + ``model.safetensors``) for ``target``;
-        CheckpointError / ConfigError naming what is missing or differs."""
+        CheckpointError / ConfigError naming what is missing or differs. ``draft_vocab``:
+        ``"auto"`` drafts from the directory's ``draft_vocab.json`` when it has one (see
+        :class:`~specdec.draft.DraftVocab`), None from the full vocabulary, or a file /
+        DraftVocab. ``bf16``: the drafter's own linear layers and draft-vocabulary head on
+        bfloat16 packed copies (:attr:`packed_bf16`; None: where this CPU runs bfloat16
+        natively); drafts move by rounding, verified output never does."""
         raw, state = load_dir(path, KIND)
         cfg = BlockDrafterConfig.from_json(raw, Path(path) / "config.json")
         cfg.facts.check(target_facts(target), f"the block drafter at {path}")
         d = cls(cfg, *target_weights(target))
         check_state(path, state, d.state_dict())
         d.load_state_dict(state)
+        d.set_draft_vocab(resolve_vocab(draft_vocab, path, cfg.vocab_size))
+        d.packed_bf16 = bf16_supported() if bf16 is None else bool(bf16)
         return d.to(target.dtype).eval()
 
     @classmethod
-    def shipped(cls, target: Any) -> BlockDrafter:
+    def shipped(
+        cls, target: Any, *, draft_vocab: VocabChoice = "auto", bf16: bool | None = None
+    ) -> BlockDrafter:
         """The weights shipped with specdec (trained for SmolLM2-135M-Instruct by
-        ``python -m specdec.train block``), checked against ``target``."""
-        return cls.load(shipped_path(KIND), target)
+        ``python -m specdec.train block``), checked against ``target``; ``draft_vocab`` as
+        in :meth:`load`, and ``bf16``."""
+        return cls.load(shipped_path(KIND), target, draft_vocab=draft_vocab, bf16=bf16)
 
     def save(self, path: str | Path, note: str | None = None) -> Path:
         """Write the checkpoint directory (float16 weights; ``note``: kept in the config)."""
@@ -326,8 +345,8 @@ class BlockDrafter(nn.Module):
 
     def _lin(self, x: torch.Tensor, *mods: nn.Linear) -> tuple[torch.Tensor, ...]:
         """The linear layers ``mods`` on ``x`` (one packed call for several, see
-        :attr:`packed_linear`)."""
-        return LlamaModel._lin(x, *mods, packed=self.packed_linear)
+        :attr:`packed_linear`, :attr:`packed_bf16`)."""
+        return self._run_linears(x, [m.weight for m in mods], [m.bias for m in mods])
 
     def block_hidden(
         self,
@@ -372,10 +391,6 @@ class BlockDrafter(nn.Module):
             x = x + self._lin(nn.functional.silu(g) * u, m.down_proj)[0]
         out: torch.Tensor = self.norm(x).view(b, el, h)
         return out
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The shared LM head over final-norm hidden states."""
-        return shared_head_logits(hidden, self._head_src[0], self._head, self.packed_linear)
 
     def _layers(self) -> list[DecoderLayer]:
         return [layer for layer in self.layers if isinstance(layer, DecoderLayer)]

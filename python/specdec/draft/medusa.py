@@ -18,15 +18,17 @@ from torch import nn
 
 from .._arrays import check_int
 from ..errors import CheckpointError, ConfigError, DraftError
-from ..models.llama import linears
 from ..protocols import DraftRequest
 from .base import check_requests
 from .checkpoint import (
+    SharedHead,
     TargetFacts,
+    VocabChoice,
+    bf16_supported,
     check_state,
     load_dir,
+    resolve_vocab,
     save_dir,
-    shared_head_logits,
     shipped_path,
     target_facts,
     target_weights,
@@ -55,7 +57,7 @@ class MedusaConfig:
         return TargetFacts(self.target_hidden_size, self.vocab_size, self.target_num_layers)
 
 
-class MedusaDrafter(nn.Module):
+class MedusaDrafter(SharedHead, nn.Module):
     """A :class:`~specdec.protocols.Drafter`: ``draft(requests, depth) -> [R, depth, V]``
     with ``depth <= num_heads``, from each request's last hidden state."""
 
@@ -90,8 +92,17 @@ class MedusaDrafter(nn.Module):
         return cls(cfg, target_weights(target)[1]).to(target.dtype)
 
     @classmethod
-    def load(cls, path: str | Path, target: Any) -> MedusaDrafter:
-        """A checkpoint directory (``config.json`` + ``model.safetensors``) for ``target``."""
+    def load(
+        cls,
+        path: str | Path,
+        target: Any,
+        *,
+        draft_vocab: VocabChoice = "auto",
+        bf16: bool | None = None,
+    ) -> MedusaDrafter:
+        """A checkpoint directory (``config.json`` + ``model.safetensors``) for ``target``;
+        ``draft_vocab`` and ``bf16`` as in
+        :meth:`BlockDrafter.load <specdec.draft.BlockDrafter.load>`."""
         raw, state = load_dir(path, KIND)
         fields = {k: v for k, v in raw.items() if k not in ("drafter", "note")}
         try:
@@ -102,13 +113,18 @@ class MedusaDrafter(nn.Module):
         d = cls(cfg, target_weights(target)[1])
         check_state(path, state, d.state_dict())
         d.load_state_dict(state)
+        d.set_draft_vocab(resolve_vocab(draft_vocab, path, cfg.vocab_size))
+        d.packed_bf16 = bf16_supported() if bf16 is None else bool(bf16)
         return d.to(target.dtype).eval()
 
     @classmethod
-    def shipped(cls, target: Any) -> MedusaDrafter:
+    def shipped(
+        cls, target: Any, *, draft_vocab: VocabChoice = "auto", bf16: bool | None = None
+    ) -> MedusaDrafter:
         """The weights shipped with specdec (trained for SmolLM2-135M-Instruct by
-        ``python -m specdec.train medusa``), checked against ``target``."""
-        return cls.load(shipped_path(KIND), target)
+        ``python -m specdec.train medusa``), checked against ``target``; ``draft_vocab`` as
+        in :meth:`load`, and ``bf16``."""
+        return cls.load(shipped_path(KIND), target, draft_vocab=draft_vocab, bf16=bf16)
 
     def save(self, path: str | Path, note: str | None = None) -> Path:
         cfg: dict[str, Any] = {"drafter": KIND, **asdict(self.config)}
@@ -131,11 +147,8 @@ class MedusaDrafter(nn.Module):
         heads = self._linears()[: depth or len(self.heads)]
         x = hidden.to(heads[0].weight.dtype)
         ws, bs = [lin.weight for lin in heads], [lin.bias for lin in heads]
-        y = linears(x, ws, bs, packed=self.packed_linear, cat=True)[0]  # [N, depth * H]
+        y = self._run_linears(x, ws, bs, cat=True)[0]  # [N, depth * H]
         return x[:, None] + nn.functional.silu(y.view(x.shape[0], len(heads), x.shape[1]))
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return shared_head_logits(hidden, self._head_src[0], self._head, self.packed_linear)
 
     @torch.no_grad()
     def draft(self, requests: Sequence[DraftRequest], depth: int) -> torch.Tensor:

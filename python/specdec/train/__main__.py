@@ -1,12 +1,16 @@
 """``python -m specdec.train {block,medusa} --target smollm2 --out DIR``: train a drafter for
 SmolLM2-135M-Instruct on the standard library's source, within a time budget (resumes from
-``DIR/train_state.pt`` when it is there)."""
+``DIR/train_state.pt`` when it is there). ``python -m specdec.train vocab --target smollm2
+--out DIR --size N``: write ``DIR/draft_vocab.json``, the N most frequent tokens of the same
+training split (the drafters' draft vocabulary subset, loaded when present)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -15,11 +19,12 @@ from ..draft.medusa import MedusaDrafter
 from ..errors import ConfigError
 from .data import split_files, stdlib_files
 from .loop import TrainConfig, train
+from .vocab import frequent_vocab
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specdec.train", description=__doc__)
-    ap.add_argument("kind", choices=("block", "medusa"))
+    ap.add_argument("kind", choices=("block", "medusa", "vocab"))
     ap.add_argument("--target", default="smollm2", choices=("smollm2",))
     ap.add_argument("--out", required=True, help="checkpoint directory to write")
     ap.add_argument("--minutes", type=float, default=60.0, help="time budget (all runs)")
@@ -53,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the learning rate falls linearly to 0 over the last N of --steps",
     )
     ap.add_argument("--eval-every", type=int, default=50, help="held-out figures every N steps")
+    ap.add_argument("--size", type=int, default=8192, help="vocab: tokens kept (the most frequent)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--fresh", action="store_true", help="ignore an existing train_state.pt")
     a = ap.parse_args(argv)
@@ -66,6 +72,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     def encode(text: str) -> list[int]:
         return list(tok.encode(text).ids)
 
+    split = split_files(stdlib_files(), seed=a.seed)
+    if a.kind == "vocab":
+        t0 = time.perf_counter()
+        try:
+            vocab = frequent_vocab(
+                split.train,
+                encode,
+                target.config.vocab_size,
+                a.size,
+                source=f"python -m specdec.train vocab --target {a.target} --size {a.size} "
+                f"--seed {a.seed}: the most frequent tokens of the training split",
+            )
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        path = vocab.write(_mkdir(a.out))
+        ex = vocab.extra
+        print(
+            f"vocab: {len(vocab)} of {vocab.vocab_size} tokens cover "
+            f"{ex['coverage']:.4f} of {ex['counted_tokens']} training tokens "
+            f"({ex['files']} files, {time.perf_counter() - t0:.1f} s) -> {path}"
+        )
+        return 0
     torch.manual_seed(a.seed)
     if a.kind == "block":
         drafter: BlockDrafter | MedusaDrafter = BlockDrafter.for_target(
@@ -78,7 +107,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     else:
         drafter = MedusaDrafter.for_target(target, num_heads=a.heads)
-    split = split_files(stdlib_files(), seed=a.seed)
     cfg = TrainConfig(
         a.kind,
         seed=a.seed,
@@ -107,6 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{last['kl']:.3f}, teacher-forced chain acceptance {last['accept']:.2f} -> {a.out}"
     )
     return 0
+
+
+def _mkdir(path: str) -> Path:
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    return p
 
 
 if __name__ == "__main__":
