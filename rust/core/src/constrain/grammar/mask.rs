@@ -57,11 +57,7 @@ impl Tokens {
                     *o |= w;
                 }
             }
-            Tokens::List(l) => {
-                for &t in l {
-                    out[t as usize / 32] |= 1 << (t % 32);
-                }
-            }
+            Tokens::List(l) => set_bits(out, l),
         }
     }
 
@@ -462,9 +458,7 @@ fn patched(
         at = b;
     }
     for &(a, b) in &live.spans {
-        for &t in &ids[a as usize..b as usize] {
-            bits[t as usize / 32] |= 1 << (t % 32);
-        }
+        set_bits(&mut bits, &ids[a as usize..b as usize]);
     }
     Tokens::Bits(bits.into())
 }
@@ -482,9 +476,7 @@ fn tokens_of(live: &Ranges, dead: &Ranges, trie: &TokenTrie, words: usize) -> To
     if live.count <= dead.count {
         let mut bits = vec![0u32; words];
         for &(a, b) in &live.spans {
-            for &t in &ids[a as usize..b as usize] {
-                bits[t as usize / 32] |= 1 << (t % 32);
-            }
+            set_bits(&mut bits, &ids[a as usize..b as usize]);
         }
         return Tokens::Bits(bits.into());
     }
@@ -517,12 +509,12 @@ impl StateMask {
             StateMask::Union(b) => out.copy_from_slice(b),
             StateMask::Parts { lex, extra } => {
                 // The bitmap part (at most one) is copied, the lists set on top.
-                match lex.iter().find(|m| matches!(m.alive, Tokens::Bits(_))) {
-                    Some(m) => {
-                        if let Tokens::Bits(b) = &m.alive {
-                            out.copy_from_slice(b);
-                        }
-                    }
+                let bitmap = lex.iter().find_map(|m| match &m.alive {
+                    Tokens::Bits(b) => Some(b),
+                    Tokens::List(_) => None,
+                });
+                match bitmap {
+                    Some(b) => out.copy_from_slice(b),
                     None => out.fill(0),
                 }
                 for m in lex.iter() {
