@@ -130,6 +130,11 @@ def test_checkpoint_loads_its_vocab_when_present(kind, tmp_path) -> None:  # typ
     other = DraftVocab((1, 2, 3), V).write(tmp_path / "other.json")
     assert cls.load(path, t, draft_vocab=other).draft_vocab == DraftVocab((1, 2, 3), V)
     assert cls.load(bare, t, draft_vocab=DraftVocab((4,), V)).draft_vocab == DraftVocab((4,), V)
+    # save() keeps the subset: a drafter with one round-trips it, one without writes none.
+    sub = cls.load(path, t)
+    again = sub.save(tmp_path / "again")
+    assert cls.load(again, t).draft_vocab == DraftVocab(KEEP, V)
+    assert not (cls.load(bare, t).save(tmp_path / "plain") / VOCAB_FILE).exists()
 
 
 @pytest.mark.parametrize(

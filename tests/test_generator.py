@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import specdec
 from specdec.decode import AdaptiveBudget, CostModel, SpeculativeGenerator, autoregressive_generate
+from specdec.decode.budget import CALIBRATION_BINS
 from specdec.draft import NgramDrafter, SuffixDrafter
 from specdec.errors import ConfigError, KVCacheError, SpecdecTypeError, VerifyError
 from specdec.models import LlamaConfig, LlamaModel
@@ -298,15 +299,58 @@ def test_adaptive_choice_is_the_brute_force_optimum(
         tree = specdec.build_ddtree(lp, np.tile(np.arange(6), (5, 1)), int(rng.integers(1, 30)))
         trees.append(tree)
         values.append(np.exp(tree.logprobs[1:]))
-    choice = AdaptiveBudget(cost, max_b, prior=1.0, probe=False).choose(trees)
+    choice = AdaptiveBudget(cost, max_b, prior=1.0, probe=False, growth=None).choose(trees)
     assert choice.nodes == brute_force_choice(cost, values, max_b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 3), max_b=st.integers(1, 16))
+def test_adaptive_choice_among_candidates_is_the_brute_force_optimum(
+    seed: int, rows: int, max_b: int
+) -> None:
+    """Several candidate trees per request (a combined drafter's model and suffix trees):
+    the chosen size and picks give the best rate over every size and every combination of
+    picks."""
+    import itertools
+
+    rng = np.random.default_rng(seed)
+    cost = CostModel([1, 8, 32], [1.0, 1.0 + 7 * rng.uniform(0, 1), 1.0 + 31 * rng.uniform(0, 1)])
+    cands = []
+    for _ in range(rows):
+        trees = []
+        for _ in range(int(rng.integers(1, 4))):
+            lp = -np.sort(rng.exponential(rng.uniform(0.2, 2.0), size=(5, 6)), axis=1)
+            tree = specdec.build_ddtree(
+                lp.astype(np.float32), np.tile(np.arange(6), (5, 1)), int(rng.integers(1, 20))
+            )
+            trees.append(tree)
+        cands.append(trees)
+    ab = AdaptiveBudget(cost, max_b, probe=False, growth=None)
+    choice = ab.choose_among(cands)
+    best = 0.0
+    for b in range(max_b + 1):
+        for picks in itertools.product(*[range(len(c)) for c in cands]):
+            pairs = zip(cands, picks, strict=True)
+            tokens = sum(1 + float(np.exp(c[p].logprobs[1:])[:b].sum()) for c, p in pairs)
+            best = max(best, tokens / cost(rows * (b + 1)))
+    got = sum(
+        1 + float(np.exp(c[p].logprobs[1:])[: choice.nodes].sum())
+        for c, p in zip(cands, choice.picks, strict=True)
+    )
+    assert len(choice.picks) == rows
+    assert got / cost(rows * (choice.nodes + 1)) == pytest.approx(best, rel=1e-9)
 
 
 def test_adaptive_budget_follows_the_hardware() -> None:
     lp = np.log(np.full((6, 4), 0.9, dtype=np.float32))
     lp[:, 1:] = np.log(0.03)
     tree = specdec.build_ddtree(lp, np.tile(np.arange(4), (6, 1)), 32)
-    assert AdaptiveBudget(FAST_COST, 32).choose([tree]).nodes >= 6  # GPU-like: the chain and more
+    # GPU-like: the chain and more, once the trust region has seen acceptance that pays.
+    assert AdaptiveBudget(FAST_COST, 32, growth=None).choose([tree]).nodes >= 6
+    fast = AdaptiveBudget(FAST_COST, 32)
+    assert fast.choose([tree]).nodes == 4  # growth x 1 before any step
+    fast.observe([tree.pruned(4)], [4], 0.0)
+    assert fast.choose([tree]).nodes >= 6
     assert AdaptiveBudget(SLOW_COST, 32).choose([tree]).nodes == 0  # no tree pays
     # Unscored trees (explicit branches) use the measured per-depth acceptance.
     chain = specdec.tree_from_branches([[1, 2, 3, 4]], root_token=0)
@@ -357,6 +401,42 @@ def test_adaptive_calibration_keeps_sources_apart() -> None:
     # A count instead of the accepted nodes: the likeliest path's first nodes.
     ab.observe([chain], [8], 0.0)
     assert ab.node_values(chain)[0] > v[0]
+
+
+def test_adaptive_trust_region_grows_with_acceptance() -> None:
+    """Before any step at most ``growth`` nodes however sure the drafter claims to be; then
+    at most ``growth`` x (1 + the longest acceptance of the window), and the brute-force
+    optimum within that cap."""
+    sure = np.tile(np.array([0.0, -30.0], dtype=np.float32), (40, 1))
+    chain = specdec.build_ddtree(sure, np.tile(np.arange(2), (40, 1)), 40, root_token=0)
+    ab = AdaptiveBudget(FAST_COST, 40, growth=3, depth_window=4)
+    assert ab.choose([chain]).nodes == 3
+    for acc, cap in [(3, 12), (9, 30), (0, 30), (20, 40)]:
+        ab.observe([chain.pruned(ab.choose([chain]).nodes)], [acc], 0.0)
+        got = ab.choose([chain]).nodes
+        values = [ab.node_values(chain)]
+        assert got == cap == brute_force_choice(FAST_COST, values, cap)
+    for _ in range(4):  # the long acceptances leave the window
+        ab.observe([chain.pruned(3)], [0], 0.0)
+    assert ab.choose([chain]).nodes <= 3
+
+
+def test_adaptive_calibration_splits_first_and_deeper_nodes() -> None:
+    """A repeat-style source: its first drafted token is usually wrong, but once it holds,
+    the rest follow. The deeper nodes keep a high ratio of their own, so a chain is worth
+    more than its first node's value times a geometric tail; with no deeper evidence
+    they take the pooled ratio (a failing chain still shrinks geometrically)."""
+    sure = np.tile(np.array([0.0, -30.0], dtype=np.float32), (6, 1))
+    chain = specdec.build_ddtree(sure, np.tile(np.arange(2), (6, 1)), 6, root_token=0)
+    ab = AdaptiveBudget(SLOW_COST, 6)
+    for i in range(40):  # 1 in 4 chains holds, and then all the way
+        ab.observe([chain], [6 if i % 4 == 0 else 0], 0.0)
+    cal = ab.calibration
+    top = len(CALIBRATION_BINS) - 1
+    assert cal[0, top] < 0.4 and cal[1, top] > 0.9
+    v = ab.node_values(chain)
+    np.testing.assert_allclose(v, cal[0, top] * cal[1, top] ** np.arange(6), rtol=1e-9)
+    assert v[-1] > 0.8 * v[0]  # the repeat holds once it starts
 
 
 def test_adaptive_draft_depth_follows_the_accepted_lengths() -> None:

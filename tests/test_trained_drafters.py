@@ -85,6 +85,11 @@ def test_combined_drafter_equals_autoregressive(target, strategy) -> None:  # ty
     gen = SpeculativeGenerator(target, d, strategy=strategy, depth=6, budget=10, max_batch=2)
     assert [r.tokens for r in gen.generate(ps, 24)] == ref
     assert d.chose_model > 0 and d.chose_suffix > 0
+    # The adaptive budget picks between the two trees itself, by its calibration.
+    d2 = CombinedDrafter(block(target), SuffixDrafter(max_depth=6), depth=6)
+    auto = SpeculativeGenerator(target, d2, budget="auto", max_budget=10, depth=6, max_batch=2)
+    assert [r.tokens for r in auto.generate(ps, 24)] == ref
+    assert d2.chose_model + d2.chose_suffix > 0
     with pytest.raises(DraftError):
         CombinedDrafter(SuffixDrafter())  # type: ignore[arg-type]
 

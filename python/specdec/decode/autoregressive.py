@@ -9,6 +9,7 @@ import torch
 
 from ..protocols import KVCache, Target
 from ..verify import DecodingRule, Greedy
+from ..verify.rules.sampling import keyed_uniforms
 from .common import GenerationResult, emit, prompt_ids
 
 __all__ = ["autoregressive_generate"]
@@ -24,8 +25,11 @@ def autoregressive_generate(
     cache: KVCache | None = None,
     eos_token_id: int | None = None,
     on_step: Callable[[list[int], KVCache], None] | None = None,
+    seed: int | None = None,
 ) -> GenerationResult:
-    """The baseline: one token per target forward, same model code, same rule."""
+    """The baseline: one token per target forward, same model code, same rule. ``seed``:
+    seeded sampling keyed by position (the text a speculative generator given the same
+    seed samples, whatever its drafter and budget), instead of ``generator``."""
     rule = rule if rule is not None else Greedy()
     ids = prompt_ids(prompt)
     if cache is None:  # room for the whole generation, not the model's maximum
@@ -42,7 +46,10 @@ def autoregressive_generate(
         pos = torch.arange(start, start + feed.numel(), device=dev)
         logits = target(feed, pos, cache, None)
         t1 = time.perf_counter()
-        tok = int(rule.choose(logits[-1:], generator)[0])
+        u = None
+        if seed is not None:  # the token sampled here lands at position start + len(feed)
+            u = torch.from_numpy(keyed_uniforms(seed, [start + feed.numel()]))
+        tok = int(rule.choose(logits[-1:], generator, uniforms=u)[0])
         t2 = time.perf_counter()
         cache.commit_fed(feed)
         res.timings["forward"] += t1 - t0

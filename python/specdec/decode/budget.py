@@ -18,10 +18,15 @@ two CPU cores several times as much. So the choice is measured, not assumed:
   come from sources calibrated very differently (suffix chains whose empirical
   probabilities are 1 after one sighting, a model's marginals), and one shared ratio let
   the over-confident source talk the budget out of the calibrated one; nor flat along a
-  path (a failing 16-node chain then still looked worth 16 times its first node). Trees
-  without probabilities (explicit branches, n-gram chains) use the acceptance rate measured
-  per depth. ``b = 0`` is a plain one-token step: the budget falls
-  back to autoregressive decoding when no tree pays.
+  path (a failing 16-node chain then still looked worth 16 times its first node). The
+  curve is kept apart for depth-1 nodes and deeper ones (each shrunk towards the bin's
+  pooled ratio): a repeat's first token is a guess, its later tokens mostly follow once
+  it holds. Trees without probabilities (explicit branches, n-gram chains) use the
+  acceptance rate measured per depth. ``b = 0`` is a plain one-token step: the budget
+  falls back to autoregressive decoding when no tree pays.
+* A trust region bounds ``b`` by ``growth`` x (1 + the longest acceptance of the last
+  steps): trees grow as fast as acceptance shows they pay, not as fast as an unlearnt
+  calibration claims.
 """
 
 from __future__ import annotations
@@ -64,11 +69,17 @@ class CostModel:
         self.seconds = np.maximum.accumulate([float(self.seconds[i]) for i in order]).tolist()
 
     def __call__(self, num_tokens: int) -> float:
+        return float(self.many(np.array([num_tokens]))[0])
+
+    def many(self, num_tokens: np.ndarray) -> np.ndarray:
+        """The cost of each token count in ``num_tokens`` (one call for a whole ladder)."""
         t, s = self.tokens, self.seconds
-        if num_tokens <= t[-1] or len(t) == 1:
-            return float(np.interp(num_tokens, t, s))
-        slope = (s[-1] - s[-2]) / max(t[-1] - t[-2], 1)
-        return s[-1] + slope * (num_tokens - t[-1])
+        out: np.ndarray = np.interp(num_tokens, t, s)
+        if len(t) > 1:
+            slope = (s[-1] - s[-2]) / max(t[-1] - t[-2], 1)
+            past = num_tokens > t[-1]
+            out[past] = s[-1] + slope * (num_tokens[past] - t[-1])
+        return out
 
     @classmethod
     def calibrate(
@@ -125,6 +136,9 @@ class BudgetChoice:
     nodes: int
     expected_tokens: float
     expected_seconds: float
+    # Per request, which of its candidate trees (:meth:`AdaptiveBudget.choose_among`) to
+    # verify; all 0 for :meth:`AdaptiveBudget.choose`.
+    picks: tuple[int, ...] = ()
 
 
 @dataclass
@@ -155,11 +169,21 @@ class AdaptiveBudget:
     # Draft depth (:meth:`draft_depth`): two beyond the longest acceptance of the last
     # ``depth_window`` steps.
     depth_window: int = 16
+    # Trust region: at most ``growth`` times (1 + the longest acceptance of the last
+    # ``depth_window`` steps) nodes, ``growth`` before any step (None: no cap). Values come
+    # from calibration that the first steps have not learnt yet: a suffix drafter's
+    # first tree (every count-based probability 1.0) was worth 47 nodes by the prior and
+    # cost three steps' time; the cap lets trees grow as fast as acceptance shows they pay.
+    growth: int | None = 4
     _depths: list[int] = field(default_factory=list)
-    # Per bin of CALIBRATION_BINS, over tried nodes: predicted (conditional probabilities
-    # summed) and accepted.
-    _predicted: np.ndarray = field(default_factory=lambda: np.zeros(len(CALIBRATION_BINS)))
-    _realised: np.ndarray = field(default_factory=lambda: np.zeros(len(CALIBRATION_BINS)))
+    # Per (depth class, bin of CALIBRATION_BINS), over tried nodes: predicted (conditional
+    # probabilities summed) and accepted. Class 0: depth-1 nodes (tried every step); class
+    # 1: deeper ones (tried only once their parent was accepted). A suffix match's tokens
+    # all say 1.0, but its first token is a guess and, once it holds, the rest of the
+    # repeat mostly follows: one ratio for both undervalued the repeat or overvalued the
+    # guess.
+    _predicted: np.ndarray = field(default_factory=lambda: np.zeros((2, len(CALIBRATION_BINS))))
+    _realised: np.ndarray = field(default_factory=lambda: np.zeros((2, len(CALIBRATION_BINS))))
     # Acceptance per depth for trees without probabilities: reached[d] / tried[d].
     _tried: list[float] = field(default_factory=list)
     _reached: list[float] = field(default_factory=list)
@@ -170,13 +194,24 @@ class AdaptiveBudget:
             raise ConfigError(f"prior calibration must be in (0, 2], got {self.prior}")
         if not self.prior_weight > 0.0:
             raise ConfigError(f"prior_weight must be positive, got {self.prior_weight}")
+        if self.growth is not None:
+            self.growth = check_int(self.growth, "growth", 1, ConfigError)
 
     @property
     def calibration(self) -> np.ndarray:
-        """Per bin of :data:`CALIBRATION_BINS`: accepted over predicted nodes so far, with
-        ``prior`` worth ``prior_weight`` nodes of the bin (``prior`` before any step)."""
+        """``[2, bins]``: per depth class (depth 1, deeper) and bin of
+        :data:`CALIBRATION_BINS`, accepted over predicted nodes so far, with the other
+        class's ratio worth ``prior_weight`` nodes, and ``prior`` worth ``prior_weight``
+        nodes of that (``prior`` before any step)."""
         w = self.prior_weight
-        ratio: np.ndarray = (self._realised + w * self.prior) / (self._predicted + w)
+        # Each class shrinks towards the other class's ratio of the bin (itself shrunk
+        # towards ``prior``): a class with no tried nodes yet, such as the deeper nodes of a
+        # drafter whose first tokens all failed, takes the other's ratio, so a chain still
+        # loses value geometrically with depth; a class's own nodes are counted once (a
+        # pooled ratio as the prior would count them twice and sink a few early failures
+        # to a tenth).
+        other = (self._realised[::-1] + w * self.prior) / (self._predicted[::-1] + w)
+        ratio: np.ndarray = (self._realised + w * other) / (self._predicted + w)
         return np.clip(ratio, 0.02, 1.0 / _BIN_MID)
 
     def draft_depth(self, limit: int) -> int:
@@ -198,10 +233,11 @@ class AdaptiveBudget:
             # Path probability times, along the path, each node's calibration ratio for
             # its conditional probability (capped so no step is surer than certain).
             cond, par = _conditionals(tree)
-            ratio = self.calibration[np.searchsorted(CALIBRATION_BINS, np.exp(cond), "right")]
+            depths = tree.depths[:n]
+            bins = np.searchsorted(CALIBRATION_BINS, np.exp(cond), "right")
+            ratio = self.calibration[(depths[1:] > 1).astype(np.int64), bins]
             log_r = np.minimum(np.log(ratio), -cond)
             cum = np.zeros(n)
-            depths = tree.depths[:n]
             for d in range(1, int(depths.max(initial=0)) + 1):  # parents before children
                 at = np.flatnonzero(depths[1:] == d) + 1
                 cum[at] = cum[par[at]] + log_r[at - 1]
@@ -220,25 +256,45 @@ class AdaptiveBudget:
 
     def choose(self, trees: Sequence[DraftTree]) -> BudgetChoice:
         """The node count (shared by the batch's rows, which are padded to one size) that
-        maximises expected tokens per second."""
-        r = len(trees)
-        gains = np.zeros(self.max_budget + 1)
-        for tree in trees:
-            v = self.node_values(tree)[: self.max_budget]
-            c = np.cumsum(v)
-            gains[1 : len(c) + 1] += c
-            gains[len(c) + 1 :] += c[-1] if len(c) else 0.0
-        plain = BudgetChoice(0, float(r), self.cost(r) + self.host_seconds)
-        best, best_rate = None, -1.0  # the best non-empty tree size
-        for b in range(1, self.max_budget + 1):
-            tokens = r + float(gains[b])
-            secs = self.cost(r * (b + 1)) + self.host_seconds
-            if tokens / secs > best_rate:
-                best, best_rate = BudgetChoice(b, tokens, secs), tokens / secs
+        maximises expected tokens per second, within the trust region (``growth``)."""
+        return self.choose_among([[t] for t in trees])
+
+    def choose_among(self, candidates: Sequence[Sequence[DraftTree]]) -> BudgetChoice:
+        """As :meth:`choose`, with several candidate trees per request (e.g. a model's and
+        a suffix index's, :meth:`~specdec.draft.CombinedDrafter.candidates`): for each
+        size, each request takes the candidate its calibrated values rate highest at that
+        size, so the source is chosen at the size that will be verified and by what the
+        sources have been seen to deliver, not by their own claims. ``picks`` says which."""
+        r = len(candidates)
+        most = self.max_budget
+        if self.growth is not None:
+            most = min(most, self.growth * (1 + max(self._depths, default=0)))
+        gains = np.zeros(most + 1)
+        which = np.zeros((r, most + 1), dtype=np.int64)
+        for i, trees in enumerate(candidates):
+            cums = np.zeros((len(trees), most + 1))
+            for j, tree in enumerate(trees):
+                c = np.cumsum(self.node_values(tree)[:most])
+                cums[j, 1 : len(c) + 1] = c
+                cums[j, len(c) + 1 :] = c[-1] if len(c) else 0.0
+            which[i] = np.argmax(cums, axis=0)  # ties: the first candidate
+            gains += cums.max(axis=0)
+        secs = self.cost.many(r * np.arange(1, most + 2)) + self.host_seconds  # b = 0..most
+        rate = (r + gains) / secs
+
+        def at(b: int) -> BudgetChoice:
+            picks = tuple(int(x) for x in which[:, b])
+            return BudgetChoice(b, float(r + gains[b]), float(secs[b]), picks)
+
+        plain = at(0)
+        best, best_rate = None, -1.0  # the best non-empty tree size (the first of ties)
+        if most >= 1:
+            b = 1 + int(np.argmax(rate[1:]))
+            best, best_rate = at(b), rate[b]
         if best is not None and best_rate > plain.expected_tokens / plain.expected_seconds:
             self._skipped = 0
             return best
-        drafted = any(t.num_real > 1 for t in trees)
+        drafted = any(t.num_real > 1 for trees in candidates for t in trees)
         if self.probe and drafted and best is not None:
             self._skipped += 1
             if self._skipped >= self.probe_after:
@@ -283,8 +339,9 @@ class AdaptiveBudget:
                 tried = hit[par[1:]]
                 q = np.exp(cond[tried])
                 b = np.searchsorted(CALIBRATION_BINS, q, side="right")
-                np.add.at(self._predicted, b, q)
-                np.add.at(self._realised, b, hit[1:][tried].astype(np.float64))
+                deep = (tree.depths[1:n][tried] > 1).astype(np.int64)
+                np.add.at(self._predicted, (deep, b), q)
+                np.add.at(self._realised, (deep, b), hit[1:][tried].astype(np.float64))
             if n > 1:
                 # Per-depth acceptance: depth d was tried if the tree reached it.
                 max_d = int(tree.depths[1:n].max())

@@ -4,7 +4,8 @@ pipeline it is, for every running request at once::
     trees  = drafter.propose(requests, budget)                  # draft + build (TreeDrafter)
     # or:    logits = drafter.draft(requests, depth)            # draft: marginals [R, L, V]
     #        trees  = [shape.build(l, root) for l in logits]    # build (DDTree or chain)
-    trees  = [t.pruned(budget.choose(trees).nodes) ...]        # adaptive budget
+    trees  = [t.pruned(budget.choose(trees).nodes) ...]        # adaptive budget (with a
+                                                                # combined drafter: which tree)
     steps  = verifier.step_batch(trees, caches, matchers)   # mask, 1 forward, rule, walk, commit
     out   += step.tokens                                        # accepted tokens + bonus token
 
@@ -58,6 +59,7 @@ class _Request:
     on_step: StepCallback | None = None
     blocks: int = 0  # paged blocks set aside for it at admission
     hidden: torch.Tensor | None = None  # the target's hidden states of the last commit
+    seed: int | None = None  # seeded sampling keyed by position (None: the shared generator)
 
     @property
     def context(self) -> list[int]:
@@ -85,6 +87,11 @@ class SpeculativeGenerator:
     gets its own matcher; :meth:`submit` takes one per request too).
     ``max_batch``: most requests verified together. ``pad_to_budget``: every tree padded to
     ``budget`` drafted nodes (fixed shapes for CUDA graphs).
+    ``generator``: the torch RNG a sampling rule draws from; ``seed``: instead, seeded
+    sampling keyed by position for every request that :meth:`submit` gives no seed of its
+    own: the token at each position is drawn with a number fixed by (seed, position), so a
+    seeded request samples the same text as :func:`autoregressive_generate` with that seed,
+    whatever the drafter, budget or batch.
     """
 
     def __init__(
@@ -99,6 +106,7 @@ class SpeculativeGenerator:
         cache: Literal["dense", "paged"] = "dense",
         constraint: Any = None,
         generator: torch.Generator | None = None,
+        seed: int | None = None,
         pad_to_budget: bool = False,
         max_batch: int = 8,
         max_budget: int = 64,
@@ -178,6 +186,7 @@ class SpeculativeGenerator:
         self._pool: Any = None
         self.constraint = constraint
         self.verifier = Verifier(target, rule, generator=generator)
+        self.seed = None if seed is None else check_int(seed, "seed", None, ConfigError)
         self.pad_to_budget = bool(pad_to_budget)
         self._ids = itertools.count()
         self._waiting: list[_Request] = []
@@ -199,7 +208,7 @@ class SpeculativeGenerator:
 
     def propose(self, context: Sequence[int]) -> DraftTree:
         """A TreeDrafter's tree for the tokens after ``context``."""
-        return self._pad(self._trees([list(context)], [None])[0])
+        return self._pad(self._trees([list(context)], [None], candidates=False)[0][0])
 
     def build(self, logits: torch.Tensor, root_token: int) -> DraftTree:
         """The tree from one request's draft logits (padded when ``pad_to_budget``)."""
@@ -228,11 +237,13 @@ class SpeculativeGenerator:
         cache_salt: bytes | str | None = None,
         constraint: Any = None,
         on_step: StepCallback | None = None,
+        seed: int | None = None,
     ) -> int:
         """Queue a request; returns its id. It joins the running batch at the next
         :meth:`step` with room (``cache``: run it in this cache, which may already hold a
         prefix of the prompt; ``cache_salt``: its prefix-cache namespace in a paged pool;
-        ``constraint``: its grammar, else the generator's)."""
+        ``constraint``: its grammar, else the generator's; ``seed``: its sampling seed, else
+        the generator's ``seed``)."""
         ids = prompt_ids(prompt)
         max_new = check_int(max_new_tokens, "max_new_tokens", 0, ConfigError)
         if len(ids) + max_new > self.target.max_positions:
@@ -246,6 +257,7 @@ class SpeculativeGenerator:
                 f"prompt token ids must be in [0, {vocab}), got {min(ids)}..{max(ids)}"
             )
         stop = _stop_set(stop_tokens)
+        seed = self.seed if seed is None else check_int(seed, "seed", None, ConfigError)
         if cache is not None:
             if not isinstance(cache, KVCache):
                 raise SpecdecTypeError(f"cache must be a KVCache, got {type(cache).__name__}")
@@ -267,6 +279,7 @@ class SpeculativeGenerator:
             matcher=self._matcher(constraint if constraint is not None else self.constraint),
             cache_salt=cache_salt,
             on_step=on_step,
+            seed=seed,
         )
         req.result.timings = dict.fromkeys(("prefill", "draft", *STAGES), 0.0)
         if max_new == 0:
@@ -309,16 +322,21 @@ class SpeculativeGenerator:
         timings = dict.fromkeys(("draft", *STAGES), 0.0)
         t0 = time.perf_counter()
         contexts = [r.context for r in reqs]
-        trees = self._trees(contexts, [r.hidden for r in reqs])
+        cands = self._trees(contexts, [r.hidden for r in reqs])
         t1 = time.perf_counter()
         # No node deeper than the request still needs (accepted + bonus <= what is left).
-        trees = [
-            t.pruned(self.max_budget, r.max_new - len(r.result.tokens) - 1)
-            for t, r in zip(trees, reqs, strict=True)
+        cands = [
+            [t.pruned(self.max_budget, r.max_new - len(r.result.tokens) - 1) for t in ts]
+            for ts, r in zip(cands, reqs, strict=True)
         ]
         if self.auto:
-            choice = self._adaptive().choose(trees)
-            trees = [t.pruned(choice.nodes) for t in trees]
+            choice = self._adaptive().choose_among(cands)
+            trees = [ts[p].pruned(choice.nodes) for ts, p in zip(cands, choice.picks, strict=True)]
+            if isinstance(self.tree_drafter, CombinedDrafter):
+                for p in choice.picks:
+                    self.tree_drafter.record(p == 1)
+        else:
+            trees = [ts[0] for ts in cands]
         most = max(t.num_nodes for t in trees) - 1
         pad = self.budget if self.pad_to_budget else most
         trees = [t.padded(pad) if t.num_nodes < pad + 1 else t for t in trees]
@@ -330,13 +348,14 @@ class SpeculativeGenerator:
         if len(reqs) == 1 or not hasattr(self.target, "forward_batch"):
             steps = []
             for r, t, c, m in zip(reqs, trees, caches, matchers, strict=True):
-                steps.append(self.verifier.step(t, c, constraint=m))  # type: ignore[arg-type]
+                steps.append(self.verifier.step(t, c, constraint=m, seed=r.seed))  # type: ignore[arg-type]
                 r.hidden = self._hidden_rows(steps[-1].kept_nodes())
             for s in steps[1:]:  # separate forwards: sum their stage times
                 for k, v in s.timings.items():
                     steps[0].timings[k] += v
         else:
-            steps = self.verifier.step_batch(trees, caches, matchers)  # type: ignore[arg-type]
+            seeds = [r.seed for r in reqs]
+            steps = self.verifier.step_batch(trees, caches, matchers, seeds)  # type: ignore[arg-type]
             if self.reads_hidden:
                 rows = self._hidden_rows(None)
                 for i, (r, s) in enumerate(zip(reqs, steps, strict=True)):
@@ -372,12 +391,14 @@ class SpeculativeGenerator:
         cache: KVCache | None = None,
         on_step: StepCallback | None = None,
         progress: bool | None = None,
+        seed: int | None = None,
     ) -> Any:
         """Generate for one prompt (token ids: returns its :class:`GenerationResult`) or a
         batch of prompts (a list of them, or a 2-D tensor: returns a list, in order).
         ``stop_tokens`` (or ``eos_token_id``) end a request, included in its tokens;
         ``cache``: for one prompt, the cache to run in; ``progress``: a progress bar on
-        stderr (default: when the batch asks for more than 1024 tokens)."""
+        stderr (default: when the batch asks for more than 1024 tokens); ``seed``: every
+        request's sampling seed (see :meth:`submit`)."""
         single = _is_single_prompt(prompts)
         batch = [prompts] if single else list(prompts)
         if not single and cache is not None:
@@ -386,7 +407,7 @@ class SpeculativeGenerator:
         if eos_token_id is not None:
             stops.add(check_int(eos_token_id, "eos_token_id", 0))
         rids = self._submit_all(
-            batch, max_new_tokens, stop_tokens=stops, cache=cache, on_step=on_step
+            batch, max_new_tokens, stop_tokens=stops, cache=cache, on_step=on_step, seed=seed
         )
         total = max_new_tokens * len(rids)
         bar = ProgressBar(total, enabled=total > 1024 if progress is None else progress)
@@ -453,12 +474,20 @@ class SpeculativeGenerator:
         return hs[torch.as_tensor(rows, device=hs.device)]
 
     def _trees(
-        self, contexts: list[list[int]], hidden: Sequence[torch.Tensor | None]
-    ) -> list[DraftTree]:
-        """One unpadded tree per context, by the strategy (``hidden``: each request's hidden
-        states of its last commit, for drafters that read them)."""
+        self,
+        contexts: list[list[int]],
+        hidden: Sequence[torch.Tensor | None],
+        *,
+        candidates: bool | None = None,
+    ) -> list[list[DraftTree]]:
+        """Per context its unpadded candidate trees, by the strategy (``hidden``: each
+        request's hidden states of its last commit, for drafters that read them): one,
+        or with ``candidates`` (default: under the adaptive budget) a combined drafter's
+        two, the model's and the suffix index's, for the budget to choose between."""
+        if candidates is None:
+            candidates = self.auto
         if self.drafter is None or self.shape is None:
-            return [DraftTree([c[-1]], [-1]) for c in contexts]
+            return [[DraftTree([c[-1]], [-1])] for c in contexts]
         requests = [DraftRequest(c, h) for c, h in zip(contexts, hidden, strict=True)]
         # A best-first tree of B drafted nodes is at most B deep: deeper marginals (their LM
         # head rows above all) would go unread; the adaptive budget cuts deeper still.
@@ -468,13 +497,17 @@ class SpeculativeGenerator:
         if self.auto:
             depth = self._adaptive().draft_depth(depth)
         if self.tree_drafter is not None:
-            if isinstance(self.tree_drafter, CombinedDrafter):
-                trees = self.tree_drafter.propose(requests, self.max_budget, depth=depth)
+            td = self.tree_drafter
+            if isinstance(td, CombinedDrafter) and candidates and self.strategy == "ddtree":
+                pairs = td.candidates(requests, self.max_budget, depth=depth)
+                return [list(p) for p in pairs]
+            if isinstance(td, CombinedDrafter):
+                trees = td.propose(requests, self.max_budget, depth=depth)
             else:
                 trees = self.tree_drafter.propose(requests, self.max_budget)
             if self.strategy == "chain":
                 trees = [t.best_path().pruned(self.depth) for t in trees]
-            return trees
+            return [[t] for t in trees]
         assert isinstance(self.drafter, Drafter)
         logits = self.drafter.draft(requests, depth)
         want = (len(contexts), depth, self.target.vocab_size)
@@ -483,7 +516,7 @@ class SpeculativeGenerator:
 
             got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits)
             raise DraftError(f"the drafter returned {got}, expected [R, depth, V] = {list(want)}")
-        return [self.shape.build(lg, c[-1]) for lg, c in zip(logits, contexts, strict=True)]
+        return [[self.shape.build(lg, c[-1])] for lg, c in zip(logits, contexts, strict=True)]
 
     def _adaptive(self) -> AdaptiveBudget:
         if self.adaptive is None:

@@ -44,7 +44,6 @@ from .checkpoint import (
     check_state,
     load_dir,
     resolve_vocab,
-    save_dir,
     shipped_path,
     target_facts,
     target_weights,
@@ -301,11 +300,9 @@ class BlockDrafter(SharedHead, nn.Module):
         return cls.load(shipped_path(KIND), target, draft_vocab=draft_vocab, bf16=bf16)
 
     def save(self, path: str | Path, note: str | None = None) -> Path:
-        """Write the checkpoint directory (float16 weights; ``note``: kept in the config)."""
-        cfg = self.config.to_json()
-        if note:
-            cfg["note"] = note
-        return save_dir(path, cfg, self.state_dict())
+        """Write the checkpoint directory (float16 weights; ``note``: kept in the config;
+        the draft vocabulary when the drafter has one)."""
+        return self._save(path, self.config.to_json(), note)
 
     # -- what the generator reads ------------------------------------------------------------
     @property

@@ -330,6 +330,17 @@ class SharedHead:
         """The drafter's linear layers ``ws`` / ``bs`` on ``x`` (one call for several)."""
         return drafter_linears(x, ws, bs, packed=self.packed_linear, bf16=self.packed_bf16, cat=cat)
 
+    def _save(self, path: str | Path, config: dict[str, Any], note: str | None) -> Path:
+        """Write the checkpoint directory: :func:`save_dir`, plus ``draft_vocab.json`` when
+        this drafter drafts a subset (a directory's existing one is otherwise left alone:
+        training writes its checkpoints beside the vocabulary made for them)."""
+        if note:
+            config["note"] = note
+        d = save_dir(path, config, self.state_dict())  # type: ignore[attr-defined]
+        if self._subset is not None:
+            self._subset.vocab.write(d)
+        return d
+
     @property
     def draft_vocab(self) -> DraftVocab | None:
         """The tokens this drafter may draft (None: all of them)."""

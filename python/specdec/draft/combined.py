@@ -45,20 +45,34 @@ class CombinedDrafter:
     ) -> list[DraftTree]:
         """One tree per request of at most ``budget`` drafted nodes; the model drafts at
         most ``depth`` depths (default: its ``depth``; an adaptive budget asks for fewer)."""
+        out = []
+        for mt, st in self.candidates(requests, budget, depth=depth):
+            s_exp = st.expected_acceptance if st.num_drafted else 0.0
+            picked_suffix = math.isfinite(s_exp) and s_exp > mt.expected_acceptance
+            self.record(picked_suffix)
+            out.append(st if picked_suffix else mt)
+        return out
+
+    def candidates(
+        self, requests: Sequence[DraftRequest], budget: int, *, depth: int | None = None
+    ) -> list[tuple[DraftTree, DraftTree]]:
+        """Per request both trees, (the model's DDTree, the suffix drafter's tree), for a
+        caller that chooses itself (the adaptive budget weighs them with its calibration
+        at the size it picks; :meth:`record` counts its choice)."""
         budget = check_int(budget, "budget", 1, DraftError)
         cap = self.depth if depth is None else min(self.depth, check_int(depth, "depth", 1))
         # A best-first tree of ``budget`` nodes is at most that deep: no deeper marginals.
         logits = self.model.draft(requests, min(cap, budget))
         shape = DDTreeShape(budget)
         suffix = self.suffix.propose(requests, budget)
-        out = []
-        for r, lg, st in zip(requests, logits, suffix, strict=True):
-            mt = shape.build(lg, int(r.context[-1]))
-            s_exp = st.expected_acceptance if st.num_drafted else 0.0
-            if math.isfinite(s_exp) and s_exp > mt.expected_acceptance:
-                self.chose_suffix += 1
-                out.append(st)
-            else:
-                self.chose_model += 1
-                out.append(mt)
-        return out
+        return [
+            (shape.build(lg, int(r.context[-1])), st)
+            for r, lg, st in zip(requests, logits, suffix, strict=True)
+        ]
+
+    def record(self, suffix: bool) -> None:
+        """Count one tree taken from the suffix index (``True``) or the model."""
+        if suffix:
+            self.chose_suffix += 1
+        else:
+            self.chose_model += 1

@@ -28,7 +28,6 @@ from .checkpoint import (
     check_state,
     load_dir,
     resolve_vocab,
-    save_dir,
     shipped_path,
     target_facts,
     target_weights,
@@ -127,10 +126,9 @@ class MedusaDrafter(SharedHead, nn.Module):
         return cls.load(shipped_path(KIND), target, draft_vocab=draft_vocab, bf16=bf16)
 
     def save(self, path: str | Path, note: str | None = None) -> Path:
-        cfg: dict[str, Any] = {"drafter": KIND, **asdict(self.config)}
-        if note:
-            cfg["note"] = note
-        return save_dir(path, cfg, self.state_dict())
+        """Write the checkpoint directory (float16 weights; ``note``: kept in the config;
+        the draft vocabulary when the heads have one)."""
+        return self._save(path, {"drafter": KIND, **asdict(self.config)}, note)
 
     @property
     def vocab_size(self) -> int:

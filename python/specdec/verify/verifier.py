@@ -31,6 +31,7 @@ from ..errors import NoAllowedTokens, SpecdecTypeError, VerifyError
 from ..protocols import Constraint, KVCache, Target
 from ..tree import DraftTree, WalkResult, batch_tree_inputs, walk, walk_batch
 from .rules import DecodingRule, Greedy
+from .rules.sampling import keyed_uniforms
 
 __all__ = ["StepResult", "Verifier", "STAGES", "mask_tree_logits"]
 
@@ -64,6 +65,27 @@ def check_bonus_allowed(empty: np.ndarray, last_node: int, row: int = 0) -> None
             f"the grammar allows no token after tree node {last_node} (request row {row}): "
             "the constraint is finished or dead, and no stop token ended the request"
         )
+
+
+def _node_uniforms(
+    trees: Sequence[DraftTree],
+    prefix: Sequence[int],
+    seeds: Sequence[int | None],
+    width: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """``[R, width]`` float64: per tree node the uniform its row samples with. A seeded
+    request's node at depth ``d`` samples the token at position ``prefix + d + 1`` (the
+    root sits at ``prefix``); an unseeded one's rows draw from ``generator``."""
+    width = width or max(t.num_nodes for t in trees)
+    out = np.zeros((len(trees), width), dtype=np.float64)
+    for i, (tree, start, seed) in enumerate(zip(trees, prefix, seeds, strict=True)):
+        m = min(tree.num_nodes, width)
+        if seed is None:
+            out[i] = torch.rand(width, generator=generator, dtype=torch.float64).numpy()
+        else:
+            out[i, :m] = keyed_uniforms(seed, start + 1 + tree.depths[:m].astype(np.int64))
+    return torch.from_numpy(out)
 
 
 # -- the verify step -----------------------------------------------------------------------
@@ -131,12 +153,15 @@ class Verifier:
         *,
         root_token: int | None = None,
         constraint: Constraint | None = None,
+        seed: int | None = None,
     ) -> StepResult:
         """Verify ``tree`` (root = the last emitted token, not yet in ``cache``) in one target
         forward, walk it with the rule's chosen tokens and commit root + accepted path.
         ``constraint``: the sequence's grammar state after the root (a matcher); every
         node's logits are masked to what it allows, so the rule only picks valid tokens (the
-        caller advances the matcher with the step's tokens)."""
+        caller advances the matcher with the step's tokens). ``seed``: seeded sampling keyed
+        by position (:func:`~specdec.verify.rules.sampling.keyed_uniforms`) instead of the
+        verifier's ``generator``."""
         if not isinstance(tree, DraftTree):
             raise SpecdecTypeError(f"tree must be a DraftTree, got {type(tree).__name__}")
         if not isinstance(cache, KVCache):
@@ -166,7 +191,9 @@ class Verifier:
             n_real = tree.num_real
             empty = None if constraint is None else mask_tree_logits(logits, tree, constraint)
             chosen = np.zeros(tree.num_nodes, dtype=np.int64)
-            chosen[:n_real] = self.rule.choose(logits[:n_real], self.generator).cpu().numpy()
+            u = None if seed is None else _node_uniforms([tree], [prefix], [seed])[0, :n_real]
+            picked = self.rule.choose(logits[:n_real], self.generator, uniforms=u)
+            chosen[:n_real] = picked.cpu().numpy()
             t3 = self._now()
             timings["rule"] = t3 - t2
             w = walk(tree, chosen)
@@ -188,13 +215,15 @@ class Verifier:
         trees: Sequence[DraftTree],
         caches: Sequence[KVCache],
         constraints: Sequence[Constraint | None] | None = None,
+        seeds: Sequence[int | None] | None = None,
     ) -> list[StepResult]:
         """Verify R trees of R sequences in ONE target forward (trees padded to the largest,
         prefixes padded to the longest; needs a target with ``forward_batch``), then walk all
         in one Rust call and commit each cache. All or nothing: every cache reserves its step
         and checks its commit before any commits; on an error every cache is rolled back.
         Every result carries the batch's timings. ``constraints``: per sequence a matcher (or
-        None), as in :meth:`step`."""
+        None), as in :meth:`step`; ``seeds``: per sequence a sampling seed (or None: the
+        verifier's ``generator``), as in :meth:`step`."""
         fb = getattr(self.target, "forward_batch", None)
         if fb is None:
             raise SpecdecTypeError(f"{type(self.target).__name__} has no forward_batch: use step()")
@@ -214,6 +243,10 @@ class Verifier:
                 f"need one constraint (or None) per tree: {len(trees)} trees, "
                 f"{len(constraints)} constraints"
             )
+        if seeds is not None and len(seeds) != len(trees):
+            raise VerifyError(
+                f"need one seed (or None) per tree: {len(trees)} trees, {len(seeds)} seeds"
+            )
         timings: dict[str, float] = {}
         t0 = self._now()
         prefix = [c.committed_len for c in caches]
@@ -229,7 +262,11 @@ class Verifier:
                 None if m is None else mask_tree_logits(logits[i], trees[i], m)
                 for i, m in enumerate(constraints or [None] * r)
             ]
-            chosen = self.rule.choose(logits.reshape(r * n, v), self.generator).view(r, n)
+            u = None
+            if seeds is not None and any(sd is not None for sd in seeds):
+                u = _node_uniforms(trees, prefix, seeds, n, self.generator).reshape(-1)
+            flat = logits.reshape(r * n, v)
+            chosen = self.rule.choose(flat, self.generator, uniforms=u).view(r, n)
             chosen_np = chosen.cpu().numpy()
             t3 = self._now()
             timings["rule"] = t3 - t2

@@ -16,9 +16,16 @@ class DecodingRule(ABC):
 
     @abstractmethod
     def choose(
-        self, logits: torch.Tensor, generator: torch.Generator | None = None
+        self,
+        logits: torch.Tensor,
+        generator: torch.Generator | None = None,
+        *,
+        uniforms: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``[T, V]`` logits -> ``[T]`` int64 chosen tokens."""
+        """``[T, V]`` logits -> ``[T]`` int64 chosen tokens. A rule that draws at random
+        takes its randomness from ``generator``, or, when given, from ``uniforms`` (one
+        float64 in [0, 1) per row: seeded sampling keyed by position, see
+        :func:`~specdec.verify.rules.sampling.keyed_uniforms`)."""
 
     @staticmethod
     def _check(logits: torch.Tensor) -> None:

@@ -16,7 +16,11 @@ class Greedy(DecodingRule):
     """argmax at every node (ties: the lowest token id, as ``torch.argmax``)."""
 
     def choose(
-        self, logits: torch.Tensor, generator: torch.Generator | None = None
+        self,
+        logits: torch.Tensor,
+        generator: torch.Generator | None = None,
+        *,
+        uniforms: torch.Tensor | None = None,
     ) -> torch.Tensor:
         self._check(logits)
         return logits.argmax(dim=-1)

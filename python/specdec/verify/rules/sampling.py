@@ -1,17 +1,28 @@
 """Sampling with temperature, top-k and top-p: one independent sample of the target's
-processed distribution per node."""
+processed distribution per node.
+
+Seeded sampling keyed by position (:func:`keyed_uniforms`): a request with a seed draws the
+token at sequence position ``p`` with the uniform ``hash(seed, p)``, the same number
+whichever tree node, step or batch row samples it. Since a tree node's row is the target's
+distribution given exactly the node's path, the token emitted at ``p`` is the one plain
+autoregressive sampling with the same seed emits there: the sampled text does not depend on
+the drafter, the budget, the batch or the step boundaries. (A shared stream such as a
+``torch.Generator`` hands each configuration different numbers, so the same seed gives each
+configuration its own, equally distributed, text.)"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..._arrays import check_float, check_int
 from ...errors import ConfigError, VerifyError
 from .base import DecodingRule
 
-__all__ = ["Sampling", "sample_rows"]
+__all__ = ["Sampling", "keyed_uniforms", "sample_rows"]
 
 
 @dataclass(frozen=True)
@@ -50,20 +61,56 @@ class Sampling(DecodingRule):
         return p
 
     def choose(
-        self, logits: torch.Tensor, generator: torch.Generator | None = None
+        self,
+        logits: torch.Tensor,
+        generator: torch.Generator | None = None,
+        *,
+        uniforms: torch.Tensor | None = None,
     ) -> torch.Tensor:
         p = self.probs(logits)
         if torch.isnan(p).any():
             raise VerifyError("logits contain NaN")
-        return sample_rows(p, generator)
+        return sample_rows(p, generator, uniforms=uniforms)
 
 
 _BLOCK = 256
 
 
-def sample_rows(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser (uint64 arrays wrap silently): a bijection whose outputs for
+    nearby inputs look independent."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    out: np.ndarray = z ^ (z >> np.uint64(31))
+    return out
+
+
+def keyed_uniforms(seed: int, positions: np.ndarray | Sequence[int]) -> np.ndarray:
+    """The float64 uniforms in [0, 1) that seeded sampling uses for the tokens at sequence
+    ``positions`` of a request seeded ``seed``: a counter-based hash of (seed, position),
+    53 random bits each, so every position's number is fixed by the pair alone."""
+    seed = check_int(seed, "seed", None, ConfigError)
+    pos = np.asarray(positions, dtype=np.int64)
+    if pos.size and pos.min() < 0:
+        raise ConfigError("sampling positions must be >= 0")
+    key = _mix64(np.array([seed & _MASK64], dtype=np.uint64))
+    z = _mix64(key + pos.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    u: np.ndarray = (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    return u
+
+
+def sample_rows(
+    p: torch.Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One index per row of ``p`` ``[R, V]`` (non-negative, each row's sum positive), drawn
-    with probability ``p / row sum``: the inverse CDF of one float64 uniform per row, in two
+    with probability ``p / row sum``: the inverse CDF of one float64 uniform per row (from
+    ``generator``, or ``uniforms`` ``[R]`` when given), in two
     levels (sums of blocks of 256, then the chosen block's entries), all accumulated in
     float64, so a zero-probability index is never drawn. ``torch.multinomial`` draws the
     same distribution but costs ~0.75 ms per row of a 49152-token vocabulary on one CPU
@@ -75,7 +122,12 @@ def sample_rows(p: torch.Tensor, generator: torch.Generator | None = None) -> to
         p = torch.nn.functional.pad(p, (0, pad))
     blocks = p.view(r, -1, _BLOCK)
     csum = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [R, blocks]
-    u = torch.rand(r, 1, generator=generator, dtype=torch.float64, device=p.device)
+    if uniforms is None:
+        u = torch.rand(r, 1, generator=generator, dtype=torch.float64, device=p.device)
+    else:
+        if tuple(uniforms.shape) != (r,):
+            raise VerifyError(f"need one uniform per row ({r}), got {tuple(uniforms.shape)}")
+        u = uniforms.to(device=p.device, dtype=torch.float64).view(r, 1)
     u = u * csum[:, -1:]
     # The first block whose cumulative sum passes u (never past the last non-empty one).
     last_b = (csum < csum[:, -1:]).sum(-1, keepdim=True)
