@@ -20,7 +20,13 @@ from specdec.decode import SpeculativeGenerator, autoregressive_generate
 from specdec.draft import BlockDrafter, CombinedDrafter, SuffixDrafter
 from specdec.errors import ConfigError, SpecdecTypeError, VerifyError
 from specdec.models import LlamaConfig, LlamaModel
-from specdec.testing import OracleDrafter, RandomDrafter
+from specdec.testing import (
+    OracleDrafter,
+    RandomDrafter,
+    exact_pair_distribution,
+    pair_chi_square,
+    tiny_sampling_target,
+)
 from specdec.verify import Sampling
 from specdec.verify.rules.sampling import keyed_uniforms, sample_rows
 
@@ -191,25 +197,9 @@ def test_seeded_text_equals_autoregressive_property(  # type: ignore[no-untyped-
 def test_seeded_sampling_follows_the_target_distribution() -> None:
     """Over many seeds, the first two seeded tokens of a speculative run follow the exact
     distribution (enumerated with plain forwards), and each equals the seeded AR run."""
-    v = 6
-    cfg = LlamaConfig(
-        vocab_size=v,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=32,
-    )
-    t = LlamaModel(cfg).double().init_random(7, std=0.6)
+    t = tiny_sampling_target()
     prompt = [1, 2, 3]
-
-    def probs(seq: list[int]) -> torch.Tensor:
-        lg = t(torch.tensor(seq), torch.arange(len(seq)), t.new_cache(16), None)
-        return torch.softmax(lg[-1], -1)
-
-    p1 = probs(prompt)
-    exact = {(a, b): float(p1[a] * probs(prompt + [a])[b]) for a in range(v) for b in range(v)}
+    exact = exact_pair_distribution(t, prompt)
     rule = Sampling(temperature=1.0)
     gen = SpeculativeGenerator(t, OracleDrafter(t, miss=0.3), rule=rule, budget=6, depth=3)
     n = 1500
@@ -222,8 +212,4 @@ def test_seeded_sampling_follows_the_target_distribution() -> None:
         if s % 50 == 0:
             assert res.tokens == autoregressive_generate(t, prompt, 3, rule=rule, seed=s).tokens
     assert accepted > n // 4
-    keys = sorted(exact, key=lambda k: -exact[k])
-    big = [k for k in keys if exact[k] * n >= 5]
-    obs = [counts.get(k, 0) for k in big] + [n - sum(counts.get(k, 0) for k in big)]
-    exp = [exact[k] * n for k in big] + [n * (1 - sum(exact[k] for k in big))]
-    assert stats.chisquare(obs, exp).pvalue > 1e-3
+    assert pair_chi_square(counts, exact) > 1e-3

@@ -483,29 +483,12 @@ def test_sampling_matches_the_target_distribution(kind) -> None:  # type: ignore
     enumeration), whatever the drafter proposes (chi-square)."""
     from collections import Counter
 
-    from scipy import stats
-
+    from specdec.testing import exact_pair_distribution, pair_chi_square, tiny_sampling_target
     from specdec.verify.rules import Sampling
 
-    v = 6
-    cfg = LlamaConfig(
-        vocab_size=v,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=32,
-    )
-    t = LlamaModel(cfg).double().init_random(7, std=0.6)
+    t = tiny_sampling_target()
     prompt = [1, 2, 3]
-
-    def probs(seq: list[int]) -> torch.Tensor:
-        lg = t(torch.tensor(seq), torch.arange(len(seq)), t.new_cache(16), None)
-        return torch.softmax(lg[-1], -1)
-
-    p1 = probs(prompt)
-    exact = {(a, b): float(p1[a] * probs(prompt + [a])[b]) for a in range(v) for b in range(v)}
+    exact = exact_pair_distribution(t, prompt)
     d: Any = (
         BlockDrafter.for_target(t, block_size=3, seed=2)
         if kind == "block"
@@ -527,8 +510,4 @@ def test_sampling_matches_the_target_distribution(kind) -> None:  # type: ignore
         counts[tuple(res.tokens[:2])] += 1
         accepted += sum(res.accepted)
     assert accepted > 0
-    keys = sorted(exact, key=lambda k: -exact[k])
-    big = [k for k in keys if exact[k] * n >= 5]
-    obs = [counts.get(k, 0) for k in big] + [n - sum(counts.get(k, 0) for k in big)]
-    exp = [exact[k] * n for k in big] + [n * (1 - sum(exact[k] for k in big))]
-    assert stats.chisquare(obs, exp).pvalue > 1e-3
+    assert pair_chi_square(counts, exact) > 1e-3

@@ -8,6 +8,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,6 +32,9 @@ __all__ = [
     "OracleDrafter",
     "AdversarialDrafter",
     "BanningDrafter",
+    "tiny_sampling_target",
+    "exact_pair_distribution",
+    "pair_chi_square",
 ]
 
 
@@ -288,3 +292,49 @@ class BanningDrafter(SequenceDrafter):
         k = self.keep(context)
         banned = logits.argsort(dim=-1, descending=True)[:, k:]
         return logits.scatter(-1, banned, float("-inf"))
+
+
+# -- sampling ----------------------------------------------------------------------------------
+def tiny_sampling_target(vocab_size: int = 6, seed: int = 7) -> Any:
+    """A float64 two-layer Llama over ``vocab_size`` tokens whose next-token distributions
+    are spread enough for a chi-square test of sampling to have many cells."""
+    from .models import LlamaConfig, LlamaModel
+
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+    )
+    return LlamaModel(cfg).double().init_random(seed, std=0.6)
+
+
+def exact_pair_distribution(target: Any, prompt: Sequence[int]) -> dict[tuple[int, int], float]:
+    """P(first two generated tokens) at temperature 1, by enumeration with plain causal
+    forwards (the oracle a sampler is tested against)."""
+
+    def probs(seq: list[int]) -> torch.Tensor:
+        lg = target(torch.tensor(seq), torch.arange(len(seq)), target.new_cache(len(seq)), None)
+        return torch.softmax(lg[-1], -1)
+
+    v = target.vocab_size
+    p1 = probs(list(prompt))
+    return {(a, b): float(p1[a] * probs([*prompt, a])[b]) for a in range(v) for b in range(v)}
+
+
+def pair_chi_square(
+    counts: dict[tuple[int, int], int], exact: dict[tuple[int, int], float]
+) -> float:
+    """The chi-square p-value of observed pair ``counts`` against ``exact`` (cells expected
+    under 5 pooled into one)."""
+    from scipy import stats
+
+    n = sum(counts.values())
+    keys = sorted(exact, key=lambda k: -exact[k])
+    big = [k for k in keys if exact[k] * n >= 5]
+    obs = [counts.get(k, 0) for k in big] + [n - sum(counts.get(k, 0) for k in big)]
+    exp = [exact[k] * n for k in big] + [n * (1 - sum(exact[k] for k in big))]
+    return float(stats.chisquare(obs, exp).pvalue)
