@@ -213,3 +213,19 @@ def test_seeded_sampling_follows_the_target_distribution() -> None:
             assert res.tokens == autoregressive_generate(t, prompt, 3, rule=rule, seed=s).tokens
     assert accepted > n // 4
     assert pair_chi_square(counts, exact) > 1e-3
+
+
+def test_a_rule_without_uniforms_works_unseeded_and_is_refused_seeded(target) -> None:  # type: ignore[no-untyped-def]
+    """A custom rule written before seeded sampling (``choose(logits, generator)``) keeps
+    working; asked to sample seeded, the generator says what is missing."""
+    from specdec.verify import DecodingRule
+
+    class OldArgmax(DecodingRule):
+        def choose(self, logits, generator=None):  # type: ignore[no-untyped-def,override]
+            return logits.argmax(-1)
+
+    p = prompts(5, 1)[0]
+    gen = SpeculativeGenerator(target, OracleDrafter(target), rule=OldArgmax(), budget=4)
+    assert gen.generate(p, 8).tokens == autoregressive_generate(target, p, 8).tokens
+    with pytest.raises(SpecdecTypeError, match="OldArgmax.choose takes no uniforms"):
+        gen.generate(p, 8, seed=1)

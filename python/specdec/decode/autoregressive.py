@@ -9,6 +9,7 @@ import torch
 
 from ..protocols import KVCache, Target
 from ..verify import DecodingRule, Greedy
+from ..verify.rules.base import apply_rule
 from ..verify.rules.sampling import keyed_uniforms
 from .common import GenerationResult, emit, prompt_ids
 
@@ -49,7 +50,7 @@ def autoregressive_generate(
         u = None
         if seed is not None:  # the token sampled here lands at position start + len(feed)
             u = torch.from_numpy(keyed_uniforms(seed, [start + feed.numel()]))
-        tok = int(rule.choose(logits[-1:], generator, uniforms=u)[0])
+        tok = int(apply_rule(rule, logits[-1:], generator, u)[0])
         t2 = time.perf_counter()
         cache.commit_fed(feed)
         res.timings["forward"] += t1 - t0

@@ -31,6 +31,7 @@ from ..errors import NoAllowedTokens, SpecdecTypeError, VerifyError
 from ..protocols import Constraint, KVCache, Target
 from ..tree import DraftTree, WalkResult, batch_tree_inputs, walk, walk_batch
 from .rules import DecodingRule, Greedy
+from .rules.base import apply_rule
 from .rules.sampling import keyed_uniforms
 
 __all__ = ["StepResult", "Verifier", "STAGES", "mask_tree_logits"]
@@ -192,7 +193,7 @@ class Verifier:
             empty = None if constraint is None else mask_tree_logits(logits, tree, constraint)
             chosen = np.zeros(tree.num_nodes, dtype=np.int64)
             u = None if seed is None else _node_uniforms([tree], [prefix], [seed])[0, :n_real]
-            picked = self.rule.choose(logits[:n_real], self.generator, uniforms=u)
+            picked = apply_rule(self.rule, logits[:n_real], self.generator, u)
             chosen[:n_real] = picked.cpu().numpy()
             t3 = self._now()
             timings["rule"] = t3 - t2
@@ -266,7 +267,7 @@ class Verifier:
             if seeds is not None and any(sd is not None for sd in seeds):
                 u = _node_uniforms(trees, prefix, seeds, n, self.generator).reshape(-1)
             flat = logits.reshape(r * n, v)
-            chosen = self.rule.choose(flat, self.generator, uniforms=u).view(r, n)
+            chosen = apply_rule(self.rule, flat, self.generator, u).view(r, n)
             chosen_np = chosen.cpu().numpy()
             t3 = self._now()
             timings["rule"] = t3 - t2

@@ -8,7 +8,7 @@ import torch
 
 from ...errors import SpecdecTypeError, VerifyError
 
-__all__ = ["DecodingRule"]
+__all__ = ["DecodingRule", "apply_rule"]
 
 
 class DecodingRule(ABC):
@@ -35,3 +35,24 @@ class DecodingRule(ABC):
             raise VerifyError(f"logits must be [T, V] with T, V >= 1, got {tuple(logits.shape)}")
         if not logits.is_floating_point():
             raise SpecdecTypeError(f"logits must be floating point, got {logits.dtype}")
+
+
+def apply_rule(
+    rule: DecodingRule,
+    logits: torch.Tensor,
+    generator: torch.Generator | None,
+    uniforms: torch.Tensor | None,
+) -> torch.Tensor:
+    """``rule.choose``, passing ``uniforms`` only when there are some: a rule written
+    before seeded sampling (``choose(logits, generator)``) keeps working unseeded."""
+    if uniforms is None:
+        return rule.choose(logits, generator)
+    try:
+        return rule.choose(logits, generator, uniforms=uniforms)
+    except TypeError as e:
+        if "uniforms" not in str(e):
+            raise
+        raise SpecdecTypeError(
+            f"{type(rule).__name__}.choose takes no uniforms: seeded sampling needs a rule "
+            "whose choose accepts them (see DecodingRule.choose)"
+        ) from e
