@@ -19,9 +19,9 @@ two CPU cores several times as much. So the choice is measured, not assumed:
   probabilities are 1 after one sighting, a model's marginals), and one shared ratio let
   the over-confident source talk the budget out of the calibrated one; nor flat along a
   path (a failing 16-node chain then still looked worth 16 times its first node). The
-  curve is kept apart for depth-1 nodes and deeper ones (each shrunk towards the bin's
-  pooled ratio): a repeat's first token is a guess, its later tokens mostly follow once
-  it holds. Trees without probabilities (explicit branches, n-gram chains) use the
+  curve is kept apart for depth-1 nodes and deeper ones (each shrunk towards the other
+  class's ratio of the bin): a repeat's first token is a guess, its later tokens mostly
+  follow once it holds. Trees without probabilities (explicit branches, n-gram chains) use the
   acceptance rate measured per depth. ``b = 0`` is a plain one-token step: the budget
   falls back to autoregressive decoding when no tree pays.
 * A trust region bounds ``b`` by ``growth`` x (1 + the longest acceptance of the last

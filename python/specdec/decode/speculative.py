@@ -333,7 +333,7 @@ class SpeculativeGenerator:
             choice = self._adaptive().choose_among(cands)
             trees = [ts[p].pruned(choice.nodes) for ts, p in zip(cands, choice.picks, strict=True)]
             if isinstance(self.tree_drafter, CombinedDrafter):
-                for p in choice.picks:
+                for p in choice.picks:  # its candidates are (model tree, suffix tree)
                     self.tree_drafter.record(p == 1)
         else:
             trees = [ts[0] for ts in cands]
@@ -504,7 +504,7 @@ class SpeculativeGenerator:
             if isinstance(td, CombinedDrafter):
                 trees = td.propose(requests, self.max_budget, depth=depth)
             else:
-                trees = self.tree_drafter.propose(requests, self.max_budget)
+                trees = td.propose(requests, self.max_budget)
             if self.strategy == "chain":
                 trees = [t.best_path().pruned(self.depth) for t in trees]
             return [[t] for t in trees]
