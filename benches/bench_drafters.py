@@ -189,9 +189,9 @@ def run(args: argparse.Namespace) -> list[Row]:
         }
     from specdec.decode import CostModel
 
-    sizes = [1, 4, 8, 16] if args.smoke else [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]
-    cost = CostModel.calibrate(target, sizes=sizes)
     budgets = [int(b) for b in args.budgets.split(",")]
+    sizes = [1, 4, 8, 16] if args.smoke else CostModel.ladder(max(budgets) + 1)
+    cost = CostModel.calibrate(target, sizes=sizes)
     choices = args.draft_vocab.split(",")
     table = []
     for i, choice in enumerate(choices):

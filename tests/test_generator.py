@@ -5,6 +5,7 @@ constraints, the adaptive budget against a brute-force choice, and bad input."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 import specdec
 from specdec.decode import AdaptiveBudget, CostModel, SpeculativeGenerator, autoregressive_generate
-from specdec.decode.budget import CALIBRATION_BINS
+from specdec.decode.budget import CALIBRATION_BINS, rank_bands
 from specdec.draft import NgramDrafter, SuffixDrafter
 from specdec.errors import ConfigError, KVCacheError, SpecdecTypeError, VerifyError
 from specdec.models import LlamaConfig, LlamaModel
@@ -397,7 +398,11 @@ def test_adaptive_calibration_keeps_sources_apart() -> None:
         ab.observe([chain], [np.zeros(0, dtype=np.int32)], 0.0)  # the chain fails at once
     v = ab.node_values(chain)
     assert v[0] < 0.3 and all(v[1:] < v[:-1]) and v.sum() < 0.5
-    np.testing.assert_allclose(ab.node_values(model), before, rtol=1e-6)
+    # The model's probability bins are untouched: only the size calibration, shared by
+    # every source and learnt per rank band, scales its values.
+    bands = rank_bands(np.arange(1, len(before) + 1))
+    shared = ab.band_factors(int(bands[-1]) + 1)[bands]
+    np.testing.assert_allclose(ab.node_values(model), before * shared, rtol=1e-6)
     # A count instead of the accepted nodes: the likeliest path's first nodes.
     ab.observe([chain], [8], 0.0)
     assert ab.node_values(chain)[0] > v[0]
@@ -411,11 +416,15 @@ def test_adaptive_trust_region_grows_with_acceptance() -> None:
     chain = specdec.build_ddtree(sure, np.tile(np.arange(2), (40, 1)), 40, root_token=0)
     ab = AdaptiveBudget(FAST_COST, 40, growth=3, depth_window=4)
     assert ab.choose([chain]).nodes == 3
+    gots = []
     for acc, cap in [(3, 12), (9, 30), (0, 30), (20, 40)]:
         ab.observe([chain.pruned(ab.choose([chain]).nodes)], [acc], 0.0)
-        got = ab.choose([chain]).nodes
+        gots.append(ab.choose([chain]).nodes)
         values = [ab.node_values(chain)]
-        assert got == cap == brute_force_choice(FAST_COST, values, cap)
+        assert gots[-1] == brute_force_choice(FAST_COST, values, cap)
+    # The cap binds while acceptance keeps up (after the failed step the size calibration
+    # sees the tail of the 30-node chain fail, and the optimum stops short of the cap).
+    assert gots[0] == 12 and gots[1] == 30 and gots[2] <= 30 and gots[3] == 40
     for _ in range(4):  # the long acceptances leave the window
         ab.observe([chain.pruned(3)], [0], 0.0)
     assert ab.choose([chain]).nodes <= 3
@@ -435,8 +444,63 @@ def test_adaptive_calibration_splits_first_and_deeper_nodes() -> None:
     top = len(CALIBRATION_BINS) - 1
     assert cal[0, top] < 0.4 and cal[1, top] > 0.9
     v = ab.node_values(chain)
-    np.testing.assert_allclose(v, cal[0, top] * cal[1, top] ** np.arange(6), rtol=1e-9)
+    bands = rank_bands(np.arange(1, 7))
+    shared = ab.band_factors(int(bands[-1]) + 1)[bands]  # the size calibration's part
+    path = cal[0, top] * cal[1, top] ** np.arange(6)
+    np.testing.assert_allclose(v, np.minimum(path * shared, 1.0), rtol=1e-9)
     assert v[-1] > 0.8 * v[0]  # the repeat holds once it starts
+
+
+@given(st.lists(st.integers(1, 1 << 40), min_size=1, max_size=20))
+def test_rank_bands_are_powers_of_two(ranks: list[int]) -> None:
+    """Band k holds ranks 2^(k-1) + 1 .. 2^k: band of r is the bit length of r - 1."""
+    assert rank_bands(np.array(ranks)).tolist() == [(r - 1).bit_length() for r in ranks]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), budget=st.integers(1, 24))
+def test_a_step_shows_the_acceptance_of_every_smaller_tree(seed: int, budget: int) -> None:
+    """What the size calibration rests on: the walk on a best-first tree cut to its first
+    b nodes accepts exactly the full tree's accepted nodes among those b, for every b (the
+    verifier's token at a node does not depend on which other nodes were drafted)."""
+    rng = np.random.default_rng(seed)
+    lp = -np.sort(rng.exponential(1.0, size=(6, 4)), axis=1).astype(np.float32)
+    toks = np.stack([rng.permutation(4) for _ in range(6)])
+    tree = specdec.build_ddtree(lp, toks, budget, root_token=0)
+    chosen = rng.integers(0, 4, size=tree.num_nodes)  # the verifier's token at each node
+    full = specdec.walk(tree, chosen).accepted.tolist()
+    for b in range(tree.num_nodes):
+        cut = tree.pruned(b)
+        assert specdec.walk(cut, chosen[: cut.num_nodes]).accepted.tolist() == [
+            i for i in full if i <= b
+        ]
+
+
+def test_adaptive_size_calibration_learns_what_ranks_deliver() -> None:
+    """A drafter whose later nodes look worth verifying but are never accepted (only the
+    main path's first two nodes are): once steps show it, the budget stops paying for
+    them. The rank bands' factors follow accepted over predicted; bands never verified
+    take the last measured band's mean, with no optimism bonus."""
+    lp = np.log(np.tile(np.array([0.8, 0.12, 0.05], dtype=np.float32), (8, 1)))
+    tree = specdec.build_ddtree(lp, np.tile(np.arange(3), (8, 1)), 8, root_token=0)
+    par, tok = tree.parents, tree.tokens
+
+    def child(node: int) -> int:  # the main path: token 0 at every depth
+        return next(i for i in range(1, tree.num_nodes) if par[i] == node and tok[i] == 0)
+
+    main = [child(0), child(child(0))]
+    cost = CostModel([1, 5, 9], [1.0, 1.0, 1.15])  # 4 nodes free, 8 cost 15% more
+    ab = AdaptiveBudget(cost, 8, growth=None, probe=False)
+    assert ab.choose([tree]).nodes == 8  # the drafter's word: nodes 5-8 worth the 15%
+    for _ in range(60):
+        ab.observe([tree], [np.array(main, dtype=np.int64)], 0.0)
+    f = ab.band_factors(6)
+    # Bands 0 and 1 hold the accepted nodes; ranks 3-8 delivered nothing (their values
+    # are small already: the probability bins learnt it too, so each band stays near
+    # its prior, the band before it, only as far as its few predicted tokens allow).
+    assert f[0] > 1.0 and f[1] > 1.0 and f[2] < 0.3 and f[3] < 0.3
+    assert ab.choose([tree]).nodes <= 4
+    assert f[4] == f[5] and f[4] < f[3]  # ranks 9+: band 3's mean, no bonus
 
 
 def test_adaptive_draft_depth_follows_the_accepted_lengths() -> None:
@@ -459,6 +523,31 @@ def test_cost_model_calibrates_on_the_target(target: LlamaModel) -> None:
     assert cm.tokens == [1, 4, 16] and all(s > 0 for s in cm.seconds)
     assert cm.seconds == sorted(cm.seconds)  # monotone by construction
     assert math.isclose(cm(1), cm.seconds[0]) and cm(32) >= cm(16)
+
+
+@given(st.integers(1, 300), st.integers(1, 40))
+def test_cost_ladder_covers_every_small_size(most: int, dense: int) -> None:
+    """Every size up to ``dense`` (a CPU forward's time is a staircase there), every power
+    of two, ``most`` itself, nothing past it, and past ``dense`` no gap wider than half
+    the size before it (interpolation stays local) in few points."""
+    sizes = CostModel.ladder(most, dense)
+    assert sizes == sorted(set(sizes)) and sizes[0] == 1 and sizes[-1] == most
+    assert set(range(1, min(dense, most) + 1)) <= set(sizes)
+    assert {1 << k for k in range(most.bit_length()) if 1 << k <= most} <= set(sizes)
+    assert all(b - a <= max(1, a // 2) for a, b in itertools.pairwise(sizes))
+    assert len(sizes) <= dense + 2 * most.bit_length() + 1
+
+
+def test_cost_ladder_refuses_bad_sizes() -> None:
+    for bad in (0, -3, 2.5, "8"):
+        with pytest.raises(specdec.SpecdecError, match="most"):
+            CostModel.ladder(bad)  # type: ignore[arg-type]
+
+
+def test_cost_model_calibrates_the_default_ladder(target: LlamaModel) -> None:
+    cm = CostModel.calibrate(target, prefix=8, repeats=1)
+    assert cm.tokens == CostModel.ladder(65)
+    assert cm.seconds == sorted(cm.seconds) and all(s > 0 for s in cm.seconds)
 
 
 def test_auto_budget_with_measured_costs_is_lossless(target: LlamaModel) -> None:

@@ -198,10 +198,10 @@ def run_demo(
         + ("packed oneDNN" if packed_linear else "F.linear")
     )
     t0 = time.perf_counter()
-    cost = CostModel.calibrate(target, sizes=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64])
+    cost = CostModel.calibrate(target)
     log(
         f"cost model ({time.perf_counter() - t0:.1f} s): forward of n tokens / of 1 token: "
-        + ", ".join(f"{n}: {cost(n) / cost(1):.2f}" for n in (2, 4, 8, 16, 32, 64))
+        + ", ".join(f"{n}: {cost(n) / cost(1):.2f}" for n in (2, 4, 5, 7, 8, 16, 32, 64))
     )
     engines = _engines(target.vocab_size, budgets, cost)
     # Warm both sides up (first-call allocations) outside the timings.

@@ -5,7 +5,8 @@ depends on the hardware: on a GPU a forward of 32 tokens costs about what one to
 two CPU cores several times as much. So the choice is measured, not assumed:
 
 * :class:`CostModel` times the actual target forward at a ladder of token counts once, at
-  start-up (:meth:`CostModel.calibrate`), and interpolates between them;
+  start-up (:meth:`CostModel.calibrate`; every count up to 16, where the time is a
+  staircase on a CPU), and interpolates between them;
 * :class:`AdaptiveBudget` picks, per step, the node count that maximises expected tokens per
   second, ``sum_r (1 + E_r(b)) / (cost(R * (b + 1)) + host)``, where ``E_r(b)`` is request
   r's expected acceptance with its tree cut to its ``b`` best nodes: the sum of the nodes'
@@ -24,6 +25,17 @@ two CPU cores several times as much. So the choice is measured, not assumed:
   follow once it holds. Trees without probabilities (explicit branches, n-gram chains) use the
   acceptance rate measured per depth. ``b = 0`` is a plain one-token step: the budget
   falls back to autoregressive decoding when no tree pays.
+* Per-node calibration by conditional probability still leaves the values of a tree's
+  first ``b`` nodes biased as a whole (block + suffix on SmolLM2's code prompts: rank-1
+  nodes accepted 0.66x their calibrated value, nodes 5-8 0.26x; a bin pools nodes of
+  different ranks, trees and sources). A step shows the truth for every size it covers:
+  a best-first tree's nodes are prefix-closed in order, and the walk accepts, on the tree
+  cut to its first ``b`` nodes, exactly the accepted nodes among them (greedy, or sampling
+  with one sample per node). So values are scaled per rank band (1, 2, 3-4, 5-8, ...) by
+  accepted over predicted of that band's verified nodes (the size calibration), each band
+  shrunk towards the band before it (a band never verified takes the last measured one's
+  factor, not the drafter's word), plus a standard error of optimism so a band that looked
+  poor early is still tried (:meth:`AdaptiveBudget.band_factors`).
 * A trust region bounds ``b`` by ``growth`` x (1 + the longest acceptance of the last
   steps): trees grow as fast as acceptance shows they pay, not as fast as an unlearnt
   calibration claims.
@@ -44,12 +56,20 @@ from ..errors import ConfigError
 from ..protocols import Target
 from ..tree import DraftTree
 
-__all__ = ["CostModel", "AdaptiveBudget", "BudgetChoice", "CALIBRATION_BINS"]
+__all__ = ["CostModel", "AdaptiveBudget", "BudgetChoice", "CALIBRATION_BINS", "rank_bands"]
 
 # Upper edges of the conditional-probability bins the calibration keeps apart, and a
 # typical probability of each (where its prior pseudo-nodes sit).
 CALIBRATION_BINS = np.array([0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 0.95, np.inf])
 _BIN_MID = np.array([0.01, 0.035, 0.075, 0.15, 0.25, 0.375, 0.525, 0.7, 0.875, 0.975])
+
+
+def rank_bands(ranks: np.ndarray) -> np.ndarray:
+    """The rank band of each node rank (1-based position in a best-first tree): 1 -> 0,
+    2 -> 1, 3-4 -> 2, 5-8 -> 3, ... (band ``k`` holds ranks ``2^(k-1) + 1 .. 2^k``)."""
+    r = np.maximum(np.asarray(ranks, dtype=np.int64), 1)
+    bands: np.ndarray = np.ceil(np.log2(r)).astype(np.int64)  # exact at powers of two
+    return bands
 
 
 @dataclass
@@ -81,21 +101,39 @@ class CostModel:
             out[past] = s[-1] + slope * (num_tokens[past] - t[-1])
         return out
 
+    @staticmethod
+    def ladder(most: int, dense: int = 16) -> list[int]:
+        """Calibration sizes up to ``most`` tokens: every size up to ``dense``, then powers
+        of two and their midpoints. Every size where trees are usually chosen: a CPU
+        forward's time is a staircase in the token count (matmul tiles), not a line (on two
+        cores SmolLM2's forward of 3 to 6 tokens costs the same and 7 costs 10% more), and
+        interpolating between powers of two put the steps in the wrong places."""
+        most = check_int(most, "most", 1, ConfigError)
+        sizes = set(range(1, min(dense, most) + 1)) | {most}
+        p = 1
+        while p < most:
+            sizes.update({p, min(p + p // 2, most)})
+            p *= 2
+        return sorted(s for s in sizes if s <= most)
+
     @classmethod
     def calibrate(
         cls,
         target: Target,
         *,
-        sizes: Sequence[int] = (1, 2, 4, 8, 16, 24, 32, 48, 64),
+        sizes: Sequence[int] | None = None,
         prefix: int = 128,
         repeats: int = 5,
     ) -> CostModel:
-        """Time ``target`` forwards of each size in ``sizes`` after a ``prefix``-token
+        """Time ``target`` forwards of each size in ``sizes`` (default
+        :meth:`ladder` ``(65)``) after a ``prefix``-token
         context (fastest of ``repeats``, after one warm-up: noise on a shared machine only
         ever adds time), in a scratch cache. The sizes take turns, one forward each per
         round, so a burst of load inflates one repeat of several sizes rather than every
         repeat of one size (whose inflated time the monotone curve would then carry up to
         all larger sizes)."""
+        if sizes is None:
+            sizes = cls.ladder(65)
         sizes = sorted({check_int(s, "calibration size", 1, ConfigError) for s in sizes})
         prefix = min(prefix, target.max_positions - max(sizes) - 1)
         if prefix < 1:
@@ -184,6 +222,15 @@ class AdaptiveBudget:
     # guess.
     _predicted: np.ndarray = field(default_factory=lambda: np.zeros((2, len(CALIBRATION_BINS))))
     _realised: np.ndarray = field(default_factory=lambda: np.zeros((2, len(CALIBRATION_BINS))))
+    # Standard errors added to each rank band's factor (:meth:`band_factors`).
+    band_optimism: float = 1.0
+    # Per rank band (:func:`rank_bands`), over verified nodes: values predicted by the
+    # per-node calibration, and nodes accepted (the size calibration). One for all sources
+    # of a combined drafter: the per-node calibration keeps them apart, and kept per source
+    # (tried) each band had half the data and a suffix source's bands sank (block + suffix
+    # on edit at t=1: 0.92 of the best fixed budget in the replay, 0.99 pooled).
+    _band_predicted: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    _band_realised: np.ndarray = field(default_factory=lambda: np.zeros(1))
     # Acceptance per depth for trees without probabilities: reached[d] / tried[d].
     _tried: list[float] = field(default_factory=list)
     _reached: list[float] = field(default_factory=list)
@@ -196,6 +243,8 @@ class AdaptiveBudget:
             raise ConfigError(f"prior_weight must be positive, got {self.prior_weight}")
         if self.growth is not None:
             self.growth = check_int(self.growth, "growth", 1, ConfigError)
+        if not 0.0 <= self.band_optimism < math.inf:
+            raise ConfigError(f"band_optimism must be finite and >= 0, got {self.band_optimism}")
 
     @property
     def calibration(self) -> np.ndarray:
@@ -214,6 +263,26 @@ class AdaptiveBudget:
         ratio: np.ndarray = (self._realised + w * other) / (self._predicted + w)
         return np.clip(ratio, 0.02, 1.0 / _BIN_MID)
 
+    def band_factors(self, bands: int) -> np.ndarray:
+        """``[bands]``: per rank band (:func:`rank_bands`), accepted over predicted
+        (per-node calibrated) values of the verified nodes so far, shrunk towards the band
+        before it (worth ``prior_weight`` predicted tokens; band 0 towards ``prior``), plus
+        ``band_optimism`` standard errors. The bonus keeps a band that looked poor early
+        in play: it is verified less often after that, so without it its estimate stops
+        improving and trees shrink step after step (block + suffix at t=1 on edit prompts
+        fell to 0.87 of the best fixed budget that way in ``bench_budget_replay.py``)."""
+        w = self.prior_weight
+        out = np.empty(bands)
+        before = self.prior
+        for k in range(bands):
+            p = self._band_predicted[k] if k < len(self._band_predicted) else 0.0
+            a = self._band_realised[k] if k < len(self._band_realised) else 0.0
+            before = (a + w * before) / (p + w)
+            # Accepted counts are about Poisson: the ratio's standard error is
+            # sqrt(ratio * predicted) / (predicted + w), none before any data.
+            out[k] = before + self.band_optimism * math.sqrt(before * p) / (p + w)
+        return np.maximum(out, 0.02)
+
     def draft_depth(self, limit: int) -> int:
         """How many depths a per-depth drafter should draft this step (at most ``limit``):
         such drafters pay per depth (the block drafter's LM head runs on one row per
@@ -228,6 +297,15 @@ class AdaptiveBudget:
 
     def node_values(self, tree: DraftTree) -> np.ndarray:
         """Each drafted node's expected contribution to the acceptance length, in node order."""
+        values = self._path_values(tree)
+        if len(values) and not math.isnan(tree.expected_acceptance):
+            bands = rank_bands(np.arange(1, len(values) + 1))
+            # No node is accepted more than always (a factor above 1 on a sure node).
+            values = np.minimum(values * self.band_factors(int(bands[-1]) + 1)[bands], 1.0)
+        return values
+
+    def _path_values(self, tree: DraftTree) -> np.ndarray:
+        """As :meth:`node_values`, before the size calibration (per rank band)."""
         n = tree.num_real
         if not math.isnan(tree.expected_acceptance):
             # Path probability times, along the path, each node's calibration ratio for
@@ -321,6 +399,7 @@ class AdaptiveBudget:
         for tree, a, acc in zip(trees, counts, accepted, strict=True):
             n = tree.num_real
             if n > 1 and not math.isnan(tree.expected_acceptance):
+                values = self._path_values(tree)  # before this step updates the calibration
                 cond, par = _conditionals(tree)
                 hit = np.zeros(n, dtype=bool)
                 hit[0] = True  # the root: its children are always tried
@@ -342,6 +421,14 @@ class AdaptiveBudget:
                 deep = (tree.depths[1:n][tried] > 1).astype(np.int64)
                 np.add.at(self._predicted, (deep, b), q)
                 np.add.at(self._realised, (deep, b), hit[1:][tried].astype(np.float64))
+                # The size calibration: every verified node, by its rank band.
+                bands = rank_bands(np.arange(1, n))
+                grow = int(bands[-1]) + 1 - len(self._band_predicted)
+                if grow > 0:
+                    self._band_predicted = np.concatenate([self._band_predicted, np.zeros(grow)])
+                    self._band_realised = np.concatenate([self._band_realised, np.zeros(grow)])
+                np.add.at(self._band_predicted, bands, values)
+                np.add.at(self._band_realised, bands, hit[1:].astype(np.float64))
             if n > 1:
                 # Per-depth acceptance: depth d was tried if the tree reached it.
                 max_d = int(tree.depths[1:n].max())

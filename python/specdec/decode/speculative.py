@@ -521,7 +521,7 @@ class SpeculativeGenerator:
     def _adaptive(self) -> AdaptiveBudget:
         if self.adaptive is None:
             cost = self._cost_model or CostModel.calibrate(
-                self.target, sizes=_ladder(self.max_budget + 1)
+                self.target, sizes=CostModel.ladder(self.max_budget + 1)
             )
             self.adaptive = AdaptiveBudget(cost, self.max_budget)
         return self.adaptive
@@ -647,13 +647,3 @@ def _is_single_prompt(prompts: Any) -> bool:
     return len(prompts) == 0 or not all(
         isinstance(p, (Sequence, torch.Tensor)) and not isinstance(p, (str, bytes)) for p in prompts
     )
-
-
-def _ladder(most: int) -> list[int]:
-    """Calibration sizes: powers of two and their midpoints up to ``most`` tokens."""
-    sizes = {1, most}
-    p = 1
-    while p < most:
-        sizes.update({p, min(p + p // 2, most)})
-        p *= 2
-    return sorted(s for s in sizes if s <= most)
