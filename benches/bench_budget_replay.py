@@ -160,11 +160,13 @@ def main() -> None:
         for c in [*fixed, "auto"]:
             if c in res:
                 continue
-            kw: dict[str, Any] = {"budget": int(c)} if c not in ("chain", "auto") else {}
+            kw: dict[str, Any]
             if c == "chain":
-                kw["strategy"] = "chain"
+                kw = {"strategy": "chain"}
             elif c == "auto":
-                kw.update(budget="auto", max_budget=args.max_budget, cost_model=cost)
+                kw = {"budget": "auto", "max_budget": args.max_budget, "cost_model": cost}
+            else:
+                kw = {"budget": int(c)}
 
             def make(kw: dict[str, Any] = kw, d: str = name, k: int = depth, r: Any = rule) -> Any:
                 return SpeculativeGenerator(target, drafter(d), depth=k, rule=r, **kw)

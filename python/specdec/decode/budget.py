@@ -304,13 +304,16 @@ class AdaptiveBudget:
             values = np.minimum(values * self.band_factors(int(bands[-1]) + 1)[bands], 1.0)
         return values
 
-    def _path_values(self, tree: DraftTree) -> np.ndarray:
-        """As :meth:`node_values`, before the size calibration (per rank band)."""
+    def _path_values(
+        self, tree: DraftTree, conditionals: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> np.ndarray:
+        """As :meth:`node_values`, before the size calibration (per rank band);
+        ``conditionals``: the tree's :func:`_conditionals` when the caller has them."""
         n = tree.num_real
         if not math.isnan(tree.expected_acceptance):
             # Path probability times, along the path, each node's calibration ratio for
             # its conditional probability (capped so no step is surer than certain).
-            cond, par = _conditionals(tree)
+            cond, par = conditionals if conditionals is not None else _conditionals(tree)
             depths = tree.depths[:n]
             bins = np.searchsorted(CALIBRATION_BINS, np.exp(cond), "right")
             ratio = self.calibration[(depths[1:] > 1).astype(np.int64), bins]
@@ -399,8 +402,9 @@ class AdaptiveBudget:
         for tree, a, acc in zip(trees, counts, accepted, strict=True):
             n = tree.num_real
             if n > 1 and not math.isnan(tree.expected_acceptance):
-                values = self._path_values(tree)  # before this step updates the calibration
                 cond, par = _conditionals(tree)
+                # The values as predicted, before this step updates the calibration.
+                values = self._path_values(tree, (cond, par))
                 hit = np.zeros(n, dtype=bool)
                 hit[0] = True  # the root: its children are always tried
                 if isinstance(acc, int | np.integer):
