@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import specdec
 from specdec.decode import AdaptiveBudget, CostModel, SpeculativeGenerator, autoregressive_generate
-from specdec.decode.budget import CALIBRATION_BINS, rank_bands
+from specdec.decode.budget import CALIBRATION_BINS, _path_sums, rank_bands
 from specdec.draft import NgramDrafter, SuffixDrafter
 from specdec.errors import ConfigError, KVCacheError, SpecdecTypeError, VerifyError
 from specdec.models import LlamaConfig, LlamaModel
@@ -381,6 +381,68 @@ def test_adaptive_budget_probes_a_drafter_it_gave_up_on() -> None:
     assert ab.choose([chain]).nodes == 4 and ab.probe_after == 8
 
 
+def test_adaptive_budget_stops_drafting_while_drafts_do_not_pay() -> None:
+    """A drafter whose trees are not worth verifying and whose draft costs a fifth of a
+    plain step is no longer run (``draft_now``) once the budget chose plain steps at 3/4
+    of the last 32 drafted steps, but for the probes; a free drafter (a suffix index) is
+    run every step; a probe that pays brings drafting back."""
+    chain = specdec.tree_from_branches([[1, 2, 3, 4]], root_token=0)
+    cost = CostModel([1, 2, 5], [1.0, 2.0, 2.2])  # trees dear: unscored chains never pay
+
+    def run(ab: AdaptiveBudget, steps: int, draft: float, accept: bool) -> list[bool]:
+        runs = []
+        for _ in range(steps):
+            runs.append(ab.draft_now())
+            if not runs[-1]:
+                ab.skip()
+                ab.observe([chain.pruned(0)], [0], 0.05, drafted=False)
+                continue
+            nodes = ab.choose([chain]).nodes
+            ab.observe([chain.pruned(nodes)], [nodes if accept else 0], 0.05 + draft, draft=draft)
+        return runs
+
+    for draft, stops in ((0.2, True), (0.0, False)):
+        ab = AdaptiveBudget(cost, 4)
+        runs = run(ab, 150, draft, accept=False)
+        assert (not all(runs)) is stops
+        if stops:
+            assert all(runs[:32])  # not before the window is full
+            # Skipped steps count towards the probes, which still come (and double).
+            assert sum(runs[40:]) >= 2 and ab.probe_after >= 32
+            assert ab.draft_seconds == pytest.approx(draft)
+    # Probes that pay bring the drafter back.
+    ab = AdaptiveBudget(cost, 4)
+    ab._plain, ab.draft_seconds, ab.host_seconds = [True] * 32, 0.2, 0.25
+    runs = run(ab, 60, 0.2, accept=True)
+    assert not runs[0] and all(runs[-20:])
+
+
+def test_skipped_drafts_keep_a_block_drafters_context_whole() -> None:
+    """While the adaptive budget skips the drafter, the hidden states of the plain steps
+    are kept and handed over at the next draft: the block drafter's context K/V covers
+    every committed position once, and the output is the target's greedy one."""
+    from specdec.draft import BlockDrafter
+
+    t = LlamaModel(CFG).init_random(5)
+    drafter = BlockDrafter.for_target(t, block_size=4, seed=2)
+    prompt = [5, 9, 2, 7, 7, 1]
+    gen = SpeculativeGenerator(t, drafter, depth=4, budget="auto", max_budget=8,
+                               cost_model=CostModel([1, 9], [1.0, 1.01]))  # fmt: skip
+    ab = gen._adaptive()
+    # The budget chose plain steps lately: skip the drafter until a probe.
+    ab._plain, ab.skip_share = [True] * 32, 1e-6
+    skips = []
+    skip = ab.skip
+    ab.skip = lambda: (skips.append(1), skip())[1]  # type: ignore[method-assign]
+    got = gen.generate(prompt, 30)
+    assert len(skips) >= 7  # plain steps without a draft, then a probe drafted
+    assert got.tokens == reference(t, prompt, 30)
+    assert ab.probe_after >= 8 and len(got.tokens) == 30
+    st = drafter._requests[0]
+    # The last draft saw the context up to its root: positions [0, root) once each.
+    assert st.start == 0 and st.end == len(st.seen) - 1
+
+
 def test_adaptive_calibration_keeps_sources_apart() -> None:
     """An over-confident chain (a suffix match: conditional probabilities of 1) that keeps
     failing loses its value, geometrically along the chain, without dragging down a model
@@ -476,6 +538,66 @@ def test_a_step_shows_the_acceptance_of_every_smaller_tree(seed: int, budget: in
         ]
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), small=st.integers(1, 12), extra=st.integers(0, 20))
+def test_a_smaller_budget_drafts_the_first_nodes_of_a_bigger_tree(
+    seed: int, small: int, extra: int
+) -> None:
+    """What lets the adaptive budget ask drafters for no more than it can pick this step
+    (``size_bound``): a DDTree (from logits) or suffix tree of budget b is the budget-B
+    tree cut to its first b nodes, node for node."""
+    rng = np.random.default_rng(seed)
+    big = small + extra
+    logits = torch.from_numpy(rng.normal(0.0, 2.0, size=(6, 9)).astype(np.float32))
+    ctx = rng.integers(0, 4, size=60).tolist()
+    sd = SuffixDrafter(max_depth=5)
+    pairs = [
+        (specdec.ddtree_from_logits(logits, b, root_tokens=1) for b in (small, big)),
+        (sd.propose_tree(ctx, b) for b in (small, big)),
+    ]
+    for lo_t, hi_t in pairs:
+        assert isinstance(lo_t, specdec.DraftTree) and isinstance(hi_t, specdec.DraftTree)
+        cut = hi_t.pruned(small)
+        for name in ("tokens", "parents", "depths", "logprobs"):
+            np.testing.assert_array_equal(getattr(lo_t, name), getattr(cut, name), err_msg=name)
+
+
+@given(st.lists(st.integers(0, 1 << 30), min_size=1, max_size=40), st.integers(0, 2**32 - 1))
+def test_path_sums_add_each_node_path(links: list[int], seed: int) -> None:
+    """The pointer-jumping path sums against walking each node's path to the root."""
+    parents = np.array([-1] + [x % (i + 1) for i, x in enumerate(links)], dtype=np.int32)
+    log_r = np.random.default_rng(seed).normal(size=len(links))
+    want = []
+    for i in range(1, len(parents)):
+        total, node = 0.0, i
+        while node > 0:
+            total, node = total + log_r[node - 1], int(parents[node])
+        want.append(total)
+    np.testing.assert_allclose(_path_sums(log_r, parents), want, rtol=1e-12, atol=1e-12)
+
+
+def test_observe_reuses_what_choose_valued() -> None:
+    """``observe`` after ``choose_among`` (values remembered from the choice, the verified
+    tree being its pick cut short) learns exactly what it learns from scratch."""
+    rng = np.random.default_rng(3)
+    cost = CostModel([1, 5, 9, 17], [1.0, 1.02, 1.1, 1.3])
+    a, b = AdaptiveBudget(cost, 16), AdaptiveBudget(cost, 16)
+    for step in range(30):
+        trees = []
+        for _ in range(2):  # two candidates, as a combined drafter's
+            p = -np.sort(-rng.dirichlet(np.ones(5), size=6), axis=1)
+            toks = np.stack([rng.permutation(5) for _ in range(6)])
+            trees.append(specdec.build_ddtree(np.log(p).astype(np.float32), toks, 16, root_token=0))
+        choice = a.choose_among([trees])
+        verified = trees[choice.picks[0]].pruned(choice.nodes)
+        acc = np.arange(1, min(step % 4, verified.num_nodes - 1) + 1, dtype=np.int64)
+        a.observe([verified], [acc], 1e-3)
+        b.observe([verified], [acc], 1e-3)
+        np.testing.assert_array_equal(a._band_predicted, b._band_predicted)
+        np.testing.assert_array_equal(a._band_realised, b._band_realised)
+        np.testing.assert_array_equal(a.calibration, b.calibration)
+
+
 def test_adaptive_size_calibration_learns_what_ranks_deliver() -> None:
     """A drafter whose later nodes look worth verifying but are never accepted (only the
     main path's first two nodes are): once steps show it, the budget stops paying for
@@ -492,7 +614,7 @@ def test_adaptive_size_calibration_learns_what_ranks_deliver() -> None:
     cost = CostModel([1, 5, 9], [1.0, 1.0, 1.15])  # 4 nodes free, 8 cost 15% more
     ab = AdaptiveBudget(cost, 8, growth=None, probe=False)
     assert ab.choose([tree]).nodes == 8  # the drafter's word: nodes 5-8 worth the 15%
-    for _ in range(60):
+    for _ in range(100):
         ab.observe([tree], [np.array(main, dtype=np.int64)], 0.0)
     f = ab.band_factors(6)
     # Bands 0 and 1 hold the accepted nodes; ranks 3-8 delivered nothing (their values
@@ -618,3 +740,23 @@ def test_stream_and_progress_bar(target: LlamaModel) -> None:
     quiet = io.StringIO()
     ProgressBar(100, enabled=False, stream=quiet).close(5)
     assert quiet.getvalue() == ""
+
+
+@pytest.mark.parametrize(
+    ("kw", "name"),
+    [
+        ({"max_budget": 0}, "max_budget"),
+        ({"prior": 0.0}, "prior"),
+        ({"prior_weight": 0.0}, "prior_weight"),
+        ({"growth": 0}, "growth"),
+        ({"band_optimism": -1.0}, "band_optimism"),
+        ({"skip_window": 0}, "skip_window"),
+        ({"skip_after": 0.0}, "skip_after"),
+        ({"skip_share": float("nan")}, "skip_share"),
+        ({"depth_window": 0}, "depth_window"),
+    ],
+)
+def test_adaptive_budget_rejects_bad_settings(kw: dict[str, float], name: str) -> None:
+    args: dict[str, object] = {"cost": CostModel([1, 2], [1.0, 2.0]), "max_budget": 4, **kw}
+    with pytest.raises(ConfigError, match=name):
+        AdaptiveBudget(**args)  # type: ignore[arg-type]

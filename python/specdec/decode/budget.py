@@ -38,7 +38,10 @@ two CPU cores several times as much. So the choice is measured, not assumed:
   poor early is still tried (:meth:`AdaptiveBudget.band_factors`).
 * A trust region bounds ``b`` by ``growth`` x (1 + the longest acceptance of the last
   steps): trees grow as fast as acceptance shows they pay, not as fast as an unlearnt
-  calibration claims.
+  calibration claims. Drafters are asked for trees of that bound (:meth:`size_bound`),
+  not ``max_budget``: the same first nodes, less drafting.
+* A plain step needs no draft: while the budget keeps choosing plain steps, a drafter
+  that costs something is not run, but for the probes (:meth:`AdaptiveBudget.draft_now`).
 """
 
 from __future__ import annotations
@@ -166,6 +169,52 @@ def _conditionals(tree: DraftTree) -> tuple[np.ndarray, np.ndarray]:
     return lp[1:] - lp[par[1:]], par
 
 
+def _path_sums(log_r: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    """``[N]``: per drafted node the sum of ``log_r`` (one per drafted node) over its path
+    from the root, by pointer jumping: log2(depth) rounds of whole-array work instead of
+    one per depth."""
+    s = np.concatenate(([0.0], log_r))
+    up = parents.astype(np.int64)
+    up[0] = 0  # the root adds its 0 from then on
+    reach = 1  # s[i] sums the ``reach`` nearest nodes of i's path
+    while reach < len(s) and (up[1:] != 0).any():
+        s = s + s[up]
+        up = up[up]
+        reach *= 2
+    out: np.ndarray = s[1:]
+    return out
+
+
+_BANDS = rank_bands(np.arange(1, 1026))
+
+
+def _bands(n: int) -> np.ndarray:
+    """The rank bands of ranks ``1..n``."""
+    return _BANDS[:n] if n <= len(_BANDS) else rank_bands(np.arange(1, n + 1))
+
+
+@dataclass
+class _Seen:
+    """A candidate tree as :meth:`AdaptiveBudget.choose_among` valued it: its
+    :func:`_conditionals` (None without probabilities) and path values."""
+
+    tree: DraftTree
+    conditionals: tuple[np.ndarray, np.ndarray] | None
+    path_values: np.ndarray
+
+    def prefix(self, tree: DraftTree) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(conditionals, parents, path values) of ``tree`` when it is this tree's first
+        nodes (a best-first tree cut to the chosen size), else None."""
+        n, t = tree.num_real, self.tree
+        if self.conditionals is None or n > t.num_real:
+            return None
+        same = np.array_equal(tree.tokens[:n], t.tokens[:n])
+        if not (same and np.array_equal(tree.parents[:n], t.parents[:n])):
+            return None
+        cond, par = self.conditionals
+        return cond[: n - 1], par[:n], self.path_values[: n - 1]
+
+
 @dataclass(frozen=True)
 class BudgetChoice:
     """One step's decision: drafted nodes per request (``0`` = a plain one-token step) and
@@ -186,7 +235,7 @@ class AdaptiveBudget:
 
     cost: CostModel
     max_budget: int
-    host_seconds: float = 0.0  # per-step work besides the forward, learnt as the run goes
+    host_seconds: float = 0.0  # per-step work besides the forward (draft included), learnt
     # Each bin's calibration starts at ``prior`` (worth ``prior_weight`` predicted tokens)
     # until steps say otherwise: a suffix chain's empirical probabilities of 1 that fail
     # drag their own bin down within a step or two, while a model's marginals (the block
@@ -204,6 +253,24 @@ class AdaptiveBudget:
     probe_after: int = 8
     _skipped: int = 0
     _probing: bool = False
+    # Skipping the drafter (:meth:`draft_now`): a plain step needs no draft, and a model
+    # drafter's forward costs 6-14% of a plain step on two cores (Medusa, block). So when
+    # the budget chose the plain step at ``skip_after`` or more of the last
+    # ``skip_window`` steps that drafted, the drafter is not run, but for the probes; a
+    # probe that accepts something starts drafting again. (Medusa on SmolLM2's qa
+    # prompts, where no tree pays: drafting at every step ran at 0.90x of plain decoding,
+    # skipping at 0.97x.) A drafter cheaper than ``skip_share`` of a plain step (a suffix
+    # index, 0.1 ms) is always run: skipping it saves nothing and misses its matches.
+    skip_window: int = 32
+    skip_after: float = 0.75
+    skip_share: float = 0.02
+    # The drafter's and the host's seconds per drafted step: medians of the last 16 (a
+    # request's first step also indexes its prompt or computes the drafter's context K/V,
+    # 10-50x a step's draft).
+    draft_seconds: float = 0.0
+    _drafts: list[float] = field(default_factory=list)
+    _hosts: list[float] = field(default_factory=list)
+    _plain: list[bool] = field(default_factory=list)  # per drafted step: chose plain
     # Draft depth (:meth:`draft_depth`): two beyond the longest acceptance of the last
     # ``depth_window`` steps.
     depth_window: int = 16
@@ -234,6 +301,8 @@ class AdaptiveBudget:
     # Acceptance per depth for trees without probabilities: reached[d] / tried[d].
     _tried: list[float] = field(default_factory=list)
     _reached: list[float] = field(default_factory=list)
+    # The last choice's verified candidates as valued (for :meth:`observe`).
+    _seen: list[_Seen] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.max_budget = check_int(self.max_budget, "max_budget", 1, ConfigError)
@@ -243,6 +312,12 @@ class AdaptiveBudget:
             raise ConfigError(f"prior_weight must be positive, got {self.prior_weight}")
         if self.growth is not None:
             self.growth = check_int(self.growth, "growth", 1, ConfigError)
+        self.skip_window = check_int(self.skip_window, "skip_window", 1, ConfigError)
+        self.depth_window = check_int(self.depth_window, "depth_window", 1, ConfigError)
+        if not 0.0 < self.skip_after <= 1.0:
+            raise ConfigError(f"skip_after must be in (0, 1], got {self.skip_after}")
+        if not 0.0 <= self.skip_share < math.inf:
+            raise ConfigError(f"skip_share must be finite and >= 0, got {self.skip_share}")
         if not 0.0 <= self.band_optimism < math.inf:
             raise ConfigError(f"band_optimism must be finite and >= 0, got {self.band_optimism}")
 
@@ -295,34 +370,51 @@ class AdaptiveBudget:
             return limit
         return max(1, min(limit, max(self._depths) + 2))
 
+    def size_bound(self) -> int:
+        """The most drafted nodes :meth:`choose_among` can pick this step: ``max_budget``
+        within the trust region (``growth``). Trees need not be drafted any bigger: a
+        best-first tree's first ``b`` nodes are its ``b``-node tree, so a drafter asked for
+        this many builds the same candidates for every size the budget weighs, with less
+        work (top-k per depth, heap, deeper rows; block + suffix spent 0.5 ms a step more
+        drafting at 64 nodes than at 4)."""
+        if self.growth is None:
+            return self.max_budget
+        return min(self.max_budget, self.growth * (1 + max(self._depths, default=0)))
+
     def node_values(self, tree: DraftTree) -> np.ndarray:
         """Each drafted node's expected contribution to the acceptance length, in node order."""
-        values = self._path_values(tree)
-        if len(values) and not math.isnan(tree.expected_acceptance):
-            bands = rank_bands(np.arange(1, len(values) + 1))
-            # No node is accepted more than always (a factor above 1 on a sure node).
-            values = np.minimum(values * self.band_factors(int(bands[-1]) + 1)[bands], 1.0)
-        return values
+        return self._values(tree, self._path_values(tree))
+
+    def _values(self, tree: DraftTree, path_values: np.ndarray) -> np.ndarray:
+        """:meth:`node_values` from the tree's :meth:`_path_values`."""
+        if not len(path_values) or math.isnan(tree.expected_acceptance):
+            return path_values
+        bands = _bands(len(path_values))
+        # No node is accepted more than always (a factor above 1 on a sure node).
+        out: np.ndarray = np.minimum(
+            path_values * self.band_factors(int(bands[-1]) + 1)[bands], 1.0
+        )
+        return out
 
     def _path_values(
-        self, tree: DraftTree, conditionals: tuple[np.ndarray, np.ndarray] | None = None
+        self,
+        tree: DraftTree,
+        conditionals: tuple[np.ndarray, np.ndarray] | None = None,
+        calibration: np.ndarray | None = None,
     ) -> np.ndarray:
         """As :meth:`node_values`, before the size calibration (per rank band);
-        ``conditionals``: the tree's :func:`_conditionals` when the caller has them."""
+        ``conditionals``: the tree's :func:`_conditionals`, ``calibration``: this step's
+        :attr:`calibration`, when the caller has them."""
         n = tree.num_real
         if not math.isnan(tree.expected_acceptance):
             # Path probability times, along the path, each node's calibration ratio for
             # its conditional probability (capped so no step is surer than certain).
             cond, par = conditionals if conditionals is not None else _conditionals(tree)
+            cal = self.calibration if calibration is None else calibration
             depths = tree.depths[:n]
             bins = np.searchsorted(CALIBRATION_BINS, np.exp(cond), "right")
-            ratio = self.calibration[(depths[1:] > 1).astype(np.int64), bins]
-            log_r = np.minimum(np.log(ratio), -cond)
-            cum = np.zeros(n)
-            for d in range(1, int(depths.max(initial=0)) + 1):  # parents before children
-                at = np.flatnonzero(depths[1:] == d) + 1
-                cum[at] = cum[par[at]] + log_r[at - 1]
-            values: np.ndarray = np.exp(tree.logprobs[1:n]) * np.exp(cum[1:])
+            log_r = np.minimum(np.log(cal[(depths[1:] > 1).astype(np.int64), bins]), -cond)
+            values: np.ndarray = np.exp(tree.logprobs[1:n] + _path_sums(log_r, par))
             return values
         depth = tree.depths[1:n]
         rate = np.array(
@@ -347,15 +439,19 @@ class AdaptiveBudget:
         size, so the source is chosen at the size that will be verified and by what the
         sources have been seen to deliver, not by their own claims. ``picks`` says which."""
         r = len(candidates)
-        most = self.max_budget
-        if self.growth is not None:
-            most = min(most, self.growth * (1 + max(self._depths, default=0)))
+        most = self.size_bound()
         gains = np.zeros(most + 1)
         which = np.zeros((r, most + 1), dtype=np.int64)
+        cal = self.calibration  # one step: the same for every tree
+        seen: list[list[_Seen]] = []
         for i, trees in enumerate(candidates):
             cums = np.zeros((len(trees), most + 1))
+            seen.append([])
             for j, tree in enumerate(trees):
-                c = np.cumsum(self.node_values(tree)[:most])
+                cp = _conditionals(tree) if not math.isnan(tree.expected_acceptance) else None
+                pv = self._path_values(tree, cp, cal)
+                seen[i].append(_Seen(tree, cp, pv))
+                c = np.cumsum(self._values(tree, pv)[:most])
                 cums[j, 1 : len(c) + 1] = c
                 cums[j, len(c) + 1 :] = c[-1] if len(c) else 0.0
             which[i] = np.argmax(cums, axis=0)  # ties: the first candidate
@@ -365,6 +461,8 @@ class AdaptiveBudget:
 
         def at(b: int) -> BudgetChoice:
             picks = tuple(int(x) for x in which[:, b])
+            # What :meth:`observe` would compute again for the verified trees.
+            self._seen = [ss[p] for ss, p in zip(seen, picks, strict=True)]
             return BudgetChoice(b, float(r + gains[b]), float(secs[b]), picks)
 
         plain = at(0)
@@ -374,6 +472,7 @@ class AdaptiveBudget:
             best, best_rate = at(b), rate[b]
         if best is not None and best_rate > plain.expected_tokens / plain.expected_seconds:
             self._skipped = 0
+            self._plain = [*self._plain, False][-self.skip_window :]
             return best
         drafted = any(t.num_real > 1 for trees in candidates for t in trees)
         if self.probe and drafted and best is not None:
@@ -381,30 +480,62 @@ class AdaptiveBudget:
             if self._skipped >= self.probe_after:
                 self._skipped, self._probing = 0, True
                 return best
+        self._plain = [*self._plain, True][-self.skip_window :]
         return plain
+
+    def draft_now(self, rows: int = 1) -> bool:
+        """Whether the coming step (``rows`` requests) should run the drafter: not while
+        the budget chose the plain step at ``skip_after`` of the last ``skip_window``
+        drafted steps and the draft costs more than ``skip_share`` of a plain step,
+        unless a probe is due. A step without a draft is a plain one: call :meth:`skip`
+        for it."""
+        if not self.probe or self._skipped >= self.probe_after:
+            return True
+        if len(self._plain) < self.skip_window or sum(self._plain) < self.skip_after * len(
+            self._plain
+        ):
+            return True
+        plain = float(self.cost(rows)) + max(self.host_seconds - self.draft_seconds, 0.0)
+        return self.draft_seconds <= self.skip_share * plain
+
+    def skip(self) -> None:
+        """Count a plain step that ran no drafter (towards the next probe)."""
+        self._skipped += 1
 
     def observe(
         self,
         trees: Sequence[DraftTree],
         accepted: Sequence[int | np.ndarray],
         host: float,
+        *,
+        draft: float = 0.0,
+        drafted: bool = True,
     ) -> None:
         """Learn from a finished step: the trees verified, what each accepted (its accepted
         node indices, root excluded, as :attr:`~specdec.tree.WalkResult.accepted`; or just
-        their count, taken as the likeliest path's first nodes), and the step's seconds
-        besides the forward."""
+        their count, taken as the likeliest path's first nodes), the step's seconds
+        besides the forward (``host``, the draft's ``draft`` included), and whether it ran
+        the drafter (``drafted``; the seconds of a step that did not are not learnt)."""
         counts = [int(a) if isinstance(a, int | np.integer) else len(a) for a in accepted]
         if self._probing:
             self._probing = False
             paid = sum(counts) > 0
             self.probe_after = 8 if paid else min(2 * self.probe_after, 1024)
-        self._depths = [*self._depths[-(self.depth_window - 1) :], max(counts, default=0)]
-        for tree, a, acc in zip(trees, counts, accepted, strict=True):
+            if paid:
+                self._plain = []  # draft again, and judge afresh
+        self._depths = [*self._depths, max(counts, default=0)][-self.depth_window :]
+        seen = self._seen if len(self._seen) == len(trees) else [None] * len(trees)
+        self._seen = []
+        for tree, a, acc, sn in zip(trees, counts, accepted, seen, strict=True):
             n = tree.num_real
             if n > 1 and not math.isnan(tree.expected_acceptance):
-                cond, par = _conditionals(tree)
-                # The values as predicted, before this step updates the calibration.
-                values = self._path_values(tree, (cond, par))
+                # The values as predicted, before this step updates the calibration (as
+                # :meth:`choose_among` computed them, when this tree is its pick cut short).
+                got = sn.prefix(tree) if sn is not None else None
+                if got is None:
+                    cp = _conditionals(tree)
+                    got = (*cp, self._path_values(tree, cp))
+                cond, par, values = got
                 hit = np.zeros(n, dtype=bool)
                 hit[0] = True  # the root: its children are always tried
                 if isinstance(acc, int | np.integer):
@@ -426,7 +557,7 @@ class AdaptiveBudget:
                 np.add.at(self._predicted, (deep, b), q)
                 np.add.at(self._realised, (deep, b), hit[1:][tried].astype(np.float64))
                 # The size calibration: every verified node, by its rank band.
-                bands = rank_bands(np.arange(1, n))
+                bands = _bands(n - 1)
                 grow = int(bands[-1]) + 1 - len(self._band_predicted)
                 if grow > 0:
                     self._band_predicted = np.concatenate([self._band_predicted, np.zeros(grow)])
@@ -442,4 +573,7 @@ class AdaptiveBudget:
                 for d in range(max_d):
                     self._tried[d] += 1.0
                     self._reached[d] += 1.0 if a > d else 0.0
-        self.host_seconds = 0.9 * self.host_seconds + 0.1 * host if self.host_seconds else host
+        if drafted:
+            self._hosts, self._drafts = [*self._hosts[-15:], host], [*self._drafts[-15:], draft]
+            self.host_seconds = float(np.median(self._hosts))
+            self.draft_seconds = float(np.median(self._drafts))

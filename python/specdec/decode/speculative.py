@@ -322,14 +322,20 @@ class SpeculativeGenerator:
         timings = dict.fromkeys(("draft", *STAGES), 0.0)
         t0 = time.perf_counter()
         contexts = [r.context for r in reqs]
-        cands = self._trees(contexts, [r.hidden for r in reqs])
+        # The adaptive budget skips the drafter while its trees have not been paying.
+        drafting = not self.auto or self._adaptive().draft_now(len(reqs))
+        if drafting:
+            cands = self._trees(contexts, [r.hidden for r in reqs])
+        else:
+            self._adaptive().skip()
+            cands = [[DraftTree([c[-1]], [-1])] for c in contexts]
         t1 = time.perf_counter()
         # No node deeper than the request still needs (accepted + bonus <= what is left).
         cands = [
             [t.pruned(self.max_budget, r.max_new - len(r.result.tokens) - 1) for t in ts]
             for ts, r in zip(cands, reqs, strict=True)
         ]
-        if self.auto:
+        if self.auto and drafting:
             choice = self._adaptive().choose_among(cands)
             trees = [ts[p].pruned(choice.nodes) for ts, p in zip(cands, choice.picks, strict=True)]
             if isinstance(self.tree_drafter, CombinedDrafter):
@@ -349,7 +355,7 @@ class SpeculativeGenerator:
             steps = []
             for r, t, c, m in zip(reqs, trees, caches, matchers, strict=True):
                 steps.append(self.verifier.step(t, c, constraint=m, seed=r.seed))  # type: ignore[arg-type]
-                r.hidden = self._hidden_rows(steps[-1].kept_nodes())
+                r.hidden = self._next_hidden(r, self._hidden_rows(steps[-1].kept_nodes()), drafting)
             for s in steps[1:]:  # separate forwards: sum their stage times
                 for k, v in s.timings.items():
                     steps[0].timings[k] += v
@@ -359,11 +365,13 @@ class SpeculativeGenerator:
             if self.reads_hidden:
                 rows = self._hidden_rows(None)
                 for i, (r, s) in enumerate(zip(reqs, steps, strict=True)):
-                    r.hidden = None if rows is None else rows[i][torch.from_numpy(s.kept_nodes())]
+                    new = None if rows is None else rows[i][torch.from_numpy(s.kept_nodes())]
+                    r.hidden = self._next_hidden(r, new, drafting)
         timings.update({k: v for k, v in steps[0].timings.items() if k != "build"})
         if self.adaptive is not None:
             host = sum(timings.values()) - timings["forward"]
-            self.adaptive.observe(trees, [s.accepted for s in steps], host)
+            accepted = [s.accepted for s in steps]
+            self.adaptive.observe(trees, accepted, host, draft=timings["draft"], drafted=drafting)
         for req, tree, s in zip(reqs, trees, steps, strict=True):
             outputs.append(self._advance(req, tree, s, timings))
         return outputs
@@ -463,6 +471,15 @@ class SpeculativeGenerator:
         if capture is not None and have != self._capture:
             capture(layers, final=final)
 
+    @staticmethod
+    def _next_hidden(req: _Request, new: torch.Tensor | None, drafted: bool) -> torch.Tensor | None:
+        """The hidden states the request's next draft reads: this step's, after those of
+        the steps since its last draft (a drafter that keeps context K/V needs every
+        committed position once)."""
+        if drafted or new is None or req.hidden is None:
+            return new
+        return torch.cat((req.hidden, new))
+
     def _hidden_rows(self, rows: Any) -> torch.Tensor | None:
         """The target's hidden states of its last forward (``rows`` of them, or all), when
         the drafter reads them."""
@@ -491,20 +508,25 @@ class SpeculativeGenerator:
         requests = [DraftRequest(c, h) for c, h in zip(contexts, hidden, strict=True)]
         # A best-first tree of B drafted nodes is at most B deep: deeper marginals (their LM
         # head rows above all) would go unread; the adaptive budget cuts deeper still.
-        depth = self.depth
-        if isinstance(self.shape, DDTreeShape):
-            depth = min(depth, self.shape.budget)
+        depth, size, shape = self.depth, self.max_budget, self.shape
+        if self.auto:
+            # No tree bigger than the budget can pick this step (the same first nodes).
+            size = self._adaptive().size_bound()
+            if isinstance(shape, DDTreeShape):
+                shape = DDTreeShape(size, shape.min_logprob)
+        if isinstance(shape, DDTreeShape):
+            depth = min(depth, shape.budget)
         if self.auto:
             depth = self._adaptive().draft_depth(depth)
         if self.tree_drafter is not None:
             td = self.tree_drafter
             if isinstance(td, CombinedDrafter) and candidates and self.strategy == "ddtree":
-                pairs = td.candidates(requests, self.max_budget, depth=depth)
+                pairs = td.candidates(requests, size, depth=depth)
                 return [list(p) for p in pairs]
             if isinstance(td, CombinedDrafter):
-                trees = td.propose(requests, self.max_budget, depth=depth)
+                trees = td.propose(requests, size, depth=depth)
             else:
-                trees = td.propose(requests, self.max_budget)
+                trees = td.propose(requests, size)
             if self.strategy == "chain":
                 trees = [t.best_path().pruned(self.depth) for t in trees]
             return [[t] for t in trees]
@@ -516,7 +538,7 @@ class SpeculativeGenerator:
 
             got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits)
             raise DraftError(f"the drafter returned {got}, expected [R, depth, V] = {list(want)}")
-        return [[self.shape.build(lg, c[-1])] for lg, c in zip(logits, contexts, strict=True)]
+        return [[shape.build(lg, c[-1])] for lg, c in zip(logits, contexts, strict=True)]
 
     def _adaptive(self) -> AdaptiveBudget:
         if self.adaptive is None:
