@@ -492,9 +492,10 @@ class AdaptiveBudget:
         for it."""
         if not self.probe or self._skipped >= self.probe_after:
             return True
-        if len(self._plain) < self.skip_window or sum(self._plain) < self.skip_after * len(
-            self._plain
-        ):
+        # The window is full only once skip_window drafted steps have been seen.
+        if len(self._plain) < self.skip_window:
+            return True
+        if sum(self._plain) < self.skip_after * self.skip_window:
             return True
         plain = float(self.cost(rows)) + max(self.host_seconds - self.draft_seconds, 0.0)
         return self.draft_seconds <= self.skip_share * plain

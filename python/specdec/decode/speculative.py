@@ -328,7 +328,7 @@ class SpeculativeGenerator:
             cands = self._trees(contexts, [r.hidden for r in reqs])
         else:
             self._adaptive().skip()
-            cands = [[DraftTree([c[-1]], [-1])] for c in contexts]
+            cands = _root_trees(contexts)
         t1 = time.perf_counter()
         # No node deeper than the request still needs (accepted + bonus <= what is left).
         cands = [
@@ -504,7 +504,7 @@ class SpeculativeGenerator:
         if candidates is None:
             candidates = self.auto
         if self.drafter is None or self.shape is None:
-            return [[DraftTree([c[-1]], [-1])] for c in contexts]
+            return _root_trees(contexts)
         requests = [DraftRequest(c, h) for c, h in zip(contexts, hidden, strict=True)]
         # A best-first tree of B drafted nodes is at most B deep: deeper marginals (their LM
         # head rows above all) would go unread; the adaptive budget cuts deeper still.
@@ -669,3 +669,8 @@ def _is_single_prompt(prompts: Any) -> bool:
     return len(prompts) == 0 or not all(
         isinstance(p, (Sequence, torch.Tensor)) and not isinstance(p, (str, bytes)) for p in prompts
     )
+
+
+def _root_trees(contexts: list[list[int]]) -> list[list[DraftTree]]:
+    """Per context one tree of its root alone (a plain step: nothing drafted)."""
+    return [[DraftTree([c[-1]], [-1])] for c in contexts]
