@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import specdec
 from specdec.decode import AdaptiveBudget, CostModel, SpeculativeGenerator, autoregressive_generate
-from specdec.decode.budget import CALIBRATION_BINS, _path_sums, rank_bands
+from specdec.decode.budget import CALIBRATION_BINS, rank_bands
 from specdec.draft import NgramDrafter, SuffixDrafter
 from specdec.errors import ConfigError, KVCacheError, SpecdecTypeError, VerifyError
 from specdec.models import LlamaConfig, LlamaModel
@@ -560,42 +560,6 @@ def test_a_smaller_budget_drafts_the_first_nodes_of_a_bigger_tree(
         cut = hi_t.pruned(small)
         for name in ("tokens", "parents", "depths", "logprobs"):
             np.testing.assert_array_equal(getattr(lo_t, name), getattr(cut, name), err_msg=name)
-
-
-@given(st.lists(st.integers(0, 1 << 30), min_size=1, max_size=40), st.integers(0, 2**32 - 1))
-def test_path_sums_add_each_node_path(links: list[int], seed: int) -> None:
-    """The pointer-jumping path sums against walking each node's path to the root."""
-    parents = np.array([-1] + [x % (i + 1) for i, x in enumerate(links)], dtype=np.int32)
-    log_r = np.random.default_rng(seed).normal(size=len(links))
-    want = []
-    for i in range(1, len(parents)):
-        total, node = 0.0, i
-        while node > 0:
-            total, node = total + log_r[node - 1], int(parents[node])
-        want.append(total)
-    np.testing.assert_allclose(_path_sums(log_r, parents), want, rtol=1e-12, atol=1e-12)
-
-
-def test_observe_reuses_what_choose_valued() -> None:
-    """``observe`` after ``choose_among`` (values remembered from the choice, the verified
-    tree being its pick cut short) learns exactly what it learns from scratch."""
-    rng = np.random.default_rng(3)
-    cost = CostModel([1, 5, 9, 17], [1.0, 1.02, 1.1, 1.3])
-    a, b = AdaptiveBudget(cost, 16), AdaptiveBudget(cost, 16)
-    for step in range(30):
-        trees = []
-        for _ in range(2):  # two candidates, as a combined drafter's
-            p = -np.sort(-rng.dirichlet(np.ones(5), size=6), axis=1)
-            toks = np.stack([rng.permutation(5) for _ in range(6)])
-            trees.append(specdec.build_ddtree(np.log(p).astype(np.float32), toks, 16, root_token=0))
-        choice = a.choose_among([trees])
-        verified = trees[choice.picks[0]].pruned(choice.nodes)
-        acc = np.arange(1, min(step % 4, verified.num_nodes - 1) + 1, dtype=np.int64)
-        a.observe([verified], [acc], 1e-3)
-        b.observe([verified], [acc], 1e-3)
-        np.testing.assert_array_equal(a._band_predicted, b._band_predicted)
-        np.testing.assert_array_equal(a._band_realised, b._band_realised)
-        np.testing.assert_array_equal(a.calibration, b.calibration)
 
 
 def test_adaptive_size_calibration_learns_what_ranks_deliver() -> None:

@@ -156,6 +156,98 @@ class SuffixIndex:
         """The tree of the ``budget`` most frequent continuations of ``context`` (root: its last
         token), best-first by path probability, ``logprobs`` = log path probabilities."""
 
+# ---- decode -------------------------------------------------------------------------------
+@final
+class BudgetGains:
+    """Per size ``b`` in ``0..=most``: the requests' summed expected acceptance and the
+    candidate each request takes at that size."""
+
+    @property
+    def gains(self) -> npt.NDArray[np.float64]:
+        """``[most + 1]``."""
+
+    @property
+    def picks(self) -> npt.NDArray[np.int64]:
+        """``[requests, most + 1]`` (the first of tied candidates)."""
+
+@final
+class BudgetStats:
+    """What the adaptive budget has learnt from verified steps: per-node calibration (per
+    depth class and conditional-probability bin), size calibration (per rank band), and
+    per-depth acceptance for trees without probabilities. The shrinkage settings come with
+    every call. Bad input raises ``ConfigError`` and changes nothing."""
+
+    def __new__(cls) -> Self: ...
+    def calibration(
+        self, *, prior: float, prior_weight: float, band_optimism: float
+    ) -> npt.NDArray[np.float64]:
+        """``[2, bins]``: per depth class (depth 1, deeper) and bin, the calibration ratio."""
+
+    def band_factors(
+        self, bands: int, *, prior: float, prior_weight: float, band_optimism: float
+    ) -> npt.NDArray[np.float64]:
+        """``[bands]``: per rank band, the size calibration's factor."""
+
+    def node_values(
+        self,
+        tree: TreeArrays,
+        *,
+        prior: float,
+        prior_weight: float,
+        band_optimism: float,
+        sized: bool = True,
+    ) -> npt.NDArray[np.float64]:
+        """Each drafted node's expected contribution to the acceptance length; ``sized=False``:
+        before the size calibration."""
+
+    def choose(
+        self,
+        candidates: Sequence[Sequence[TreeArrays]],
+        most: int,
+        *,
+        prior: float,
+        prior_weight: float,
+        band_optimism: float,
+    ) -> BudgetGains:
+        """Per request (its candidate trees) and size ``0..=most``: the candidate valued
+        highest at that size, and the requests' summed values."""
+
+    def observe(
+        self,
+        tree: TreeArrays,
+        accepted: npt.NDArray[np.int64] | int,
+        *,
+        prior: float,
+        prior_weight: float,
+        band_optimism: float,
+    ) -> None:
+        """Learn from a verified tree: its accepted node indices (root excluded) or their
+        count (the likeliest path's first nodes)."""
+
+    @property
+    def predicted(self) -> npt.NDArray[np.float64]:
+        """``[2, bins]``: tried nodes' conditional probabilities summed."""
+
+    @property
+    def realised(self) -> npt.NDArray[np.float64]:
+        """``[2, bins]``: tried nodes accepted."""
+
+    @property
+    def band_predicted(self) -> npt.NDArray[np.float64]:
+        """Per rank band: verified nodes' values summed."""
+
+    @property
+    def band_realised(self) -> npt.NDArray[np.float64]:
+        """Per rank band: verified nodes accepted."""
+
+    @property
+    def tried(self) -> npt.NDArray[np.float64]:
+        """Per depth: verified trees that reached it."""
+
+    @property
+    def reached(self) -> npt.NDArray[np.float64]:
+        """Per depth: steps that accepted that deep."""
+
 # ---- kv -----------------------------------------------------------------------------------
 @final
 class Reservation:

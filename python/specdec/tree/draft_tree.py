@@ -180,6 +180,10 @@ class DraftTree:
         before their descendants, so the kept set is a tree."""
         max_drafted = check_int(max_drafted, "max_drafted", 0)
         n = self.num_real
+        if n == self.num_nodes and max_drafted + 1 >= n:
+            # Nothing to cut (the common case, once per step): skip the index arithmetic.
+            if max_depth is None or int(self.depths.max()) <= check_int(max_depth, "max_depth", 0):
+                return self
         keep_mask = np.ones(n, dtype=bool)
         if max_depth is not None:
             keep_mask &= self.depths[:n] <= check_int(max_depth, "max_depth", 0)

@@ -116,6 +116,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 pub mod constrain;
+pub mod decode;
 pub mod draft;
 pub mod kv;
 #[cfg(any(test, feature = "testing"))]

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 use specdec_core::constrain::GrammarError;
+use specdec_core::decode::BudgetError;
 use specdec_core::draft::DraftError;
 use specdec_core::kv::KvError;
 use specdec_core::tree::TreeError;
@@ -23,9 +24,10 @@ pub enum Class {
     Grammar,
     Type,
     Draft,
+    Config,
 }
 
-const CLASS_NAMES: [&str; 9] = [
+const CLASS_NAMES: [&str; 10] = [
     "TreeError",
     "KVCacheError",
     "OutOfBlocks",
@@ -35,6 +37,7 @@ const CLASS_NAMES: [&str; 9] = [
     "GrammarError",
     "SpecdecTypeError",
     "DraftError",
+    "ConfigError",
 ];
 
 static CLASSES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
@@ -65,6 +68,7 @@ pub enum Error {
     Kv(KvError),
     Grammar(GrammarError),
     Draft(DraftError),
+    Budget(BudgetError),
 }
 
 impl From<TreeError> for Error {
@@ -85,6 +89,12 @@ impl From<DraftError> for Error {
             DraftError::Tree(e) => Error::Tree(e),
             e => Error::Draft(e),
         }
+    }
+}
+
+impl From<BudgetError> for Error {
+    fn from(e: BudgetError) -> Self {
+        Error::Budget(e)
     }
 }
 
@@ -110,6 +120,7 @@ impl From<Error> for PyErr {
             ),
             Error::Grammar(e) => (Class::Grammar, e.to_string()),
             Error::Draft(e) => (Class::Draft, e.to_string()),
+            Error::Budget(e) => (Class::Config, e.to_string()),
         };
         raise(class, message)
     }
@@ -177,6 +188,15 @@ where
     T::Error: Into<PyErr>,
 {
     typed_arg(ob, Class::Draft)
+}
+
+/// `#[pyo3(from_py_with = config_arg)]`: [`kv_arg`] for settings (`ConfigError`).
+pub fn config_arg<'a, 'py, T>(ob: &'a Bound<'py, PyAny>) -> PyResult<T>
+where
+    T: FromPyObject<'a, 'py>,
+    T::Error: Into<PyErr>,
+{
+    typed_arg(ob, Class::Config)
 }
 
 /// Extract an argument, reporting bad values as `value` and wrong types as

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 mod arrays;
 mod constrain;
+mod decode;
 mod draft;
 mod errors;
 mod kv;
@@ -20,5 +21,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     kv::register(m)?;
     constrain::register(m)?;
     draft::register(m)?;
+    decode::register(m)?;
     Ok(())
 }

@@ -67,6 +67,19 @@ impl TreeArrays {
         self.parents.bind(py)
     }
 
+    pub(crate) fn depths<'py>(&self, py: Python<'py>) -> &Bound<'py, PyArray1<i32>> {
+        self.depths.bind(py)
+    }
+
+    pub(crate) fn logprobs<'py>(&self, py: Python<'py>) -> &Bound<'py, PyArray1<f64>> {
+        self.logprobs.bind(py)
+    }
+
+    /// False for trees without drafter probabilities (explicit branches: expected NaN).
+    pub(crate) fn scored(&self) -> bool {
+        self.expected.map_or(true, |e| !e.is_nan())
+    }
+
     pub(crate) fn num_real(&self) -> usize {
         self.num_real
     }
@@ -101,7 +114,7 @@ impl TreeArrays {
             parents: as_slice(&read(self.parents.bind(py))?)[..k].to_vec(),
             depths: as_slice(&read(self.depths.bind(py))?)[..k].to_vec(),
             logprobs: as_slice(&read(self.logprobs.bind(py))?)[..k].to_vec(),
-            scored: self.expected.map_or(true, |e| !e.is_nan()),
+            scored: self.scored(),
         })
     }
 

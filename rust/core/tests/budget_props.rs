@@ -1,0 +1,302 @@
+//! Property tests of the adaptive budget's statistics against brute force: path values by
+//! walking each node's path, choices by trying every candidate at every size, and what
+//! `observe` adds by counting.
+
+use proptest::prelude::*;
+use specdec_core::decode::{
+    rank_band, Accepted, BudgetError, BudgetParams, BudgetStats, TreeView, BINS, BIN_EDGES, BIN_MID,
+};
+
+/// A tree: parents before children, depths derived, each node's conditional probability
+/// in (0, 1] (some 0: a banned token, log-prob -inf).
+#[derive(Debug, Clone)]
+struct Tree {
+    parents: Vec<i32>,
+    depths: Vec<i32>,
+    logprobs: Vec<f64>,
+}
+
+impl Tree {
+    fn view(&self, scored: bool) -> TreeView<'_> {
+        TreeView {
+            parents: &self.parents,
+            depths: &self.depths,
+            logprobs: scored.then_some(&self.logprobs[..]),
+            num_real: self.parents.len(),
+        }
+    }
+}
+
+fn tree() -> impl Strategy<Value = Tree> {
+    let q = prop_oneof![Just(0.0f64), Just(1.0f64), Just(0.02f64), 0.001f64..1.0];
+    proptest::collection::vec((any::<u32>(), q), 0..40).prop_map(|links| {
+        let mut t = Tree {
+            parents: vec![-1],
+            depths: vec![0],
+            logprobs: vec![0.0],
+        };
+        for (i, (link, q)) in links.into_iter().enumerate() {
+            let p = link as usize % (i + 1);
+            t.parents.push(p as i32);
+            t.depths.push(t.depths[p] + 1);
+            t.logprobs.push(t.logprobs[p] + q.ln());
+        }
+        t
+    })
+}
+
+fn params() -> impl Strategy<Value = BudgetParams> {
+    (0.1f64..=2.0, 0.5f64..5.0, 0.0f64..3.0).prop_map(|(prior, prior_weight, band_optimism)| {
+        BudgetParams {
+            prior,
+            prior_weight,
+            band_optimism,
+        }
+    })
+}
+
+/// Statistics after observing `steps` (tree, accepted count) pairs.
+fn learnt(p: &BudgetParams, steps: &[(Tree, usize)]) -> BudgetStats {
+    let mut s = BudgetStats::new();
+    for (t, c) in steps {
+        s.observe(p, &t.view(true), Accepted::Count(*c)).unwrap();
+    }
+    s
+}
+
+/// Node `i`'s probability given its parent (0 below a node of probability 0).
+fn cond(t: &Tree, i: usize) -> f64 {
+    let par = t.parents[i] as usize;
+    if t.logprobs[par] == f64::NEG_INFINITY {
+        0.0
+    } else {
+        (t.logprobs[i] - t.logprobs[par]).exp()
+    }
+}
+
+fn bin(q: f64) -> usize {
+    BIN_EDGES.iter().filter(|&&e| e <= q).count()
+}
+
+proptest! {
+    #[test]
+    fn path_values_follow_each_path(
+        t in tree(), p in params(), steps in proptest::collection::vec((tree(), 0usize..6), 0..6)
+    ) {
+        let stats = learnt(&p, &steps);
+        let cal = stats.calibration(&p);
+        let mut got = Vec::new();
+        stats.path_values(&t.view(true), &cal, &mut got);
+        prop_assert_eq!(got.len(), t.parents.len() - 1);
+        for i in 1..t.parents.len() {
+            // Walk to the root: each step's conditional times its calibration, at most 1.
+            let (mut want, mut node) = (1.0f64, i);
+            while node > 0 {
+                let par = t.parents[node] as usize;
+                let q = cond(&t, node);
+                let class = usize::from(t.depths[node] > 1);
+                want *= (q * cal[class][bin(q)]).min(1.0);
+                node = par;
+            }
+            prop_assert!((got[i - 1] - want).abs() <= 1e-9 * want.max(1e-300), "node {}: {} vs {}", i, got[i - 1], want);
+            // Never more than certain, never more than the parent's value.
+            prop_assert!((0.0..=1.0 + 1e-12).contains(&got[i - 1]));
+            let par = t.parents[i] as usize;
+            if par > 0 {
+                prop_assert!(got[i - 1] <= got[par - 1] * (1.0 + 1e-12));
+            }
+        }
+    }
+
+    #[test]
+    fn choose_takes_each_sizes_best_candidate(
+        reqs in proptest::collection::vec(proptest::collection::vec(tree(), 1..4), 1..4),
+        p in params(),
+        most in 0usize..50,
+        steps in proptest::collection::vec((tree(), 0usize..6), 0..6),
+    ) {
+        let stats = learnt(&p, &steps);
+        let cal = stats.calibration(&p);
+        let views: Vec<Vec<TreeView<'_>>> =
+            reqs.iter().map(|ts| ts.iter().map(|t| t.view(true)).collect()).collect();
+        let choice = stats.choose(&p, &views, most);
+        let mut values = Vec::new();
+        for b in 0..=most {
+            let mut total = 0.0;
+            for (r, ts) in views.iter().enumerate() {
+                let sums: Vec<f64> = ts.iter().map(|t| {
+                    stats.node_values(&p, t, &cal, &mut values);
+                    values.iter().take(b).sum()
+                }).collect();
+                let best = sums.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let pick = choice.picks[r * (most + 1) + b];
+                // The pick is a best candidate, and the first of them (up to rounding).
+                prop_assert!(sums[pick] >= best - 1e-9);
+                prop_assert!(sums[..pick].iter().all(|&s| s < best + 1e-9));
+                total += best;
+            }
+            prop_assert!((choice.gains[b] - total).abs() <= 1e-9 * (1.0 + total));
+        }
+    }
+
+    #[test]
+    fn band_factors_are_shrunk_ratios(p in params(), steps in proptest::collection::vec((tree(), 0usize..6), 0..8)) {
+        let stats = learnt(&p, &steps);
+        let f = stats.band_factors(&p, 8);
+        let w = p.prior_weight;
+        let mut before = p.prior;
+        for (k, fk) in f.iter().enumerate() {
+            let pr = stats.band_predicted.get(k).copied().unwrap_or(0.0);
+            let a = stats.band_realised.get(k).copied().unwrap_or(0.0);
+            before = (a + w * before) / (pr + w);
+            prop_assert!(*fk >= before.max(0.02) - 1e-12);
+            if p.band_optimism == 0.0 || pr == 0.0 {
+                prop_assert!((fk - before.max(0.02)).abs() < 1e-12);
+            }
+        }
+    }
+
+    #[test]
+    fn observe_counts_tried_and_accepted_nodes(
+        t in tree(), p in params(), count in 0usize..8,
+        steps in proptest::collection::vec((tree(), 0usize..6), 0..4),
+    ) {
+        let before = learnt(&p, &steps);
+        let mut after = before.clone();
+        after.observe(&p, &t.view(true), Accepted::Count(count)).unwrap();
+        let n = t.parents.len();
+        // The accepted path: the likeliest child, depth by depth (first of ties).
+        let mut hit = vec![false; n];
+        hit[0] = true;
+        let mut node = 0;
+        for _ in 0..count {
+            let kids: Vec<usize> = (1..n).filter(|&i| t.parents[i] as usize == node).collect();
+            let Some(&first) = kids.first() else { break };
+            let best = kids.iter().copied().fold(first, |b, i| if t.logprobs[i] > t.logprobs[b] { i } else { b });
+            hit[best] = true;
+            node = best;
+        }
+        let accepted = hit.iter().skip(1).filter(|&&h| h).count() as f64;
+        let sum = |a: &[[f64; BINS]; 2]| a.iter().flatten().sum::<f64>();
+        let tried_q: f64 = (1..n)
+            .filter(|&i| hit[t.parents[i] as usize])
+            .map(|i| cond(&t, i))
+            .sum();
+        if n > 1 {
+            prop_assert!((sum(&after.predicted) - sum(&before.predicted) - tried_q).abs() < 1e-9);
+            prop_assert!((sum(&after.realised) - sum(&before.realised) - accepted).abs() < 1e-9);
+            let br: f64 = after.band_realised.iter().sum::<f64>() - before.band_realised.iter().sum::<f64>();
+            prop_assert!((br - accepted).abs() < 1e-9);
+            let bands = rank_band(n - 1) + 1;
+            prop_assert!(after.band_predicted.len() >= bands);
+            // Depth statistics: every depth up to the tree's deepest was tried once.
+            let deepest = *t.depths.iter().max().unwrap() as usize;
+            for d in 0..deepest {
+                prop_assert_eq!(after.tried[d] - before.tried.get(d).copied().unwrap_or(0.0), 1.0);
+            }
+        } else {
+            prop_assert_eq!(&after, &before);
+        }
+    }
+
+    #[test]
+    fn observe_by_nodes_equals_observe_by_count(t in tree(), p in params(), count in 0usize..8) {
+        // The count's path as node indices: the same update.
+        let n = t.parents.len();
+        let mut path = Vec::new();
+        let mut node = 0usize;
+        for _ in 0..count {
+            let kids: Vec<usize> = (1..n).filter(|&i| t.parents[i] as usize == node).collect();
+            let Some(&first) = kids.first() else { break };
+            node = kids.iter().copied().fold(first, |b, i| if t.logprobs[i] > t.logprobs[b] { i } else { b });
+            path.push(node as i64);
+        }
+        let (mut a, mut b) = (BudgetStats::new(), BudgetStats::new());
+        a.observe(&p, &t.view(true), Accepted::Count(path.len())).unwrap();
+        b.observe(&p, &t.view(true), Accepted::Nodes(&path)).unwrap();
+        prop_assert_eq!(a, b);
+    }
+}
+
+#[test]
+fn calibration_starts_at_the_prior() {
+    let p = BudgetParams {
+        prior: 1.0,
+        prior_weight: 2.0,
+        band_optimism: 1.0,
+    };
+    let cal = BudgetStats::new().calibration(&p);
+    for row in cal {
+        for (b, v) in row.iter().enumerate() {
+            assert_eq!(*v, 1.0f64.min(1.0 / BIN_MID[b]));
+        }
+    }
+    assert_eq!(BudgetStats::new().band_factors(&p, 3), [1.0, 1.0, 1.0]);
+}
+
+#[test]
+fn unscored_trees_take_depth_rates() {
+    let p = BudgetParams {
+        prior: 1.0,
+        prior_weight: 2.0,
+        band_optimism: 1.0,
+    };
+    let t = Tree {
+        parents: vec![-1, 0, 1, 0],
+        depths: vec![0, 1, 2, 1],
+        logprobs: vec![0.0; 4],
+    };
+    let mut s = BudgetStats::new();
+    let mut v = Vec::new();
+    s.path_values(&t.view(false), &s.calibration(&p), &mut v);
+    assert_eq!(v, [0.5, 0.25, 0.5]); // nothing measured: halves per depth
+    s.observe(&p, &t.view(false), Accepted::Count(1)).unwrap();
+    s.path_values(&t.view(false), &s.calibration(&p), &mut v);
+    assert_eq!(v, [0.75, 0.25, 0.75]); // depth 1 reached once of once, depth 2 never
+}
+
+#[test]
+fn bad_trees_and_accepted_nodes_are_errors() {
+    let p = BudgetParams {
+        prior: 1.0,
+        prior_weight: 2.0,
+        band_optimism: 1.0,
+    };
+    let mut s = BudgetStats::new();
+    let t = Tree {
+        parents: vec![-1, 0, 3, 1],
+        depths: vec![0, 1, 2, 2],
+        logprobs: vec![0.0; 4],
+    };
+    let err = s
+        .observe(&p, &t.view(true), Accepted::Count(0))
+        .unwrap_err();
+    assert_eq!(err, BudgetError::Parent { node: 2, parent: 3 });
+    let t = Tree {
+        parents: vec![-1, 0],
+        depths: vec![0, 1],
+        logprobs: vec![0.0, -0.1],
+    };
+    let err = s
+        .observe(&p, &t.view(true), Accepted::Nodes(&[2]))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        BudgetError::Accepted {
+            index: 2,
+            num_real: 2
+        }
+    );
+    let t = Tree {
+        parents: vec![-1, 0],
+        depths: vec![0, 1],
+        logprobs: vec![0.0, f64::NAN],
+    };
+    assert!(matches!(
+        s.observe(&p, &t.view(true), Accepted::Count(0)),
+        Err(BudgetError::NaN { node: 1 })
+    ));
+    assert_eq!(s, BudgetStats::new()); // nothing learnt from a refused tree
+    let bad = BudgetParams { prior: 0.0, ..p };
+    assert!(matches!(bad.check(), Err(BudgetError::Param(_))));
+}

@@ -1,0 +1,278 @@
+//! Bindings of `specdec_core::decode`: the adaptive budget's statistics as a `#[pyclass]`
+//! newtype; trees cross as the `TreeArrays` they already are (their arrays borrowed, not
+//! copied), values and choices come back as numpy arrays.
+
+use numpy::{PyArray1, PyArray2, PyReadonlyArray1};
+use pyo3::prelude::*;
+use specdec_core::decode::{self as core, Accepted, BudgetParams, TreeView, BINS};
+
+use crate::arrays::{as_slice, read, vec1, vec2_typed};
+use crate::errors::{Class, OrRaise};
+use crate::tree::TreeArrays;
+
+/// A tree's arrays, borrowed for one call.
+struct Borrowed<'py> {
+    parents: PyReadonlyArray1<'py, i32>,
+    depths: PyReadonlyArray1<'py, i32>,
+    logprobs: Option<PyReadonlyArray1<'py, f64>>,
+    num_real: usize,
+}
+
+impl<'py> Borrowed<'py> {
+    fn new(py: Python<'py>, t: &TreeArrays) -> PyResult<Self> {
+        Ok(Borrowed {
+            parents: read(t.parents(py))?,
+            depths: read(t.depths(py))?,
+            logprobs: if t.scored() {
+                Some(read(t.logprobs(py))?)
+            } else {
+                None
+            },
+            num_real: t.num_real(),
+        })
+    }
+}
+
+/// Checked views of borrowed trees (slices of contiguous arrays; others gathered once).
+struct Views<'a> {
+    parents: Vec<std::borrow::Cow<'a, [i32]>>,
+    depths: Vec<std::borrow::Cow<'a, [i32]>>,
+    logprobs: Vec<Option<std::borrow::Cow<'a, [f64]>>>,
+    num_real: Vec<usize>,
+}
+
+impl<'a> Views<'a> {
+    fn new(trees: &'a [Borrowed<'_>]) -> Self {
+        Views {
+            parents: trees.iter().map(|t| as_slice(&t.parents)).collect(),
+            depths: trees.iter().map(|t| as_slice(&t.depths)).collect(),
+            logprobs: trees
+                .iter()
+                .map(|t| t.logprobs.as_ref().map(as_slice))
+                .collect(),
+            num_real: trees.iter().map(|t| t.num_real).collect(),
+        }
+    }
+
+    fn view(&self, i: usize) -> PyResult<TreeView<'_>> {
+        let v = TreeView {
+            parents: &self.parents[i],
+            depths: &self.depths[i],
+            logprobs: self.logprobs[i].as_deref(),
+            num_real: self.num_real[i],
+        };
+        v.check().or_raise()?;
+        Ok(v)
+    }
+}
+
+fn params(prior: f64, prior_weight: f64, band_optimism: f64) -> PyResult<BudgetParams> {
+    let p = BudgetParams {
+        prior,
+        prior_weight,
+        band_optimism,
+    };
+    p.check().or_raise()?;
+    Ok(p)
+}
+
+/// Per size, the requests' summed expected acceptance (`gains`, `[most + 1]`) and the
+/// candidate each request takes (`picks`, `[requests, most + 1]`).
+#[pyclass(frozen, module = "specdec._core", name = "BudgetGains")]
+pub struct BudgetGains {
+    #[pyo3(get)]
+    gains: Py<PyArray1<f64>>,
+    #[pyo3(get)]
+    picks: Py<PyArray2<i64>>,
+}
+
+/// What the adaptive budget has learnt from verified steps (see `specdec.decode.budget`).
+/// The shrinkage settings come with each call.
+#[pyclass(module = "specdec._core", name = "BudgetStats")]
+#[derive(Default)]
+pub struct BudgetStats(core::BudgetStats);
+
+#[pymethods]
+impl BudgetStats {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+
+    /// `[2, bins]`: per depth class (depth 1, deeper) and probability bin, the calibration
+    /// ratio (accepted over predicted, shrunk).
+    #[pyo3(signature = (*, prior, prior_weight, band_optimism))]
+    fn calibration<'py>(
+        &self,
+        py: Python<'py>,
+        prior: f64,
+        prior_weight: f64,
+        band_optimism: f64,
+    ) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        let cal = self
+            .0
+            .calibration(&params(prior, prior_weight, band_optimism)?);
+        vec2_typed(py, cal.iter().flatten().copied().collect(), 2, BINS)
+    }
+
+    /// `[bands]`: per rank band, the size calibration's factor.
+    #[pyo3(signature = (bands, *, prior, prior_weight, band_optimism))]
+    fn band_factors<'py>(
+        &self,
+        py: Python<'py>,
+        bands: usize,
+        prior: f64,
+        prior_weight: f64,
+        band_optimism: f64,
+    ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let p = params(prior, prior_weight, band_optimism)?;
+        Ok(vec1(py, self.0.band_factors(&p, bands)))
+    }
+
+    /// Each drafted node's expected contribution to the acceptance length (`[num_real -
+    /// 1]`); `sized=False`: before the size calibration.
+    #[pyo3(signature = (tree, *, prior, prior_weight, band_optimism, sized=true))]
+    fn node_values<'py>(
+        &self,
+        py: Python<'py>,
+        tree: PyRef<'py, TreeArrays>,
+        prior: f64,
+        prior_weight: f64,
+        band_optimism: f64,
+        sized: bool,
+    ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let p = params(prior, prior_weight, band_optimism)?;
+        let b = [Borrowed::new(py, &tree)?];
+        let views = Views::new(&b);
+        let view = views.view(0)?;
+        let cal = self.0.calibration(&p);
+        let mut out = Vec::new();
+        if sized {
+            self.0.node_values(&p, &view, &cal, &mut out);
+        } else {
+            self.0.path_values(&view, &cal, &mut out);
+        }
+        Ok(vec1(py, out))
+    }
+
+    /// Per request (a list of its candidate trees) and size `0..=most`: the candidate
+    /// valued highest at that size, and the requests' summed values.
+    #[pyo3(signature = (candidates, most, *, prior, prior_weight, band_optimism))]
+    fn choose(
+        &self,
+        py: Python<'_>,
+        candidates: Vec<Vec<PyRef<'_, TreeArrays>>>,
+        most: usize,
+        prior: f64,
+        prior_weight: f64,
+        band_optimism: f64,
+    ) -> PyResult<BudgetGains> {
+        let p = params(prior, prior_weight, band_optimism)?;
+        if most >= specdec_core::tree::MAX_TREE_NODES {
+            return Err(crate::errors::raise(
+                Class::Config,
+                format!("most = {most} drafted nodes is more than a tree can hold"),
+            ));
+        }
+        let flat: Vec<Borrowed<'_>> = candidates
+            .iter()
+            .flatten()
+            .map(|t| Borrowed::new(py, t))
+            .collect::<PyResult<_>>()?;
+        let views = Views::new(&flat);
+        let mut k = 0;
+        let mut reqs = Vec::with_capacity(candidates.len());
+        for trees in &candidates {
+            let mut row = Vec::with_capacity(trees.len());
+            for _ in trees {
+                row.push(views.view(k)?);
+                k += 1;
+            }
+            reqs.push(row);
+        }
+        let c = self.0.choose(&p, &reqs, most);
+        let picks = c.picks.into_iter().map(|x| x as i64).collect();
+        Ok(BudgetGains {
+            gains: vec1(py, c.gains).unbind(),
+            picks: vec2_typed(py, picks, candidates.len(), most + 1)?.unbind(),
+        })
+    }
+
+    /// Learn from a verified tree: `accepted` is its accepted node indices (int64 array,
+    /// root excluded) or their count (the likeliest path's first nodes).
+    #[pyo3(signature = (tree, accepted, *, prior, prior_weight, band_optimism))]
+    fn observe(
+        &mut self,
+        py: Python<'_>,
+        tree: PyRef<'_, TreeArrays>,
+        accepted: &Bound<'_, PyAny>,
+        prior: f64,
+        prior_weight: f64,
+        band_optimism: f64,
+    ) -> PyResult<()> {
+        let p = params(prior, prior_weight, band_optimism)?;
+        let b = [Borrowed::new(py, &tree)?];
+        let views = Views::new(&b);
+        let view = views.view(0)?;
+        if let Ok(nodes) = accepted.extract::<PyReadonlyArray1<'_, i64>>() {
+            self.0
+                .observe(&p, &view, Accepted::Nodes(&as_slice(&nodes)))
+                .or_raise()
+        } else {
+            let count = crate::errors::config_arg::<usize>(accepted)?;
+            self.0.observe(&p, &view, Accepted::Count(count)).or_raise()
+        }
+    }
+
+    /// `[2, bins]` predicted (conditional probabilities summed) of tried nodes.
+    #[getter]
+    fn predicted<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        vec2_typed(
+            py,
+            self.0.predicted.iter().flatten().copied().collect(),
+            2,
+            BINS,
+        )
+    }
+
+    /// `[2, bins]` accepted tried nodes.
+    #[getter]
+    fn realised<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        vec2_typed(
+            py,
+            self.0.realised.iter().flatten().copied().collect(),
+            2,
+            BINS,
+        )
+    }
+
+    /// Per rank band: verified nodes' values summed.
+    #[getter]
+    fn band_predicted<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f64>> {
+        vec1(py, self.0.band_predicted.clone())
+    }
+
+    /// Per rank band: verified nodes accepted.
+    #[getter]
+    fn band_realised<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f64>> {
+        vec1(py, self.0.band_realised.clone())
+    }
+
+    /// Per depth: verified trees that reached it.
+    #[getter]
+    fn tried<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f64>> {
+        vec1(py, self.0.tried.clone())
+    }
+
+    /// Per depth: steps that accepted that deep.
+    #[getter]
+    fn reached<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f64>> {
+        vec1(py, self.0.reached.clone())
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<BudgetStats>()?;
+    m.add_class::<BudgetGains>()?;
+    Ok(())
+}

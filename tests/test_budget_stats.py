@@ -1,0 +1,257 @@
+"""The adaptive budget's statistics (Rust, ``specdec._core.BudgetStats``) against a plain
+reference: every node's value by walking its path to the root, every choice by trying each
+candidate at each size, every update by counting tried and accepted nodes one by one."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import specdec
+from specdec import _core
+from specdec.decode import AdaptiveBudget, CostModel
+from specdec.decode.budget import CALIBRATION_BINS
+from specdec.errors import ConfigError
+
+EDGES = CALIBRATION_BINS[:-1]
+MID = [0.01, 0.035, 0.075, 0.15, 0.25, 0.375, 0.525, 0.7, 0.875, 0.975]
+
+
+class Reference:
+    """The statistics, written plainly."""
+
+    def __init__(self) -> None:
+        self.predicted = [[0.0] * 10 for _ in range(2)]
+        self.realised = [[0.0] * 10 for _ in range(2)]
+        self.band_predicted: list[float] = []
+        self.band_realised: list[float] = []
+        self.tried: list[float] = []
+        self.reached: list[float] = []
+
+    def calibration(self, prior: float, w: float) -> list[list[float]]:
+        out = [[0.0] * 10 for _ in range(2)]
+        for c in range(2):
+            for b in range(10):
+                other = (self.realised[1 - c][b] + w * prior) / (self.predicted[1 - c][b] + w)
+                ratio = (self.realised[c][b] + w * other) / (self.predicted[c][b] + w)
+                out[c][b] = min(max(ratio, 0.02), 1.0 / MID[b])
+        return out
+
+    def band_factors(self, bands: int, prior: float, w: float, opt: float) -> list[float]:
+        out, before = [], prior
+        for k in range(bands):
+            p = self.band_predicted[k] if k < len(self.band_predicted) else 0.0
+            a = self.band_realised[k] if k < len(self.band_realised) else 0.0
+            before = (a + w * before) / (p + w)
+            out.append(max(before + opt * math.sqrt(before * p) / (p + w), 0.02))
+        return out
+
+    def path_values(self, tree: specdec.DraftTree, prior: float, w: float) -> list[float]:
+        n, par, dep = tree.num_real, tree.parents, tree.depths
+        if scored(tree):
+            cal = self.calibration(prior, w)
+            out = []
+            for i in range(1, n):
+                value, node = 1.0, i
+                while node > 0:
+                    q = cond(tree, node)
+                    value *= min(q * cal[int(dep[node] > 1)][bin_of(q)], 1.0)
+                    node = int(par[node])
+                out.append(value)
+            return out
+        rates = []
+        for i in range(1, n):
+            d = int(dep[i]) - 1
+            have = d < len(self.tried)
+            rates.append(
+                (self.reached[d] + 0.5) / (self.tried[d] + 1.0) if have else 0.5 ** (d + 1)
+            )
+        return rates
+
+    def node_values(
+        self, tree: specdec.DraftTree, prior: float, w: float, opt: float
+    ) -> list[float]:
+        pv = self.path_values(tree, prior, w)
+        if not scored(tree) or not pv:
+            return pv
+        f = self.band_factors(band(len(pv)) + 1, prior, w, opt)
+        return [min(v * f[band(r + 1)], 1.0) for r, v in enumerate(pv)]
+
+    def observe(
+        self, tree: specdec.DraftTree, acc: int | list[int], prior: float, w: float
+    ) -> None:
+        n, par, lp = tree.num_real, tree.parents, tree.logprobs
+        count = acc if isinstance(acc, int) else len(acc)
+        if n > 1 and scored(tree):
+            values = self.path_values(tree, prior, w)
+            hit = [i == 0 for i in range(n)]
+            if isinstance(acc, int):
+                node = 0
+                for _ in range(acc):
+                    kids = [i for i in range(1, n) if par[i] == node]
+                    if not kids:
+                        break
+                    node = max(kids, key=lambda i: (lp[i], -i))  # the first of ties
+                    hit[node] = True
+            else:
+                for i in acc:
+                    hit[i] = True
+            while len(self.band_predicted) < band(n - 1) + 1:
+                self.band_predicted.append(0.0)
+                self.band_realised.append(0.0)
+            for i in range(1, n):
+                if hit[int(par[i])]:
+                    q = cond(tree, i)
+                    c = int(tree.depths[i] > 1)
+                    self.predicted[c][bin_of(q)] += q
+                    self.realised[c][bin_of(q)] += float(hit[i])
+                self.band_predicted[band(i)] += values[i - 1]
+                self.band_realised[band(i)] += float(hit[i])
+        if n > 1:
+            deepest = int(tree.depths[1:n].max())
+            while len(self.tried) < deepest:
+                self.tried.append(0.0)
+                self.reached.append(0.0)
+            for d in range(deepest):
+                self.tried[d] += 1.0
+                self.reached[d] += float(count > d)
+
+
+def scored(tree: specdec.DraftTree) -> bool:
+    return not math.isnan(tree.expected_acceptance)
+
+
+def cond(tree: specdec.DraftTree, i: int) -> float:
+    lp, p = tree.logprobs, int(tree.parents[i])
+    return 0.0 if lp[p] == -math.inf else math.exp(lp[i] - lp[p])
+
+
+def bin_of(q: float) -> int:
+    return sum(1 for e in EDGES if e <= q)
+
+
+def band(rank: int) -> int:
+    return (rank - 1).bit_length()
+
+
+@st.composite
+def trees(draw: st.DrawFn) -> specdec.DraftTree:
+    links = draw(st.lists(st.integers(0, 1 << 20), max_size=30))
+    parents = [-1] + [x % (i + 1) for i, x in enumerate(links)]
+    if draw(st.booleans()) and len(parents) > 1:
+        return specdec.DraftTree(list(range(len(parents))), parents)  # no probabilities
+    q = draw(
+        st.lists(
+            st.one_of(st.just(0.0), st.just(1.0), st.just(0.05), st.floats(1e-4, 1.0)),
+            min_size=len(links),
+            max_size=len(links),
+        )
+    )
+    lp = [0.0]
+    for p, qi in zip(parents[1:], q, strict=True):
+        lp.append(lp[p] + (math.log(qi) if qi > 0 else -math.inf))
+    return specdec.DraftTree(list(range(len(parents))), parents, logprobs=lp)
+
+
+@st.composite
+def accepted(draw: st.DrawFn, tree: specdec.DraftTree) -> int | list[int]:
+    """A count, or a path of node indices from the root (what a walk accepts)."""
+    if draw(st.booleans()):
+        return draw(st.integers(0, 8))
+    path, node = [], 0
+    while draw(st.booleans()):
+        kids = [i for i in range(1, tree.num_real) if tree.parents[i] == node]
+        if not kids:
+            break
+        node = draw(st.sampled_from(kids))
+        path.append(node)
+    return path
+
+
+settings_ = {"prior": st.floats(0.1, 2.0), "w": st.floats(0.5, 5.0), "opt": st.floats(0.0, 3.0)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), prior=settings_["prior"], w=settings_["w"], opt=settings_["opt"])
+def test_stats_follow_the_reference(
+    data: st.DataObject, prior: float, w: float, opt: float
+) -> None:
+    """Steps of choosing among random candidates and observing one: values, choices,
+    calibration and band factors agree with the plain reference after every step."""
+    kw = {"prior": prior, "prior_weight": w, "band_optimism": opt}
+    rust, ref = _core.BudgetStats(), Reference()
+    for _ in range(data.draw(st.integers(1, 6))):
+        reqs = data.draw(
+            st.lists(st.lists(trees(), min_size=1, max_size=3), min_size=1, max_size=3)
+        )
+        most = data.draw(st.integers(0, 40))
+        got = rust.choose([[t._arrays for t in ts] for ts in reqs], most, **kw)
+        assert got.gains.shape == (most + 1,) and got.picks.shape == (len(reqs), most + 1)
+        for b in range(most + 1):
+            total = 0.0
+            for r, ts in enumerate(reqs):
+                sums = [sum(ref.node_values(t, prior, w, opt)[:b]) for t in ts]
+                best = max(sums)
+                pick = int(got.picks[r, b])
+                assert sums[pick] >= best - 1e-9 and all(s < best + 1e-9 for s in sums[:pick])
+                total += best
+            assert got.gains[b] == pytest.approx(total, rel=1e-9, abs=1e-12)
+        for ts in reqs:
+            for t in ts:
+                want = ref.node_values(t, prior, w, opt)
+                np.testing.assert_allclose(rust.node_values(t._arrays, **kw), want, rtol=1e-9)
+                want = ref.path_values(t, prior, w)
+                have = rust.node_values(t._arrays, sized=False, **kw)
+                np.testing.assert_allclose(have, want, rtol=1e-9)
+        tree = data.draw(st.sampled_from([t for ts in reqs for t in ts]))
+        acc = data.draw(accepted(tree))
+        arg = acc if isinstance(acc, int) else np.array(acc, dtype=np.int64)
+        rust.observe(tree._arrays, arg, **kw)
+        ref.observe(tree, acc, prior, w)
+        np.testing.assert_allclose(rust.predicted, ref.predicted, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(rust.realised, ref.realised, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(rust.band_predicted, ref.band_predicted, rtol=1e-9, atol=1e-12)
+        np.testing.assert_array_equal(rust.band_realised, ref.band_realised)
+        np.testing.assert_array_equal(rust.tried, ref.tried)
+        np.testing.assert_array_equal(rust.reached, ref.reached)
+        np.testing.assert_allclose(rust.calibration(**kw), ref.calibration(prior, w), rtol=1e-12)
+        want = ref.band_factors(6, prior, w, opt)
+        np.testing.assert_allclose(rust.band_factors(6, **kw), want, rtol=1e-12)
+
+
+def test_adaptive_budget_reads_its_settings_at_each_call() -> None:
+    """A setting changed after construction takes effect (it is passed with each call)."""
+    ab = AdaptiveBudget(CostModel([1, 9], [1.0, 1.2]), 8)
+    tree = specdec.DraftTree([0, 1, 2], [-1, 0, 1], logprobs=[0.0, -0.1, -0.2])
+    ab.observe([tree], [np.array([1], dtype=np.int64)], 0.0)
+    before = ab.calibration.copy()
+    ab.prior = 0.5
+    assert (ab.calibration <= before).all() and (ab.calibration < before).any()
+
+
+def test_bad_input_is_a_config_error() -> None:
+    stats = _core.BudgetStats()
+    kw = {"prior": 1.0, "prior_weight": 2.0, "band_optimism": 1.0}
+    tree = specdec.DraftTree([0, 1, 2], [-1, 0, 1], logprobs=[0.0, -0.1, -0.2])
+    with pytest.raises(ConfigError, match="accepted node 3"):
+        stats.observe(tree._arrays, np.array([1, 3], dtype=np.int64), **kw)
+    with pytest.raises(ConfigError, match="accepted node 0"):
+        stats.observe(tree._arrays, np.array([0], dtype=np.int64), **kw)
+    with pytest.raises(ConfigError):
+        stats.observe(tree._arrays, -1, **kw)
+    with pytest.raises(specdec.errors.SpecdecTypeError):
+        stats.observe(tree._arrays, "two", **kw)
+    with pytest.raises(ConfigError, match="prior"):
+        stats.choose([[tree._arrays]], 4, prior=0.0, prior_weight=2.0, band_optimism=1.0)
+    with pytest.raises(ConfigError, match="band_optimism"):
+        stats.calibration(prior=1.0, prior_weight=2.0, band_optimism=math.nan)
+    # Arrays edited behind the tree's back: an error, not a crash.
+    tree.parents[2] = 2
+    with pytest.raises(ConfigError, match="parent"):
+        stats.choose([[tree._arrays]], 4, **kw)
+    nothing = _core.BudgetStats()
+    np.testing.assert_array_equal(stats.predicted, nothing.predicted)  # nothing learnt
