@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import statistics
 
 import numpy as np
 import pytest
@@ -609,6 +610,23 @@ def test_cost_model_calibrates_on_the_target(target: LlamaModel) -> None:
     assert cm.tokens == [1, 4, 16] and all(s > 0 for s in cm.seconds)
     assert cm.seconds == sorted(cm.seconds)  # monotone by construction
     assert math.isclose(cm(1), cm.seconds[0]) and cm(32) >= cm(16)
+
+
+@given(st.lists(st.floats(0.001, 100.0), min_size=1, max_size=30))
+def test_cost_model_is_the_nearest_monotone_curve(seconds: list[float]) -> None:
+    """Measured seconds become the least-squares non-decreasing fit, against the min-max
+    formula of isotonic regression: at i, the max over j <= i of the min over k >= i of
+    the mean of seconds[j..k]."""
+    cm = CostModel(list(range(1, len(seconds) + 1)), seconds)
+    n = len(seconds)
+    want = [
+        max(min(statistics.fmean(seconds[j : k + 1]) for k in range(i, n)) for j in range(i + 1))
+        for i in range(n)
+    ]
+    np.testing.assert_allclose(cm.seconds, want, rtol=1e-9)
+    assert cm.seconds == sorted(cm.seconds)
+    if seconds == sorted(seconds):
+        assert cm.seconds == seconds  # a monotone measurement is kept as it is
 
 
 @given(st.integers(1, 300), st.integers(1, 40))

@@ -83,6 +83,23 @@ def rank_bands(ranks: np.ndarray) -> np.ndarray:
     return bands
 
 
+def _monotone(y: list[float]) -> list[float]:
+    """The non-decreasing sequence nearest ``y`` in least squares (pool adjacent
+    violators): a size measured above its neighbours is averaged with them. A running
+    maximum carried any one high reading up to every larger size until a reading exceeded
+    it: on two cores SmolLM2's 3-token forward measured 19.96 ms and 4, 5 and 6 tokens
+    18.57, 19.13 and 19.60 ms, which made 3 to 6 tokens all cost 19.96, so the budget
+    verified 6-token trees at no cost in its eyes where 5 were 2.4% cheaper."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in y:
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, c2 = blocks.pop()
+            m1, c1 = blocks[-1]
+            blocks[-1] = [(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2]
+    return [m for m, c in blocks for _ in range(int(c))]
+
+
 @dataclass
 class CostModel:
     """Target forward seconds as a function of the tokens fed in one step (all rows of a
@@ -97,7 +114,7 @@ class CostModel:
         order = np.argsort(self.tokens)
         self.tokens = [int(self.tokens[i]) for i in order]
         # A forward of more tokens never costs less: smooth timing noise into a monotone curve.
-        self.seconds = np.maximum.accumulate([float(self.seconds[i]) for i in order]).tolist()
+        self.seconds = _monotone([float(self.seconds[i]) for i in order])
 
     def __call__(self, num_tokens: int) -> float:
         return float(self.many(np.array([num_tokens]))[0])
