@@ -11,7 +11,8 @@ policy and the clock are separated here: the tokens each step feeds and accepts 
 what the real run does (greedy and seeded sampling are deterministic), only the seconds are
 modelled, so a policy's loss shows without noise, and a wall-clock miss that does not show
 here is the clock's (or the cost model's), not the policy's. The adaptive budget gets the
-same cost model it is charged with.
+same cost model it is charged with, and keeps it (``cost_weight=inf``: no learning from the
+clock's forwards, which the replay does not charge).
 
 Run: ``python benches/bench_budget_replay.py`` (all 24 cells: block, Medusa, suffix and
 block + suffix; code, edit, qa; greedy and t=1; ~10 min on two cores). ``--cells
@@ -29,13 +30,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from typing import Any
 
 import numpy as np
 import torch
 
-from specdec.decode import CostModel, SpeculativeGenerator
+from specdec.decode import AdaptiveBudget, CostModel, SpeculativeGenerator
 from specdec.draft import BlockDrafter, CombinedDrafter, MedusaDrafter, SuffixDrafter
 from specdec.verify.rules import Sampling
 
@@ -187,7 +189,12 @@ def main() -> None:
                 kw = {"budget": int(c)}
 
             def make(kw: dict[str, Any] = kw, d: str = name, k: int = depth, r: Any = rule) -> Any:
-                return SpeculativeGenerator(target, drafter(d), depth=k, rule=r, **kw)
+                gen = SpeculativeGenerator(target, drafter(d), depth=k, rule=r, **kw)
+                if "cost_model" in kw:
+                    # Charged by the cost model alone: the budget keeps its figures rather
+                    # than learning the wall clock's forwards.
+                    gen.adaptive = AdaptiveBudget(cost, args.max_budget, cost_weight=math.inf)
+                return gen
 
             res[c] = modelled_run(make, prompts, args.tokens, eos, rule is not None, cost, host)
         best = max(fixed, key=lambda c: res[c][0])

@@ -736,9 +736,73 @@ def test_stream_and_progress_bar(target: LlamaModel) -> None:
         ({"skip_after": 0.0}, "skip_after"),
         ({"skip_share": float("nan")}, "skip_share"),
         ({"depth_window": 0}, "depth_window"),
+        ({"cost_weight": 0.0}, "cost_weight"),
+        ({"cost_weight": float("nan")}, "cost_weight"),
     ],
 )
 def test_adaptive_budget_rejects_bad_settings(kw: dict[str, float], name: str) -> None:
     args: dict[str, object] = {"cost": CostModel([1, 2], [1.0, 2.0]), "max_budget": 4, **kw}
     with pytest.raises(ConfigError, match=name):
         AdaptiveBudget(**args)  # type: ignore[arg-type]
+
+
+def test_forward_costs_follow_the_steps_own_forwards() -> None:
+    """Per token count fed, measured over modelled (its forwards' median) weighed against
+    the recent level (median ratio of the last 32 forwards) worth ``cost_weight``;
+    interpolated between counts fed, the nearest one's beyond them."""
+    cost = CostModel([1, 9], [1.0, 1.8])
+    ab = AdaptiveBudget(cost, 8, cost_weight=4.0)
+    np.testing.assert_allclose(ab.forward_costs(1, 8), cost.many(np.arange(1, 10)))
+    chain = specdec.DraftTree(
+        [0, 1, 2, 3, 4], [-1, 0, 1, 2, 3], logprobs=[0.0, -1.0, -2.0, -3.0, -4.0]
+    )
+    rng = np.random.default_rng(0)
+    fed5 = rng.uniform(2.0, 2.4, size=20).tolist()
+    fed1 = rng.uniform(1.1, 1.2, size=10).tolist()
+    for f in fed5:
+        ab.observe([chain], [0], 0.0, forward=f)  # 5 tokens: the chain's nodes
+    for f in fed1:
+        ab.observe([chain.pruned(0)], [0], 0.0, forward=f, fed=1)
+    level = statistics.median(([f / cost(5) for f in fed5] + [f / cost(1) for f in fed1])[-32:])
+    ratio = {}
+    for tokens, times in ((1, fed1), (5, fed5[-16:])):
+        n, measured = len(times), statistics.median(times) / cost(tokens)
+        ratio[tokens] = (4.0 * level + n * measured) / (4.0 + n)
+    want = []
+    for tokens in range(1, 10):
+        if tokens >= 5:
+            r = ratio[5]
+        else:  # between the counts fed, linearly in the count
+            r = ratio[1] + (ratio[5] - ratio[1]) * (tokens - 1) / 4
+        want.append(cost(tokens) * r)
+    np.testing.assert_allclose(ab.forward_costs(1, 8), want, rtol=1e-12)
+    # Two rows: the same ratios read at 2 (b + 1) tokens.
+    np.testing.assert_allclose(ab.forward_costs(2, 1), [want[1], want[3]], rtol=1e-12)
+    frozen = AdaptiveBudget(cost, 8, cost_weight=math.inf)
+    frozen.observe([chain], [0], 0.0, forward=5.0)
+    np.testing.assert_allclose(frozen.forward_costs(1, 8), cost.many(np.arange(1, 10)))
+    with pytest.raises(ConfigError, match="seconds"):
+        ab.observe([chain], [0], 0.0, forward=-1.0)
+
+
+def test_adaptive_budget_learns_that_trees_cost_more_than_the_model_said() -> None:
+    """A cost model that calls every size free, and forwards that pay 50% per extra token:
+    once steps have timed its trees and a few plain steps the budget verifies small trees,
+    while one that keeps the model's figures (``cost_weight=inf``) keeps verifying all 8
+    nodes."""
+    lp = np.log(np.tile(np.array([0.5, 0.3, 0.2], dtype=np.float32), (8, 1)))
+    tree = specdec.build_ddtree(lp, np.tile(np.arange(3), (8, 1)), 8, root_token=0)
+    free = CostModel([1, 9], [1.0, 1.0])
+    chosen = {}
+    for weight in (4.0, math.inf):
+        ab = AdaptiveBudget(free, 8, growth=None, probe=False, cost_weight=weight)
+        sizes = []
+        for step in range(60):
+            b = ab.choose([tree]).nodes
+            ab.observe([tree.pruned(b)], [0], 0.0, forward=1.0 + 0.5 * b)
+            sizes.append(b)
+            if step % 10 == 0:  # now and then a plain step (another request's, a skip)
+                ab.observe([tree.pruned(0)], [0], 0.0, forward=1.0)
+        chosen[weight] = sizes[-10:]
+    assert chosen[math.inf] == [8] * 10
+    assert max(chosen[4.0]) <= 2, chosen[4.0]

@@ -271,6 +271,20 @@ class AdaptiveBudget:
     # Target forward seconds per (rows, most): the cost of every size a step weighs.
     _secs: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
     _secs_of: CostModel | None = field(default=None, repr=False)
+    # The steps' own forwards refine the cost model (:meth:`forward_costs`): per token count
+    # fed, the median of its last 16 forwards, against the start-up figure worth
+    # ``cost_weight`` forwards (``math.inf``: the start-up figures only). The start-up
+    # ladder is five forwards per size at a fixed context, and its neighbouring sizes come
+    # out 1-2% apart either way, as far apart as the values of a tree's 4th and 5th nodes:
+    # in the loop SmolLM2's 5- and 6-token forwards took 0.906x and 0.929x of what the
+    # ladder said on code#0 (the budget took the 6 as free).
+    cost_weight: float = 4.0
+    _forwards: dict[int, list[float]] = field(default_factory=dict, repr=False)
+    _forward_median: dict[int, float] = field(default_factory=dict, repr=False)
+    _forward_model: dict[int, float] = field(default_factory=dict, repr=False)  # cost(t)
+    # Measured over modelled seconds of the last 32 forwards: the level of sizes not fed yet.
+    _cost_ratios: list[float] = field(default_factory=list, repr=False)
+    _cost_scale: float = 1.0
 
     def __post_init__(self) -> None:
         self.max_budget = check_int(self.max_budget, "max_budget", 1, ConfigError)
@@ -286,6 +300,8 @@ class AdaptiveBudget:
             raise ConfigError(f"skip_after must be in (0, 1], got {self.skip_after}")
         if not 0.0 <= self.skip_share < math.inf:
             raise ConfigError(f"skip_share must be finite and >= 0, got {self.skip_share}")
+        if not 0.0 < self.cost_weight <= math.inf:
+            raise ConfigError(f"cost_weight must be > 0 (inf: no learning), got {self.cost_weight}")
         if not 0.0 <= self.band_optimism < math.inf:
             raise ConfigError(f"band_optimism must be finite and >= 0, got {self.band_optimism}")
 
@@ -336,6 +352,35 @@ class AdaptiveBudget:
             return limit
         return max(1, min(limit, max(self._depths) + 2))
 
+    def forward_costs(self, rows: int, most: int) -> np.ndarray:
+        """``[most + 1]``: the target forward's seconds for ``rows`` requests of ``b + 1``
+        tokens each, ``b = 0..most``: the cost model's figures times a measured-over-modelled
+        ratio learnt from the steps' own forwards (``cost_weight``). A token count fed ``n``
+        times so far (up to 16) has the ratio of its forwards' median, weighed ``n``
+        against the median ratio of the last 32 forwards (the level the loop runs at: its
+        context, its load) weighed ``cost_weight``; counts between those fed take the
+        interpolated ratio, counts beyond them the nearest one's. (One ratio for every
+        count would keep the model's shape, and a budget that only ever fed its big trees
+        would never see that small ones are cheaper.)"""
+        if self._secs_of is not self.cost:  # a new cost model: forget the old one's
+            self._secs, self._secs_of = {}, self.cost
+            self._forward_model = {t: self.cost(t) for t in self._forward_median}
+        model = self._secs.get((rows, most))
+        if model is None:
+            model = self._secs[(rows, most)] = self.cost.many(rows * np.arange(1, most + 2))
+        if not self._cost_ratios:
+            return model
+        # Per token count fed: measured over modelled, shrunk towards the recent level;
+        # between counts fed, interpolated; beyond them, the nearest one's.
+        w, fed, m = self.cost_weight, sorted(self._forward_median), self._forward_model
+        ratio = [
+            (w * self._cost_scale + len(self._forwards[t]) * self._forward_median[t] / m[t])
+            / (w + len(self._forwards[t]))
+            for t in fed
+        ]
+        est: np.ndarray = model * np.interp(rows * np.arange(1, most + 2), fed, ratio)
+        return est
+
     def size_bound(self) -> int:
         """The most drafted nodes :meth:`choose_among` can pick this step: ``max_budget``
         within the trust region (``growth``). Trees need not be drafted any bigger: a
@@ -372,12 +417,7 @@ class AdaptiveBudget:
         arrays = [[t._arrays for t in trees] for trees in candidates]
         g = self.stats.choose(arrays, most, **self._params)
         gains, which = g.gains, g.picks
-        if self._secs_of is not self.cost:  # a new cost model: forget the old one's
-            self._secs, self._secs_of = {}, self.cost
-        cost = self._secs.get((r, most))
-        if cost is None:  # b = 0..most
-            cost = self._secs[(r, most)] = self.cost.many(r * np.arange(1, most + 2))
-        secs = cost + self.host_seconds
+        secs = self.forward_costs(r, most) + self.host_seconds
         rate = (r + gains) / secs
 
         def at(b: int) -> BudgetChoice:
@@ -430,12 +470,16 @@ class AdaptiveBudget:
         *,
         draft: float = 0.0,
         drafted: bool = True,
+        forward: float | None = None,
+        fed: int | None = None,
     ) -> None:
         """Learn from a finished step: the trees verified, what each accepted (its accepted
         node indices, root excluded, as :attr:`~specdec.tree.WalkResult.accepted`; or just
         their count, taken as the likeliest path's first nodes), the step's seconds
         besides the forward (``host``, the draft's ``draft`` included), and whether it ran
-        the drafter (``drafted``; the seconds of a step that did not are not learnt)."""
+        the drafter (``drafted``; the seconds of a step that did not are not learnt), and
+        the target forward's seconds (``forward``) for the ``fed`` tokens of all rows
+        (default: every tree's nodes), which refine the cost model."""
         counts = [int(a) if isinstance(a, int | np.integer) else len(a) for a in accepted]
         if self._probing:
             self._probing = False
@@ -447,8 +491,21 @@ class AdaptiveBudget:
         for tree, acc in zip(trees, accepted, strict=True):
             a = acc if isinstance(acc, int | np.integer) else np.asarray(acc, dtype=np.int64)
             self.stats.observe(tree._arrays, a, **self._params)
+        if forward is not None and self.cost_weight < math.inf:
+            self._learn_forward(sum(t.num_nodes for t in trees) if fed is None else fed, forward)
         if drafted:
             self._hosts, self._drafts = [*self._hosts[-15:], host], [*self._drafts[-15:], draft]
             # statistics, not numpy: 16 floats, and numpy's median took 40 us a step.
             self.host_seconds = statistics.median(self._hosts)
             self.draft_seconds = statistics.median(self._drafts)
+
+    def _learn_forward(self, fed: int, seconds: float) -> None:
+        fed = check_int(fed, "fed", 1, ConfigError)
+        if not 0.0 < seconds < math.inf:
+            raise ConfigError(f"a forward's seconds must be finite and > 0, got {seconds}")
+        times = self._forwards[fed] = [*self._forwards.get(fed, []), seconds][-16:]
+        self._forward_median[fed] = statistics.median(times)
+        if fed not in self._forward_model:
+            self._forward_model[fed] = self.cost(fed)
+        self._cost_ratios = [*self._cost_ratios, seconds / self._forward_model[fed]][-32:]
+        self._cost_scale = statistics.median(self._cost_ratios)

@@ -371,7 +371,15 @@ class SpeculativeGenerator:
         if self.adaptive is not None:
             host = sum(timings.values()) - timings["forward"]
             accepted = [s.accepted for s in steps]
-            self.adaptive.observe(trees, accepted, host, draft=timings["draft"], drafted=drafting)
+            fwd = timings["forward"]
+            self.adaptive.observe(
+                trees,
+                accepted,
+                host,
+                draft=timings["draft"],
+                drafted=drafting,
+                forward=fwd if fwd > 0.0 else None,  # a clock too coarse to time it: skip
+            )
         for req, tree, s in zip(reqs, trees, steps, strict=True):
             outputs.append(self._advance(req, tree, s, timings))
         return outputs
