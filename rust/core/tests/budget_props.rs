@@ -86,7 +86,7 @@ proptest! {
         let stats = learnt(&p, &steps);
         let cal = stats.calibration(&p);
         let mut got = Vec::new();
-        stats.path_values(&t.view(true), &cal, &mut got);
+        stats.path_values(&t.view(true), &cal, &mut got).unwrap();
         prop_assert_eq!(got.len(), t.parents.len() - 1);
         for i in 1..t.parents.len() {
             // Walk to the root: each step's conditional times its calibration, at most 1.
@@ -119,13 +119,13 @@ proptest! {
         let cal = stats.calibration(&p);
         let views: Vec<Vec<TreeView<'_>>> =
             reqs.iter().map(|ts| ts.iter().map(|t| t.view(true)).collect()).collect();
-        let choice = stats.choose(&p, &views, most);
+        let choice = stats.choose(&p, &views, most).unwrap();
         let mut values = Vec::new();
         for b in 0..=most {
             let mut total = 0.0;
             for (r, ts) in views.iter().enumerate() {
                 let sums: Vec<f64> = ts.iter().map(|t| {
-                    stats.node_values(&p, t, &cal, &mut values);
+                    stats.node_values(&p, t, &cal, &mut values).unwrap();
                     values.iter().take(b).sum()
                 }).collect();
                 let best = sums.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -248,10 +248,12 @@ fn unscored_trees_take_depth_rates() {
     };
     let mut s = BudgetStats::new();
     let mut v = Vec::new();
-    s.path_values(&t.view(false), &s.calibration(&p), &mut v);
+    s.path_values(&t.view(false), &s.calibration(&p), &mut v)
+        .unwrap();
     assert_eq!(v, [0.5, 0.25, 0.5]); // nothing measured: halves per depth
     s.observe(&p, &t.view(false), Accepted::Count(1)).unwrap();
-    s.path_values(&t.view(false), &s.calibration(&p), &mut v);
+    s.path_values(&t.view(false), &s.calibration(&p), &mut v)
+        .unwrap();
     assert_eq!(v, [0.75, 0.25, 0.75]); // depth 1 reached once of once, depth 2 never
 }
 
@@ -272,6 +274,11 @@ fn bad_trees_and_accepted_nodes_are_errors() {
         .observe(&p, &t.view(true), Accepted::Count(0))
         .unwrap_err();
     assert_eq!(err, BudgetError::Parent { node: 2, parent: 3 });
+    let err = s.choose(&p, &[vec![t.view(true)]], 4).unwrap_err();
+    assert_eq!(err, BudgetError::Parent { node: 2, parent: 3 });
+    let mut v = Vec::new();
+    let cal = s.calibration(&p);
+    assert!(s.node_values(&p, &t.view(false), &cal, &mut v).is_err());
     let t = Tree {
         parents: vec![-1, 0],
         depths: vec![0, 1],

@@ -148,9 +148,9 @@ impl BudgetStats {
         let cal = self.0.calibration(&p);
         let mut out = Vec::new();
         if sized {
-            self.0.node_values(&p, &view, &cal, &mut out);
+            self.0.node_values(&p, &view, &cal, &mut out).or_raise()?;
         } else {
-            self.0.path_values(&view, &cal, &mut out);
+            self.0.path_values(&view, &cal, &mut out).or_raise()?;
         }
         Ok(vec1(py, out))
     }
@@ -190,7 +190,7 @@ impl BudgetStats {
             }
             reqs.push(row);
         }
-        let c = self.0.choose(&p, &reqs, most);
+        let c = self.0.choose(&p, &reqs, most).or_raise()?;
         let picks = c.picks.into_iter().map(|x| x as i64).collect();
         Ok(BudgetGains {
             gains: vec1(py, c.gains).unbind(),

@@ -218,7 +218,18 @@ impl BudgetStats {
     /// path probability with each step's conditional probability scaled by `cal` (capped
     /// so no step is surer than certain); for an unscored one the measured acceptance rate
     /// of its depth.
-    pub fn path_values(&self, tree: &TreeView<'_>, cal: &[[f64; BINS]; 2], out: &mut Vec<f64>) {
+    pub fn path_values(
+        &self,
+        tree: &TreeView<'_>,
+        cal: &[[f64; BINS]; 2],
+        out: &mut Vec<f64>,
+    ) -> Result<(), BudgetError> {
+        tree.check()?;
+        self.path_values_checked(tree, cal, out);
+        Ok(())
+    }
+
+    fn path_values_checked(&self, tree: &TreeView<'_>, cal: &[[f64; BINS]; 2], out: &mut Vec<f64>) {
         let n = tree.num_real;
         out.clear();
         let Some(lp) = tree.logprobs else {
@@ -259,8 +270,20 @@ impl BudgetStats {
         tree: &TreeView<'_>,
         cal: &[[f64; BINS]; 2],
         out: &mut Vec<f64>,
+    ) -> Result<(), BudgetError> {
+        tree.check()?;
+        self.node_values_checked(p, tree, cal, out);
+        Ok(())
+    }
+
+    fn node_values_checked(
+        &self,
+        p: &BudgetParams,
+        tree: &TreeView<'_>,
+        cal: &[[f64; BINS]; 2],
+        out: &mut Vec<f64>,
     ) {
-        self.path_values(tree, cal, out);
+        self.path_values_checked(tree, cal, out);
         if tree.logprobs.is_none() || out.is_empty() {
             return;
         }
@@ -272,13 +295,15 @@ impl BudgetStats {
 
     /// Per request (`candidates[r]`: its candidate trees) and size `b` in `0..=most`: the
     /// candidate whose first `b` nodes are valued highest, and the requests' summed values.
-    /// Trees must have passed [`TreeView::check`].
     pub fn choose(
         &self,
         p: &BudgetParams,
         candidates: &[Vec<TreeView<'_>>],
         most: usize,
-    ) -> Choice {
+    ) -> Result<Choice, BudgetError> {
+        for tree in candidates.iter().flatten() {
+            tree.check()?;
+        }
         let cal = self.calibration(p);
         let mut gains = vec![0.0; most + 1];
         let mut picks = vec![0usize; candidates.len() * (most + 1)];
@@ -288,7 +313,7 @@ impl BudgetStats {
             let row = &mut picks[r * (most + 1)..(r + 1) * (most + 1)];
             best.fill(f64::NEG_INFINITY);
             for (j, tree) in trees.iter().enumerate() {
-                self.node_values(p, tree, &cal, &mut values);
+                self.node_values_checked(p, tree, &cal, &mut values);
                 let mut cum = 0.0;
                 for b in 0..=most {
                     if b > 0 {
@@ -305,7 +330,7 @@ impl BudgetStats {
                 }
             }
         }
-        Choice { gains, picks }
+        Ok(Choice { gains, picks })
     }
 
     /// Learn from one verified tree: what it accepted, its values as predicted before this
@@ -336,7 +361,7 @@ impl BudgetStats {
         }
         if let Some(lp) = tree.logprobs {
             let mut values = Vec::with_capacity(n - 1);
-            self.path_values(tree, &self.calibration(p), &mut values);
+            self.path_values_checked(tree, &self.calibration(p), &mut values);
             let mut hit = vec![false; n];
             hit[0] = true;
             match accepted {
