@@ -65,9 +65,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.smoke:
-        from specdec.models import LlamaConfig, LlamaModel
+        from specdec.testing import smoke_target
 
-        target = LlamaModel(LlamaConfig(vocab_size=64, num_hidden_layers=3)).init_random(0)
+        target = smoke_target()
         block = BlockDrafter.for_target(target, block_size=6)
         ids, eos, args.tokens, args.repeats = [1, 2, 3, 4, 1, 2, 3], None, 12, 1
     else:

@@ -160,9 +160,9 @@ def engines(
 def run(args: argparse.Namespace) -> list[Row]:
     torch.set_num_threads(args.threads)
     if args.smoke:
-        from specdec.models import LlamaConfig, LlamaModel
+        from specdec.testing import smoke_target
 
-        target = LlamaModel(LlamaConfig(vocab_size=64, num_hidden_layers=3)).init_random(0)
+        target = smoke_target()
         block = BlockDrafter.for_target(target, block_size=6)
         medusa = MedusaDrafter.for_target(target, num_heads=3)
         prompts = {"smoke#0": [1, 2, 3, 4], "smoke#1": [5, 6, 5, 6, 5]}

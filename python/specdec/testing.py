@@ -33,6 +33,7 @@ __all__ = [
     "AdversarialDrafter",
     "BanningDrafter",
     "tiny_sampling_target",
+    "smoke_target",
     "exact_pair_distribution",
     "pair_chi_square",
 ]
@@ -310,6 +311,14 @@ def tiny_sampling_target(vocab_size: int = 6, seed: int = 7) -> Any:
         max_position_embeddings=32,
     )
     return LlamaModel(cfg).double().init_random(seed, std=0.6)
+
+
+def smoke_target(seed: int = 0) -> Any:
+    """The benches' ``--smoke`` target: a random three-layer Llama over 64 tokens (the
+    scripts run end to end in seconds; nothing it measures means anything)."""
+    from .models import LlamaConfig, LlamaModel
+
+    return LlamaModel(LlamaConfig(vocab_size=64, num_hidden_layers=3)).init_random(seed)
 
 
 def exact_pair_distribution(target: Any, prompt: Sequence[int]) -> dict[tuple[int, int], float]:
