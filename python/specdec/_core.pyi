@@ -157,6 +157,10 @@ class SuffixIndex:
         token), best-first by path probability, ``logprobs`` = log path probabilities."""
 
 # ---- decode -------------------------------------------------------------------------------
+CALIBRATION_BIN_EDGES: list[float]
+"""Upper edges of the adaptive budget's conditional-probability bins (the last, +inf, left
+out)."""
+
 @final
 class BudgetGains:
     """Per size ``b`` in ``0..=most``: the requests' summed expected acceptance and the

@@ -69,10 +69,9 @@ from ..tree import DraftTree
 
 __all__ = ["CostModel", "AdaptiveBudget", "BudgetChoice", "CALIBRATION_BINS", "rank_bands"]
 
-# Upper edges of the conditional-probability bins the calibration keeps apart, and a
-# typical probability of each (where its prior pseudo-nodes sit).
-CALIBRATION_BINS = np.array([0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 0.95, np.inf])
-_BIN_MID = np.array([0.01, 0.035, 0.075, 0.15, 0.25, 0.375, 0.525, 0.7, 0.875, 0.975])
+# Upper edges of the conditional-probability bins the calibration keeps apart (the Rust
+# core's, which bins the nodes).
+CALIBRATION_BINS = np.array([*_core.CALIBRATION_BIN_EDGES, np.inf])
 
 
 def rank_bands(ranks: np.ndarray) -> np.ndarray:
@@ -280,11 +279,8 @@ class AdaptiveBudget:
     # ladder said on code#0 (the budget took the 6 as free).
     cost_weight: float = 4.0
     _forwards: dict[int, list[float]] = field(default_factory=dict, repr=False)
-    _forward_median: dict[int, float] = field(default_factory=dict, repr=False)
-    _forward_model: dict[int, float] = field(default_factory=dict, repr=False)  # cost(t)
     # Measured over modelled seconds of the last 32 forwards: the level of sizes not fed yet.
     _cost_ratios: list[float] = field(default_factory=list, repr=False)
-    _cost_scale: float = 1.0
 
     def __post_init__(self) -> None:
         self.max_budget = check_int(self.max_budget, "max_budget", 1, ConfigError)
@@ -364,7 +360,6 @@ class AdaptiveBudget:
         would never see that small ones are cheaper.)"""
         if self._secs_of is not self.cost:  # a new cost model: forget the old one's
             self._secs, self._secs_of = {}, self.cost
-            self._forward_model = {t: self.cost(t) for t in self._forward_median}
         model = self._secs.get((rows, most))
         if model is None:
             model = self._secs[(rows, most)] = self.cost.many(rows * np.arange(1, most + 2))
@@ -372,11 +367,12 @@ class AdaptiveBudget:
             return model
         # Per token count fed: measured over modelled, shrunk towards the recent level;
         # between counts fed, interpolated; beyond them, the nearest one's.
-        w, fed, m = self.cost_weight, sorted(self._forward_median), self._forward_model
+        w, level = self.cost_weight, statistics.median(self._cost_ratios)
+        fed = sorted(self._forwards)
+        modelled = self.cost.many(np.array(fed))
         ratio = [
-            (w * self._cost_scale + len(self._forwards[t]) * self._forward_median[t] / m[t])
-            / (w + len(self._forwards[t]))
-            for t in fed
+            (w * level + len(ts) * statistics.median(ts) / m) / (w + len(ts))
+            for ts, m in zip((self._forwards[t] for t in fed), modelled, strict=True)
         ]
         est: np.ndarray = model * np.interp(rows * np.arange(1, most + 2), fed, ratio)
         return est
@@ -503,9 +499,5 @@ class AdaptiveBudget:
         fed = check_int(fed, "fed", 1, ConfigError)
         if not 0.0 < seconds < math.inf:
             raise ConfigError(f"a forward's seconds must be finite and > 0, got {seconds}")
-        times = self._forwards[fed] = [*self._forwards.get(fed, []), seconds][-16:]
-        self._forward_median[fed] = statistics.median(times)
-        if fed not in self._forward_model:
-            self._forward_model[fed] = self.cost(fed)
-        self._cost_ratios = [*self._cost_ratios, seconds / self._forward_model[fed]][-32:]
-        self._cost_scale = statistics.median(self._cost_ratios)
+        self._forwards[fed] = [*self._forwards.get(fed, []), seconds][-16:]
+        self._cost_ratios = [*self._cost_ratios, seconds / self.cost(fed)][-32:]

@@ -2,9 +2,11 @@
 //! newtype; trees cross as the `TreeArrays` they already are (their arrays borrowed, not
 //! copied), values and choices come back as numpy arrays.
 
+use std::borrow::Cow;
+
 use numpy::{PyArray1, PyArray2, PyReadonlyArray1};
 use pyo3::prelude::*;
-use specdec_core::decode::{self as core, Accepted, BudgetParams, TreeView, BINS};
+use specdec_core::decode::{self as core, Accepted, BudgetParams, TreeView, BINS, BIN_EDGES};
 
 use crate::arrays::{as_slice, read, vec1, vec2_typed};
 use crate::errors::{Class, OrRaise};
@@ -33,36 +35,32 @@ impl<'py> Borrowed<'py> {
     }
 }
 
-/// Checked views of borrowed trees (slices of contiguous arrays; others gathered once).
-struct Views<'a> {
-    parents: Vec<std::borrow::Cow<'a, [i32]>>,
-    depths: Vec<std::borrow::Cow<'a, [i32]>>,
-    logprobs: Vec<Option<std::borrow::Cow<'a, [f64]>>>,
-    num_real: Vec<usize>,
+/// A borrowed tree's arrays as slices (contiguous arrays borrowed, others gathered once).
+struct Slices<'a> {
+    parents: Cow<'a, [i32]>,
+    depths: Cow<'a, [i32]>,
+    logprobs: Option<Cow<'a, [f64]>>,
+    num_real: usize,
 }
 
-impl<'a> Views<'a> {
-    fn new(trees: &'a [Borrowed<'_>]) -> Self {
-        Views {
-            parents: trees.iter().map(|t| as_slice(&t.parents)).collect(),
-            depths: trees.iter().map(|t| as_slice(&t.depths)).collect(),
-            logprobs: trees
-                .iter()
-                .map(|t| t.logprobs.as_ref().map(as_slice))
-                .collect(),
-            num_real: trees.iter().map(|t| t.num_real).collect(),
+impl<'a> Slices<'a> {
+    fn new(t: &'a Borrowed<'_>) -> Self {
+        Slices {
+            parents: as_slice(&t.parents),
+            depths: as_slice(&t.depths),
+            logprobs: t.logprobs.as_ref().map(as_slice),
+            num_real: t.num_real,
         }
     }
 
-    fn view(&self, i: usize) -> PyResult<TreeView<'_>> {
-        let v = TreeView {
-            parents: &self.parents[i],
-            depths: &self.depths[i],
-            logprobs: self.logprobs[i].as_deref(),
-            num_real: self.num_real[i],
-        };
-        v.check().or_raise()?;
-        Ok(v)
+    /// The core's view (which checks it before use).
+    fn view(&self) -> TreeView<'_> {
+        TreeView {
+            parents: &self.parents,
+            depths: &self.depths,
+            logprobs: self.logprobs.as_deref(),
+            num_real: self.num_real,
+        }
     }
 }
 
@@ -142,9 +140,9 @@ impl BudgetStats {
         sized: bool,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let p = params(prior, prior_weight, band_optimism)?;
-        let b = [Borrowed::new(py, &tree)?];
-        let views = Views::new(&b);
-        let view = views.view(0)?;
+        let b = Borrowed::new(py, &tree)?;
+        let slices = Slices::new(&b);
+        let view = slices.view();
         let cal = self.0.calibration(&p);
         let mut out = Vec::new();
         if sized {
@@ -179,17 +177,12 @@ impl BudgetStats {
             .flatten()
             .map(|t| Borrowed::new(py, t))
             .collect::<PyResult<_>>()?;
-        let views = Views::new(&flat);
-        let mut k = 0;
-        let mut reqs = Vec::with_capacity(candidates.len());
-        for trees in &candidates {
-            let mut row = Vec::with_capacity(trees.len());
-            for _ in trees {
-                row.push(views.view(k)?);
-                k += 1;
-            }
-            reqs.push(row);
-        }
+        let slices: Vec<Slices<'_>> = flat.iter().map(Slices::new).collect();
+        let mut views = slices.iter().map(Slices::view);
+        let reqs: Vec<Vec<TreeView<'_>>> = candidates
+            .iter()
+            .map(|trees| views.by_ref().take(trees.len()).collect())
+            .collect();
         let c = self.0.choose(&p, &reqs, most).or_raise()?;
         let picks = c.picks.into_iter().map(|x| x as i64).collect();
         Ok(BudgetGains {
@@ -211,9 +204,9 @@ impl BudgetStats {
         band_optimism: f64,
     ) -> PyResult<()> {
         let p = params(prior, prior_weight, band_optimism)?;
-        let b = [Borrowed::new(py, &tree)?];
-        let views = Views::new(&b);
-        let view = views.view(0)?;
+        let b = Borrowed::new(py, &tree)?;
+        let slices = Slices::new(&b);
+        let view = slices.view();
         if let Ok(nodes) = accepted.extract::<PyReadonlyArray1<'_, i64>>() {
             self.0
                 .observe(&p, &view, Accepted::Nodes(&as_slice(&nodes)))
@@ -272,6 +265,8 @@ impl BudgetStats {
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The bins' upper edges (the last bin's, +inf, left out): Python's CALIBRATION_BINS.
+    m.add("CALIBRATION_BIN_EDGES", BIN_EDGES.to_vec())?;
     m.add_class::<BudgetStats>()?;
     m.add_class::<BudgetGains>()?;
     Ok(())
