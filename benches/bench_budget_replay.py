@@ -104,6 +104,7 @@ def main() -> None:
     ap.add_argument("--save-cost", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--fixed-from", default=None)
+    ap.add_argument("--pick", default="drafted", choices=["drafted", "calibrated"])
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -193,7 +194,9 @@ def main() -> None:
                 if "cost_model" in kw:
                     # Charged by the cost model alone: the budget keeps its figures rather
                     # than learning the wall clock's forwards.
-                    gen.adaptive = AdaptiveBudget(cost, args.max_budget, cost_weight=math.inf)
+                    gen.adaptive = AdaptiveBudget(
+                        cost, args.max_budget, cost_weight=math.inf, pick=args.pick
+                    )
                 return gen
 
             res[c] = modelled_run(make, prompts, args.tokens, eos, rule is not None, cost, host)

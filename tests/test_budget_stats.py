@@ -189,16 +189,25 @@ def test_stats_follow_the_reference(
             st.lists(st.lists(trees(), min_size=1, max_size=3), min_size=1, max_size=3)
         )
         most = data.draw(st.integers(0, 40))
-        got = rust.choose([[t._arrays for t in ts] for ts in reqs], most, **kw)
+        how = data.draw(st.sampled_from(["drafted", "calibrated"]))
+        got = rust.choose([[t._arrays for t in ts] for ts in reqs], most, pick=how, **kw)
         assert got.gains.shape == (most + 1,) and got.picks.shape == (len(reqs), most + 1)
         for b in range(most + 1):
             total = 0.0
             for r, ts in enumerate(reqs):
                 sums = [sum(ref.node_values(t, prior, w, opt)[:b]) for t in ts]
-                best = max(sums)
+                # Ranked by the drafter's path probabilities (scored trees, "drafted") or
+                # by the values.
+                ranks = [
+                    sum(math.exp(x) for x in t.logprobs[1 : min(b + 1, t.num_real)])
+                    if how == "drafted" and scored(t)
+                    else v
+                    for t, v in zip(ts, sums, strict=True)
+                ]
+                best = max(ranks)
                 pick = int(got.picks[r, b])
-                assert sums[pick] >= best - 1e-9 and all(s < best + 1e-9 for s in sums[:pick])
-                total += best
+                assert ranks[pick] >= best - 1e-9 and all(s < best + 1e-9 for s in ranks[:pick])
+                total += sums[pick]
             assert got.gains[b] == pytest.approx(total, rel=1e-9, abs=1e-12)
         for ts in reqs:
             for t in ts:
@@ -249,6 +258,10 @@ def test_bad_input_is_a_config_error() -> None:
         stats.choose([[tree._arrays]], 4, prior=0.0, prior_weight=2.0, band_optimism=1.0)
     with pytest.raises(ConfigError, match="band_optimism"):
         stats.calibration(prior=1.0, prior_weight=2.0, band_optimism=math.nan)
+    with pytest.raises(ConfigError, match="pick must be"):
+        stats.choose([[tree._arrays]], 4, pick="raw", **kw)
+    with pytest.raises(ConfigError, match="pick must be"):
+        AdaptiveBudget(CostModel([1, 9], [1.0, 1.2]), 8, pick="best")
     # Arrays edited behind the tree's back: an error, not a crash.
     tree.parents[2] = 2
     with pytest.raises(ConfigError, match="parent"):

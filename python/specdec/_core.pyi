@@ -6,7 +6,7 @@ Every refusal raises a :class:`specdec.SpecdecError` subclass (``TreeError``,
 and changes nothing."""
 
 from collections.abc import Sequence
-from typing import final
+from typing import Literal, final
 
 import numpy as np
 import numpy.typing as npt
@@ -212,9 +212,11 @@ class BudgetStats:
         prior: float,
         prior_weight: float,
         band_optimism: float,
+        pick: Literal["drafted", "calibrated"] = "drafted",
     ) -> BudgetGains:
-        """Per request (its candidate trees) and size ``0..=most``: the candidate valued
-        highest at that size, and the requests' summed values."""
+        """Per request (its candidate trees) and size ``0..=most``: the candidate ranked
+        highest at that size (``pick``: by the drafters' path probabilities summed, or by
+        the node values), and the requests' summed values of the picked candidates."""
 
     def observe(
         self,

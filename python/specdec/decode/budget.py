@@ -36,6 +36,9 @@ two CPU cores several times as much. So the choice is measured, not assumed:
   shrunk towards the band before it (a band never verified takes the last measured one's
   factor, not the drafter's word), plus a standard error of optimism so a band that looked
   poor early is still tried (:meth:`AdaptiveBudget.band_factors`).
+* Between a combined drafter's candidate trees, each size takes the one the drafters
+  expect to accept most on its first that many nodes (their own surrogate), valued as
+  above (:attr:`AdaptiveBudget.pick`).
 * A trust region bounds ``b`` by ``growth`` x (1 + the longest acceptance of the last
   steps): trees grow as fast as acceptance shows they pay, not as fast as an unlearnt
   calibration claims. Drafters are asked for trees of that bound (:meth:`size_bound`),
@@ -57,6 +60,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -267,6 +271,16 @@ class AdaptiveBudget:
     stats: _core.BudgetStats = field(default_factory=_core.BudgetStats, repr=False)
     # Standard errors added to each rank band's factor (:meth:`band_factors`).
     band_optimism: float = 1.0
+    # How :meth:`choose_among` ranks a request's candidate trees: ``"drafted"``, by the
+    # drafters' own expected acceptance (their path probabilities summed), or
+    # ``"calibrated"``, by the calibrated node values. Either way the values price the size.
+    # The calibration learns from verified trees only, and with the calibrated ranking a
+    # source is verified only where the calibration already favours it, so what it learns
+    # feeds back into what it gets to see; the drafters' ranking does not depend on it
+    # (block + suffix on SmolLM2's code prompts, greedy, in ``bench_budget_replay.py``:
+    # 0.962 -> 0.996 of the best fixed budget at 128 tokens, 0.949 -> 0.998 at 64;
+    # ``benches/ab_pick.py`` compares the two rankings on the same steps).
+    pick: Literal["drafted", "calibrated"] = "drafted"
     # Target forward seconds per (rows, most): the cost of every size a step weighs.
     _secs: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
     _secs_of: CostModel | None = field(default=None, repr=False)
@@ -300,6 +314,8 @@ class AdaptiveBudget:
             raise ConfigError(f"cost_weight must be > 0 (inf: no learning), got {self.cost_weight}")
         if not 0.0 <= self.band_optimism < math.inf:
             raise ConfigError(f"band_optimism must be finite and >= 0, got {self.band_optimism}")
+        if self.pick not in ("drafted", "calibrated"):
+            raise ConfigError(f"pick must be 'drafted' or 'calibrated', got {self.pick!r}")
 
     @property
     def _params(self) -> dict[str, float]:
@@ -405,13 +421,14 @@ class AdaptiveBudget:
     def choose_among(self, candidates: Sequence[Sequence[DraftTree]]) -> BudgetChoice:
         """As :meth:`choose`, with several candidate trees per request (e.g. a model's and
         a suffix index's, :meth:`~specdec.draft.CombinedDrafter.candidates`): for each
-        size, each request takes the candidate its calibrated values rate highest at that
-        size, so the source is chosen at the size that will be verified and by what the
-        sources have been seen to deliver, not by their own claims. ``picks`` says which."""
+        size, each request takes the candidate ranked highest on its first that many nodes
+        (:attr:`pick`: by the drafters' expected acceptance, or by the calibrated values),
+        so the source is chosen at the size that will be verified; the picked candidates'
+        calibrated values price the size. ``picks`` says which."""
         r = len(candidates)
         most = self.size_bound()
         arrays = [[t._arrays for t in trees] for trees in candidates]
-        g = self.stats.choose(arrays, most, **self._params)
+        g = self.stats.choose(arrays, most, pick=self.pick, **self._params)
         gains, which = g.gains, g.picks
         secs = self.forward_costs(r, most) + self.host_seconds
         rate = (r + gains) / secs

@@ -57,8 +57,8 @@ class CombinedDrafter:
         self, requests: Sequence[DraftRequest], budget: int, *, depth: int | None = None
     ) -> list[tuple[DraftTree, DraftTree]]:
         """Per request both trees, (the model's DDTree, the suffix drafter's tree), for a
-        caller that chooses itself (the adaptive budget weighs them with its calibration
-        at the size it picks; :meth:`record` counts its choice)."""
+        caller that chooses itself (the adaptive budget, at the size it picks, by the same
+        surrogate; :meth:`record` counts its choice)."""
         budget = check_int(budget, "budget", 1, DraftError)
         cap = self.depth if depth is None else min(self.depth, check_int(depth, "depth", 1))
         # A best-first tree of ``budget`` nodes is at most that deep: no deeper marginals.

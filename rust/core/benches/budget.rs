@@ -3,7 +3,7 @@
 //! drafter asks. Run: `cargo bench -p specdec-core --bench budget`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use specdec_core::decode::{Accepted, BudgetParams, BudgetStats, TreeView};
+use specdec_core::decode::{Accepted, BudgetParams, BudgetStats, Pick, TreeView};
 use specdec_core::testing::drafter_marginals as marginals;
 use specdec_core::tree::{build_checked, BuiltTree};
 use std::hint::black_box;
@@ -38,7 +38,7 @@ fn bench_budget(c: &mut Criterion) {
     }
     let cands = vec![trees.iter().map(view).collect::<Vec<_>>()];
     c.bench_function("budget_choose_2x64_nodes", |bench| {
-        bench.iter(|| black_box(stats.choose(&p, &cands, 64).unwrap()))
+        bench.iter(|| black_box(stats.choose(&p, &cands, 64, Pick::Drafted).unwrap()))
     });
     c.bench_function("budget_observe_64_nodes", |bench| {
         bench.iter(|| {

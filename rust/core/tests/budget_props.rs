@@ -4,7 +4,8 @@
 
 use proptest::prelude::*;
 use specdec_core::decode::{
-    rank_band, Accepted, BudgetError, BudgetParams, BudgetStats, TreeView, BINS, BIN_EDGES, BIN_MID,
+    rank_band, Accepted, BudgetError, BudgetParams, BudgetStats, Pick, TreeView, BINS, BIN_EDGES,
+    BIN_MID,
 };
 
 /// A tree: parents before children, depths derived, each node's conditional probability
@@ -110,30 +111,41 @@ proptest! {
 
     #[test]
     fn choose_takes_each_sizes_best_candidate(
-        reqs in proptest::collection::vec(proptest::collection::vec(tree(), 1..4), 1..4),
+        reqs in proptest::collection::vec(
+            proptest::collection::vec((tree(), any::<bool>()), 1..4), 1..4
+        ),
         p in params(),
         most in 0usize..50,
         steps in proptest::collection::vec((tree(), 0usize..6), 0..6),
+        calibrated in any::<bool>(),
     ) {
         let stats = learnt(&p, &steps);
         let cal = stats.calibration(&p);
         let views: Vec<Vec<TreeView<'_>>> =
-            reqs.iter().map(|ts| ts.iter().map(|t| t.view(true)).collect()).collect();
-        let choice = stats.choose(&p, &views, most).unwrap();
+            reqs.iter().map(|ts| ts.iter().map(|(t, s)| t.view(*s)).collect()).collect();
+        let pick = if calibrated { Pick::Calibrated } else { Pick::Drafted };
+        let choice = stats.choose(&p, &views, most, pick).unwrap();
         let mut values = Vec::new();
         for b in 0..=most {
             let mut total = 0.0;
             for (r, ts) in views.iter().enumerate() {
-                let sums: Vec<f64> = ts.iter().map(|t| {
+                // Per candidate: its value on its first b nodes, and its rank (the drafter's
+                // path probabilities summed, or with Calibrated or no probabilities, the value).
+                let (sums, ranks): (Vec<f64>, Vec<f64>) = ts.iter().map(|t| {
                     stats.node_values(&p, t, &cal, &mut values).unwrap();
-                    values.iter().take(b).sum()
-                }).collect();
-                let best = sums.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let value: f64 = values.iter().take(b).sum();
+                    let rank = match t.logprobs {
+                        Some(lp) if !calibrated => lp.iter().skip(1).take(b).map(|l| l.exp()).sum(),
+                        _ => value,
+                    };
+                    (value, rank)
+                }).unzip();
+                let best = ranks.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let pick = choice.picks[r * (most + 1) + b];
-                // The pick is a best candidate, and the first of them (up to rounding).
-                prop_assert!(sums[pick] >= best - 1e-9);
-                prop_assert!(sums[..pick].iter().all(|&s| s < best + 1e-9));
-                total += best;
+                // The pick is a best-ranked candidate, and the first of them (up to rounding).
+                prop_assert!(ranks[pick] >= best - 1e-9);
+                prop_assert!(ranks[..pick].iter().all(|&s| s < best + 1e-9));
+                total += sums[pick];
             }
             prop_assert!((choice.gains[b] - total).abs() <= 1e-9 * (1.0 + total));
         }
@@ -274,7 +286,9 @@ fn bad_trees_and_accepted_nodes_are_errors() {
         .observe(&p, &t.view(true), Accepted::Count(0))
         .unwrap_err();
     assert_eq!(err, BudgetError::Parent { node: 2, parent: 3 });
-    let err = s.choose(&p, &[vec![t.view(true)]], 4).unwrap_err();
+    let err = s
+        .choose(&p, &[vec![t.view(true)]], 4, Pick::Drafted)
+        .unwrap_err();
     assert_eq!(err, BudgetError::Parent { node: 2, parent: 3 });
     let mut v = Vec::new();
     let cal = s.calibration(&p);

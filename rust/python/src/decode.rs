@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use numpy::{PyArray1, PyArray2, PyReadonlyArray1};
 use pyo3::prelude::*;
-use specdec_core::decode::{self as core, Accepted, BudgetParams, TreeView, BINS, BIN_EDGES};
+use specdec_core::decode::{self as core, Accepted, BudgetParams, Pick, TreeView, BINS, BIN_EDGES};
 
 use crate::arrays::{as_slice, read, vec1, vec2_typed};
 use crate::errors::{Class, OrRaise};
@@ -154,8 +154,10 @@ impl BudgetStats {
     }
 
     /// Per request (a list of its candidate trees) and size `0..=most`: the candidate
-    /// valued highest at that size, and the requests' summed values.
-    #[pyo3(signature = (candidates, most, *, prior, prior_weight, band_optimism))]
+    /// ranked highest at that size (`pick`: "drafted", by the drafters' path probabilities,
+    /// or "calibrated", by the node values), and the requests' summed values.
+    #[pyo3(signature = (candidates, most, *, prior, prior_weight, band_optimism, pick = "drafted"))]
+    #[allow(clippy::too_many_arguments)]
     fn choose(
         &self,
         py: Python<'_>,
@@ -164,8 +166,19 @@ impl BudgetStats {
         prior: f64,
         prior_weight: f64,
         band_optimism: f64,
+        pick: &str,
     ) -> PyResult<BudgetGains> {
         let p = params(prior, prior_weight, band_optimism)?;
+        let pick = match pick {
+            "drafted" => Pick::Drafted,
+            "calibrated" => Pick::Calibrated,
+            other => {
+                return Err(crate::errors::raise(
+                    Class::Config,
+                    format!("pick must be 'drafted' or 'calibrated', got {other:?}"),
+                ))
+            }
+        };
         if most >= specdec_core::tree::MAX_TREE_NODES {
             return Err(crate::errors::raise(
                 Class::Config,
@@ -183,7 +196,7 @@ impl BudgetStats {
             .iter()
             .map(|trees| views.by_ref().take(trees.len()).collect())
             .collect();
-        let c = self.0.choose(&p, &reqs, most).or_raise()?;
+        let c = self.0.choose(&p, &reqs, most, pick).or_raise()?;
         let picks = c.picks.into_iter().map(|x| x as i64).collect();
         Ok(BudgetGains {
             gains: vec1(py, c.gains).unbind(),

@@ -147,8 +147,22 @@ fn bin_of(q: f64) -> usize {
     BIN_EDGES.partition_point(|&e| e <= q) // numpy's searchsorted(side="right")
 }
 
+/// How [`BudgetStats::choose`] ranks a request's candidate trees at each size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pick {
+    /// By the drafters' own expected acceptance (the sum of the first `b` nodes' path
+    /// probabilities, DDTree's surrogate); trees without probabilities by their values.
+    /// The calibration is learnt from verified trees only: ranked by it, a source is
+    /// verified only where the calibration already favours it.
+    #[default]
+    Drafted,
+    /// By the calibrated values (the node values that also price the size).
+    Calibrated,
+}
+
 /// Per choice, for every size `b` in `0..=most`: the expected acceptance summed over the
-/// requests, each taking its candidate valued highest at that size.
+/// requests, each taking the candidate [`Pick`] ranks highest at that size (valued by its
+/// calibrated node values).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Choice {
     /// `[most + 1]`: requests' summed expected accepted tokens at each size.
@@ -294,12 +308,14 @@ impl BudgetStats {
     }
 
     /// Per request (`candidates[r]`: its candidate trees) and size `b` in `0..=most`: the
-    /// candidate whose first `b` nodes are valued highest, and the requests' summed values.
+    /// candidate `pick` ranks highest on its first `b` nodes (the first of ties), and the
+    /// requests' summed values of the picked candidates.
     pub fn choose(
         &self,
         p: &BudgetParams,
         candidates: &[Vec<TreeView<'_>>],
         most: usize,
+        pick: Pick,
     ) -> Result<Choice, BudgetError> {
         for tree in candidates.iter().flatten() {
             tree.check()?;
@@ -308,19 +324,27 @@ impl BudgetStats {
         let mut gains = vec![0.0; most + 1];
         let mut picks = vec![0usize; candidates.len() * (most + 1)];
         let mut best = vec![0.0f64; most + 1];
+        let mut best_rank = vec![0.0f64; most + 1];
         let mut values = Vec::new();
         for (r, trees) in candidates.iter().enumerate() {
             let row = &mut picks[r * (most + 1)..(r + 1) * (most + 1)];
-            best.fill(f64::NEG_INFINITY);
+            best_rank.fill(f64::NEG_INFINITY);
             for (j, tree) in trees.iter().enumerate() {
                 self.node_values_checked(p, tree, &cal, &mut values);
-                let mut cum = 0.0;
+                let drafted = tree.logprobs.filter(|_| pick == Pick::Drafted);
+                let (mut cum, mut rank) = (0.0, 0.0);
                 for b in 0..=most {
                     if b > 0 {
-                        cum += values.get(b - 1).copied().unwrap_or(0.0);
+                        let v = values.get(b - 1).copied().unwrap_or(0.0);
+                        cum += v;
+                        rank += match drafted {
+                            Some(lp) if b < tree.num_real => lp[b].exp(),
+                            Some(_) => 0.0,
+                            None => v,
+                        };
                     }
-                    if cum > best[b] {
-                        (best[b], row[b]) = (cum, j);
+                    if rank > best_rank[b] {
+                        (best_rank[b], best[b], row[b]) = (rank, cum, j);
                     }
                 }
             }
