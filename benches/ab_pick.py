@@ -30,24 +30,22 @@ from specdec.decode import AdaptiveBudget, CostModel, SpeculativeGenerator
 from specdec.demo_prompts import PROMPTS
 from specdec.draft import BlockDrafter, CombinedDrafter, SuffixDrafter
 from specdec.models import smollm2
+from specdec.tree import walk
 from specdec.verify.rules import Sampling
 
 RULES = ("calibrated", "drafted", "model", "suffix", "oracle")
 
 
 def accepts(tree: DraftTree, text: list[int], b: int) -> int:
-    """How many of ``text``'s tokens a walk accepts on ``tree`` cut to ``b`` drafted nodes."""
-    node, n = 0, 0
-    while n < len(text):
-        kids = [
-            i
-            for i in range(1, min(tree.num_real, b + 1))
-            if tree.parents[i] == node and tree.tokens[i] == text[n]
-        ]
-        if not kids:
-            break
-        node, n = kids[0], n + 1
-    return n
+    """How many of ``text``'s tokens the verifier walk accepts on ``tree`` cut to ``b``
+    drafted nodes: the verifier's token at a node of depth ``d`` is ``text[d]`` (beyond the
+    text, none)."""
+    cut = tree.pruned(b)
+    d = cut.depths[: cut.num_real]
+    chosen = np.full(cut.num_real, -1, dtype=np.int64)
+    known = d < len(text)
+    chosen[known] = np.asarray(text, dtype=np.int64)[d[known]]
+    return walk(cut, chosen).num_accepted
 
 
 Step = tuple[int, list[DraftTree], list[np.ndarray], int]
