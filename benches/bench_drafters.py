@@ -13,7 +13,11 @@ or ``--block DIR`` / ``--medusa DIR``). ``--sample``: also at temperature 1 (tra
 with seeded sampling keyed by position, seed 0: all of them sample the same text, checked
 token-identical to specdec AR's, so the t=1 columns compare speed on one text);
 ``--repeats N``: times are the fastest of N runs, made in N rounds over all of a prompt's
-configurations (transformers': of N before and N after them); ``--from-json FILE``: the tables of an
+configurations (transformers': of N before and N after them); every run's seconds go to the
+JSON, and the script prints target (d), the adaptive budget over the best fixed
+configuration per drafter, prompt kind and mode, then the same with each run timed by the
+fastest of only k of its rounds, for every k-round subset (how much of a miss the clock
+makes: "best fixed" is the largest of several noisy figures); ``--from-json FILE``: the tables of an
 earlier run; ``--plot DIR``: acceptance and speed against the budget, one PNG per prompt
 kind and mode; ``--draft-vocab full,auto,FILE``: the trained drafters once per draft vocabulary
 (``auto``: the checkpoint's ``draft_vocab.json`` when it has one, the default; ``full``: the
@@ -33,7 +37,8 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from itertools import combinations
 from typing import Any
 
 import torch
@@ -60,6 +65,9 @@ class Row:
     seconds: float
     accept_len: float
     identical: bool | None
+    # Every timed run's seconds, in round order (``seconds`` is their minimum): the noise
+    # the (d) table's resampling reads (transformers': its N runs before and N after).
+    rounds: list[float] = field(default_factory=list)
 
     @property
     def tok_s(self) -> float:
@@ -229,15 +237,15 @@ def run(args: argparse.Namespace) -> list[Row]:
     rows: list[Row] = []
     reps = max(1, args.repeats)
 
-    def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-        """The first run's result and the fastest of ``reps`` runs' seconds."""
-        out, best = None, float("inf")
+    def timed(fn: Callable[[], Any]) -> tuple[Any, list[float]]:
+        """The first run's result and the seconds of each of ``reps`` runs."""
+        out, secs = None, []
         for _ in range(reps):
             t0 = time.perf_counter()
             r = fn()
-            best = min(best, time.perf_counter() - t0)
+            secs.append(time.perf_counter() - t0)
             out = r if out is None else out
-        return out, best
+        return out, secs
 
     n = args.tokens
     stop = [eos] if eos is not None else None
@@ -261,12 +269,12 @@ def run(args: argparse.Namespace) -> list[Row]:
                         )  # fmt: skip
                     return list(out[0, len(ids) :].tolist())
 
-                hf_toks, dt = timed(hf_run)
+                hf_toks, secs = timed(hf_run)
                 if mode == "greedy":
                     ref = hf_toks
                 rows.append(
-                    Row(name, mode, "transformers", "AR", "-", len(hf_toks), dt, 1.0,
-                        True if mode == "greedy" else None)
+                    Row(name, mode, "transformers", "AR", "-", len(hf_toks), min(secs), 1.0,
+                        True if mode == "greedy" else None, secs)
                 )  # fmt: skip
                 hf_row = rows[-1]
             elif mode == "greedy":
@@ -287,20 +295,20 @@ def run(args: argparse.Namespace) -> list[Row]:
             # Repeats in rounds over all configurations (fastest round counts): a burst of
             # load slows one round of several configurations, not every run of one.
             first: list[Any] = [None] * len(configs)
-            best = [float("inf")] * len(configs)
+            secs: list[list[float]] = [[] for _ in configs]
             for _ in range(reps):
                 for i, c in enumerate(configs):
                     t0 = time.perf_counter()
                     res = spec_run(c[3])
-                    best[i] = min(best[i], time.perf_counter() - t0)
+                    secs[i].append(time.perf_counter() - t0)
                     first[i] = res if first[i] is None else first[i]
-            for (drafter, engine, budget, _), res, dt in zip(configs, first, best, strict=True):
+            for (drafter, engine, budget, _), res, ts in zip(configs, first, secs, strict=True):
                 acc = 1.0 if engine == "AR" else res.acceptance_length
                 if mode == "t=1" and drafter == "specdec":
                     ref_t1 = res.tokens
                 rows.append(
-                    Row(name, mode, drafter, engine, budget, len(res.tokens), dt, acc,
-                        res.tokens == (ref if mode == "greedy" else ref_t1))
+                    Row(name, mode, drafter, engine, budget, len(res.tokens), min(ts), acc,
+                        res.tokens == (ref if mode == "greedy" else ref_t1), ts)
                 )  # fmt: skip
                 tm = getattr(res, "timings", None) or {}
                 split = " ".join(
@@ -316,13 +324,14 @@ def run(args: argparse.Namespace) -> list[Row]:
                 # The baseline again after the prompt's configurations, its time the fastest
                 # of both: a burst of load on the shared machine during its first runs would
                 # otherwise inflate every ratio of the prompt (this can only lower them).
-                _, dt = timed(hf_run)
+                _, after = timed(hf_run)
                 print(
                     f"{name} {mode} transformers AR: {hf_row.tokens / hf_row.seconds:.1f} tok/s "
-                    f"before, {hf_row.tokens / dt:.1f} after",
+                    f"before, {hf_row.tokens / min(after):.1f} after",
                     flush=True,
                 )
-                hf_row.seconds = min(hf_row.seconds, dt)
+                hf_row.seconds = min(hf_row.seconds, *after)
+                hf_row.rounds += after
     return rows
 
 
@@ -405,6 +414,107 @@ def pivot(rows: list[Row]) -> str:
             tps = sum(r.tokens for r in rs) / sum(r.seconds for r in rs)
             cells.append(f"{acc:.2f} / {tps / base:.2f}x")
         out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def _kind(r: Row) -> str:
+    return r.prompt.split("#")[0]
+
+
+def adaptive_ratios(
+    rows: list[Row], keep: Sequence[int] | None = None
+) -> dict[tuple[str, str, str], tuple[float, str, bool]]:
+    """Target (d) per (prompt kind, mode, drafter): the adaptive budget's tokens/s over its
+    best fixed configuration's (chain or DDTree budget; tokens over seconds summed over the
+    prompts), that configuration, and whether either one's t=1 text left specdec AR's.
+    ``keep``: time each run by the fastest of only these rounds (default: all)."""
+
+    def secs(r: Row) -> float:
+        if keep is None or not r.rounds:
+            return r.seconds
+        return min(r.rounds[i] for i in keep)
+
+    groups: dict[tuple[str, str, str], dict[str, list[Row]]] = {}
+    for r in rows:
+        if r.drafter in ("transformers", "specdec") or "-inf" in r.drafter:
+            continue
+        groups.setdefault((_kind(r), r.mode, r.drafter), {}).setdefault(r.engine, []).append(r)
+    out = {}
+    for key, engines in groups.items():
+        if "ddtree auto" not in engines:
+            continue
+        speed = {
+            e: sum(r.tokens for r in rs) / sum(secs(r) for r in rs) for e, rs in engines.items()
+        }
+        best = max((e for e in speed if e != "ddtree auto"), key=speed.__getitem__)
+        moved = any(r.identical is False for e in (best, "ddtree auto") for r in engines[e])
+        out[key] = (speed["ddtree auto"] / speed[best], best, moved and key[1] != "greedy")
+    return out
+
+
+def vs_fixed(rows: list[Row], within: float = 0.05) -> str:
+    """Markdown, one row per drafter, one column per (prompt kind, mode): the adaptive
+    budget over the best fixed configuration (bold: more than ``within`` below it; ``*``:
+    a t=1 text left specdec AR's by float rounding), then the count of cells within."""
+    ratios = adaptive_ratios(rows)
+    if not ratios:
+        return ""
+    cols = list(dict.fromkeys((k, m) for k, m, _ in ratios))
+    drafters = list(dict.fromkeys(d for _, _, d in ratios))
+    out = [
+        "| drafter | " + " | ".join(f"{k} {m}" for k, m in cols) + " |",
+        "|---|" + "---:|" * len(cols),
+    ]
+    for d in drafters:
+        cells = []
+        for k, m in cols:
+            if (k, m, d) not in ratios:
+                cells.append("")
+                continue
+            x, best, moved = ratios[(k, m, d)]
+            label = best.removeprefix("ddtree ")
+            cell = f"{x:.3f}{'*' if moved else ''} ({label})"
+            cells.append(f"**{cell}**" if x < 1 - within else cell)
+        out.append(f"| {d} | " + " | ".join(cells) + " |")
+    xs = [x for x, _, _ in ratios.values()]
+    ok = sum(x >= 1 - within for x in xs)
+    out.append("")
+    out.append(
+        f"Adaptive within {within:.0%} of the best fixed configuration: {ok} of {len(xs)} "
+        f"cells; worst {min(xs):.3f}, mean {sum(xs) / len(xs):.3f}."
+    )
+    return "\n".join(out)
+
+
+def resampled(rows: list[Row], k: int, within: float = 0.05) -> str:
+    """How (d) depends on the clock: every run timed by the fastest of only ``k`` of its
+    rounds, for every ``k``-round subset of them (the same rounds for every configuration
+    of a prompt, as they ran side by side), the count of cells within ``within``; and the
+    cells not within it under every subset."""
+    n = min((len(r.rounds) for r in rows if r.drafter != "transformers"), default=0)
+    if not 0 < k < n:
+        return ""
+    subsets = list(combinations(range(n), k))
+    counts, misses = [], {}
+    for keep in subsets:
+        ratios = adaptive_ratios(rows, keep)
+        counts.append(sum(x >= 1 - within for x, _, _ in ratios.values()))
+        for key, (x, _, _) in ratios.items():
+            misses.setdefault(key, []).append(x)
+    total = len(misses)
+    out = [
+        f"Fastest of {k} of the {n} rounds, over all {len(subsets)} such subsets: cells within "
+        f"{within:.0%}: min {min(counts)}, median {sorted(counts)[len(counts) // 2]}, max "
+        f"{max(counts)} of {total}; all {total} in {sum(c == total for c in counts)} of "
+        f"{len(subsets)} subsets.",
+    ]
+    for (kd, m, d), xs in misses.items():
+        bad = sum(x < 1 - within for x in xs)
+        if bad:
+            out.append(
+                f"- {d}, {kd} {m}: below in {bad} of {len(xs)} subsets (ratio "
+                f"{min(xs):.3f}-{max(xs):.3f})"
+            )
     return "\n".join(out)
 
 
@@ -520,6 +630,10 @@ def main() -> None:
     print(summary(rows))
     print()
     print(pivot(rows))
+    print()
+    print(vs_fixed(rows))
+    for k in range(1, max((len(r.rounds) for r in rows), default=0)):
+        print(resampled(rows, k))
     if args.plot:
         for path in plot(rows, args.plot):
             print(f"wrote {path}")
