@@ -295,14 +295,14 @@ def run(args: argparse.Namespace) -> list[Row]:
             # Repeats in rounds over all configurations (fastest round counts): a burst of
             # load slows one round of several configurations, not every run of one.
             first: list[Any] = [None] * len(configs)
-            secs: list[list[float]] = [[] for _ in configs]
+            per_run: list[list[float]] = [[] for _ in configs]
             for _ in range(reps):
                 for i, c in enumerate(configs):
                     t0 = time.perf_counter()
                     res = spec_run(c[3])
-                    secs[i].append(time.perf_counter() - t0)
+                    per_run[i].append(time.perf_counter() - t0)
                     first[i] = res if first[i] is None else first[i]
-            for (drafter, engine, budget, _), res, ts in zip(configs, first, secs, strict=True):
+            for (drafter, engine, budget, _), res, ts in zip(configs, first, per_run, strict=True):
                 acc = 1.0 if engine == "AR" else res.acceptance_length
                 if mode == "t=1" and drafter == "specdec":
                     ref_t1 = res.tokens
@@ -358,15 +358,17 @@ def _label(name: str, choice: str) -> str:
     return f"{head}[{tag}]" + (f"+{tail}" if tail else "")
 
 
+def _kind(r: Row) -> str:
+    """The prompt kind of a row (``code#1`` -> ``code``)."""
+    return r.prompt.split("#")[0]
+
+
 def summary(rows: list[Row]) -> str:
     """Markdown: per (prompt kind, mode, drafter, engine) mean acceptance length over prompts
     and tokens/s summed over prompts (total tokens / total seconds), against transformers AR
     of the same kind and mode."""
 
-    def kind(r: Row) -> str:
-        return r.prompt.split("#")[0]
-
-    keys = list(dict.fromkeys((kind(r), r.mode, r.drafter, r.engine) for r in rows))
+    keys = list(dict.fromkeys((_kind(r), r.mode, r.drafter, r.engine) for r in rows))
     out = [
         "| prompts | mode | drafter | engine | mean acceptance length | tok/s | "
         "vs transformers AR | identical (greedy: to transformers; t=1: to specdec AR) |",
@@ -374,9 +376,9 @@ def summary(rows: list[Row]) -> str:
     ]
     for k, mode, drafter, engine in keys:
         rs = [
-            r for r in rows if (kind(r), r.mode, r.drafter, r.engine) == (k, mode, drafter, engine)
+            r for r in rows if (_kind(r), r.mode, r.drafter, r.engine) == (k, mode, drafter, engine)
         ]
-        ar = [r for r in rows if (kind(r), r.mode, r.drafter) == (k, mode, "transformers")]
+        ar = [r for r in rows if (_kind(r), r.mode, r.drafter) == (k, mode, "transformers")]
         base = sum(r.tokens for r in ar) / sum(r.seconds for r in ar) if ar else float("nan")
         acc = sum(r.accept_len for r in rs) / len(rs)
         tps = sum(r.tokens for r in rs) / sum(r.seconds for r in rs)
@@ -390,10 +392,7 @@ def pivot(rows: list[Row]) -> str:
     """Markdown, one row per (drafter, engine), one column per (prompt kind, mode): mean
     acceptance length / speed against transformers AR of that kind and mode."""
 
-    def kind(r: Row) -> str:
-        return r.prompt.split("#")[0]
-
-    cols = list(dict.fromkeys((kind(r), r.mode) for r in rows))
+    cols = list(dict.fromkeys((_kind(r), r.mode) for r in rows))
     keys = list(dict.fromkeys((r.drafter, r.engine) for r in rows))
     out = [
         "| drafter | engine | " + " | ".join(f"{k} {m}" for k, m in cols) + " |",
@@ -403,9 +402,11 @@ def pivot(rows: list[Row]) -> str:
         cells = [drafter, engine]
         for k, m in cols:
             rs = [
-                r for r in rows if (kind(r), r.mode, r.drafter, r.engine) == (k, m, drafter, engine)
+                r
+                for r in rows
+                if (_kind(r), r.mode, r.drafter, r.engine) == (k, m, drafter, engine)
             ]
-            ar = [r for r in rows if (kind(r), r.mode, r.drafter) == (k, m, "transformers")]
+            ar = [r for r in rows if (_kind(r), r.mode, r.drafter) == (k, m, "transformers")]
             if not rs or not ar:
                 cells.append("")
                 continue
@@ -417,17 +418,22 @@ def pivot(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
-def _kind(r: Row) -> str:
-    return r.prompt.split("#")[0]
+@dataclass(frozen=True)
+class VsFixed:
+    """One cell of target (d): the adaptive budget's tokens/s over ``best``'s, the best
+    fixed configuration; ``moved``: either one's t=1 text left specdec AR's."""
+
+    ratio: float
+    best: str
+    moved: bool
 
 
 def adaptive_ratios(
     rows: list[Row], keep: Sequence[int] | None = None
-) -> dict[tuple[str, str, str], tuple[float, str, bool]]:
-    """Target (d) per (prompt kind, mode, drafter): the adaptive budget's tokens/s over its
-    best fixed configuration's (chain or DDTree budget; tokens over seconds summed over the
-    prompts), that configuration, and whether either one's t=1 text left specdec AR's.
-    ``keep``: time each run by the fastest of only these rounds (default: all)."""
+) -> dict[tuple[str, str, str], VsFixed]:
+    """Target (d) per (prompt kind, mode, drafter): the adaptive budget against its best
+    fixed configuration (chain or DDTree budget; tokens over seconds summed over the
+    prompts). ``keep``: time each run by the fastest of only these rounds (default: all)."""
 
     def secs(r: Row) -> float:
         if keep is None or not r.rounds:
@@ -448,7 +454,7 @@ def adaptive_ratios(
         }
         best = max((e for e in speed if e != "ddtree auto"), key=speed.__getitem__)
         moved = any(r.identical is False for e in (best, "ddtree auto") for r in engines[e])
-        out[key] = (speed["ddtree auto"] / speed[best], best, moved and key[1] != "greedy")
+        out[key] = VsFixed(speed["ddtree auto"] / speed[best], best, moved and key[1] != "greedy")
     return out
 
 
@@ -471,12 +477,11 @@ def vs_fixed(rows: list[Row], within: float = 0.05) -> str:
             if (k, m, d) not in ratios:
                 cells.append("")
                 continue
-            x, best, moved = ratios[(k, m, d)]
-            label = best.removeprefix("ddtree ")
-            cell = f"{x:.3f}{'*' if moved else ''} ({label})"
-            cells.append(f"**{cell}**" if x < 1 - within else cell)
+            v = ratios[(k, m, d)]
+            cell = f"{v.ratio:.3f}{'*' if v.moved else ''} ({v.best.removeprefix('ddtree ')})"
+            cells.append(f"**{cell}**" if v.ratio < 1 - within else cell)
         out.append(f"| {d} | " + " | ".join(cells) + " |")
-    xs = [x for x, _, _ in ratios.values()]
+    xs = [v.ratio for v in ratios.values()]
     ok = sum(x >= 1 - within for x in xs)
     out.append("")
     out.append(
@@ -486,29 +491,35 @@ def vs_fixed(rows: list[Row], within: float = 0.05) -> str:
     return "\n".join(out)
 
 
+def rounds_run(rows: list[Row]) -> int:
+    """The rounds every configuration ran (transformers' are twice as many)."""
+    return min((len(r.rounds) for r in rows if r.drafter != "transformers"), default=0)
+
+
 def resampled(rows: list[Row], k: int, within: float = 0.05) -> str:
     """How (d) depends on the clock: every run timed by the fastest of only ``k`` of its
     rounds, for every ``k``-round subset of them (the same rounds for every configuration
-    of a prompt, as they ran side by side), the count of cells within ``within``; and the
-    cells not within it under every subset."""
-    n = min((len(r.rounds) for r in rows if r.drafter != "transformers"), default=0)
+    of a prompt, as they ran side by side), the count of cells within ``within``; and each
+    cell that is not within it under some subset."""
+    n = rounds_run(rows)
     if not 0 < k < n:
         return ""
     subsets = list(combinations(range(n), k))
-    counts, misses = [], {}
+    counts: list[int] = []
+    by_cell: dict[tuple[str, str, str], list[float]] = {}
     for keep in subsets:
         ratios = adaptive_ratios(rows, keep)
-        counts.append(sum(x >= 1 - within for x, _, _ in ratios.values()))
-        for key, (x, _, _) in ratios.items():
-            misses.setdefault(key, []).append(x)
-    total = len(misses)
+        counts.append(sum(v.ratio >= 1 - within for v in ratios.values()))
+        for key, v in ratios.items():
+            by_cell.setdefault(key, []).append(v.ratio)
+    total = len(by_cell)
     out = [
         f"Fastest of {k} of the {n} rounds, over all {len(subsets)} such subsets: cells within "
         f"{within:.0%}: min {min(counts)}, median {sorted(counts)[len(counts) // 2]}, max "
         f"{max(counts)} of {total}; all {total} in {sum(c == total for c in counts)} of "
         f"{len(subsets)} subsets.",
     ]
-    for (kd, m, d), xs in misses.items():
+    for (kd, m, d), xs in by_cell.items():
         bad = sum(x < 1 - within for x in xs)
         if bad:
             out.append(
@@ -527,17 +538,14 @@ def plot(rows: list[Row], out: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def kind(r: Row) -> str:
-        return r.prompt.split("#")[0]
-
     def cell(rs: list[Row], base: float) -> tuple[float, float]:
         acc = sum(r.accept_len for r in rs) / len(rs)
         return acc, sum(r.tokens for r in rs) / sum(r.seconds for r in rs) / base
 
     os.makedirs(out, exist_ok=True)
     files = []
-    for k, mode in dict.fromkeys((kind(r), r.mode) for r in rows):
-        here = [r for r in rows if (kind(r), r.mode) == (k, mode)]
+    for k, mode in dict.fromkeys((_kind(r), r.mode) for r in rows):
+        here = [r for r in rows if (_kind(r), r.mode) == (k, mode)]
         ar = [r for r in here if r.drafter == "transformers"]
         if not ar:
             continue
@@ -632,8 +640,7 @@ def main() -> None:
     print(pivot(rows))
     print()
     print(vs_fixed(rows))
-    rounds = [len(r.rounds) for r in rows if r.drafter != "transformers"]
-    for k in range(1, min(rounds, default=0)):  # transformers' rounds are twice as many
+    for k in range(1, rounds_run(rows)):
         print(resampled(rows, k))
     if args.plot:
         for path in plot(rows, args.plot):
