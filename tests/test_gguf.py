@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from specdec._core import QuantMatrix
 from specdec.decode import SpeculativeGenerator, beam_search
 from specdec.errors import CheckpointError, ConfigError, SpecdecError, SpecdecTypeError
 from specdec.models import LlamaConfig, LlamaModel, load_gguf, smollm2
@@ -23,6 +24,7 @@ from specdec.models.gguf import (
     chatml,
     smollm2_path,
 )
+from specdec.models.quant import kernel_available
 from specdec.testing import OracleDrafter
 
 TEXTS = [
@@ -365,6 +367,64 @@ def test_tiny_round_trip_quantized(tmp_path, qtype) -> None:  # type: ignore[no-
     for k, v in loaded.state_dict().items():
         err = float((v - ref[k].double()).norm() / ref[k].double().norm())
         assert err < tol, (k, err)
+
+
+needs_kernel = pytest.mark.skipif(not kernel_available(), reason="no AVX-512 on this CPU")
+
+
+@needs_kernel
+@pytest.mark.parametrize(("qtype", "tied"), [("Q4_1", False), ("Q8_0", True), ("Q4_1", True)])
+def test_quantized_blocks_stand_for_the_weights(tmp_path, qtype, tied) -> None:  # type: ignore[no-untyped-def]
+    """A Q4_1 / Q8_0 file keeps its blocks for steps of few rows: they dequantize to the
+    float weights bit for bit, and the logits through them are the float product's up to
+    summation order; a step of more rows than ``quant_max_rows`` does not use them."""
+    write_tiny(tmp_path / "t.gguf", tiny(tied), qtype)
+    model = load_gguf(tmp_path / "t.gguf").model
+    qz = model.quantized
+    assert qz is not None and len(qz.plan) == 4 * model.config.num_hidden_layers + 1
+    for (m, bias), (ws, _) in zip(qz.plan, model._linear_groups(), strict=True):
+        assert bias is None and isinstance(m, QuantMatrix)
+        assert torch.equal(torch.from_numpy(m.dequantize()), torch.cat(ws))
+    ids = [5, 9, 77, 3, 100, 42]
+    quant = full_logits(model, ids, packed=True)
+    plain = full_logits(model, ids)
+    assert float((quant - plain).abs().max()) < 1e-4 * float(plain.abs().max())
+    with torch.no_grad():
+        assert model._linear_plan(True, len(ids)) is qz.plan
+        model.quant_max_rows = len(ids) - 1  # too many rows: the float path
+        assert model._linear_plan(True, len(ids)) is not qz.plan
+        assert model._linear_plan(True, len(ids) - 1) is qz.plan
+    assert torch.equal(full_logits(model, ids, packed=True), full_logits(model, ids, packed=True))
+
+
+@needs_kernel
+def test_quantized_blocks_go_when_the_weights_change(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    write_tiny(tmp_path / "t.gguf", tiny(), "Q4_1")
+    model = load_gguf(tmp_path / "t.gguf").model
+    ids = [5, 9, 77]
+    before = full_logits(model, ids, packed=True)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.mul_(2.0)  # in place
+    after = full_logits(model, ids, packed=True)
+    assert model.quantized is None
+    assert torch.equal(after, full_logits(model, ids, packed=True))
+    assert not torch.allclose(before, after)
+    model = load_gguf(tmp_path / "t.gguf").model  # a weight replaced
+    model.model.layers[0].self_attn.o_proj.weight = torch.nn.Parameter(
+        torch.zeros_like(model.model.layers[0].self_attn.o_proj.weight)
+    )
+    full_logits(model, ids, packed=True)
+    assert model.quantized is None
+    model = load_gguf(tmp_path / "t.gguf").model  # a conversion
+    model.to(torch.float32)
+    assert model.quantized is None
+
+
+def test_formats_without_a_kernel_keep_the_float_path(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    write_tiny(tmp_path / "t.gguf", tiny(), "Q5_0")
+    assert load_gguf(tmp_path / "t.gguf").model.quantized is None
+    write_tiny(tmp_path / "t.gguf", tiny(), "Q8_0")
+    assert load_gguf(tmp_path / "t.gguf", torch.float64).model.quantized is None
 
 
 def test_bad_input(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -562,3 +562,36 @@ def build_ddtree_constrained(
     check_duplicates: bool = True,
 ) -> TreeArrays:
     """The DDTree over grammar-valid prefixes only (all K columns read)."""
+
+# ---- linear -------------------------------------------------------------------------------
+@final
+class QuantMatrix:
+    """A weight matrix (``rows`` outputs x ``cols`` inputs) in a GGUF block format (``Q4_1``,
+    ``Q8_0``), multiplied by float32 rows without dequantizing it first. Bad shapes, sizes
+    and formats raise ``ConfigError``."""
+
+    def __new__(cls, format_name: str, rows: int, cols: int, raw: npt.NDArray[np.uint8]) -> Self:
+        """From GGUF's bytes: the rows' blocks in order (``rows * cols / 32`` blocks)."""
+
+    @staticmethod
+    def stack(parts: Sequence[tuple[str, int, int, npt.NDArray[np.uint8]]]) -> QuantMatrix:
+        """The parts' rows one above the other (``(format, rows, cols, raw)`` each; one
+        format and one width)."""
+
+    @property
+    def format(self) -> str: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def cols(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    def matmul(self, x: npt.NDArray[np.float32], out: npt.NDArray[np.float32]) -> None:
+        """``out[:] = x @ W.T``: ``x`` ``[m, cols]``, ``out`` C-contiguous ``[m, rows]``;
+        the GIL released, the work split over the cores."""
+
+    def dequantize(self) -> npt.NDArray[np.float32]:
+        """The float32 weights ``[rows, cols]``, as gguf-py dequantizes them."""
+
+def quant_simd_available() -> bool:
+    """Whether the fast (AVX-512) kernel runs on this CPU."""

@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument(
         "--plain-linear",
         action="store_true",
-        help="specdec's linear layers through plain F.linear (the BLAS), not packed oneDNN",
+        help="specdec's linear layers through plain F.linear (the BLAS), not the GGUF "
+        "blocks or packed oneDNN",
     )
     d.add_argument("--plot", metavar="DIR", help="write PNG plots here")
     d.add_argument("--json", metavar="FILE", help="write every figure here")

@@ -57,6 +57,15 @@ class DemoRun:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+def linears_label(target: Any) -> str:
+    """How ``target``'s linear layers run, in words (for the logs)."""
+    if not target.packed_linear:
+        return "F.linear"
+    if target.quantized is not None and target.quant_linear:
+        return f"GGUF blocks (steps of <= {target.quant_max_rows} rows), packed oneDNN above"
+    return "packed oneDNN"
+
+
 def _hf_model(path: Path) -> Any:
     try:
         import transformers
@@ -179,7 +188,7 @@ def run_demo(
     every engine runs that many times per prompt, interleaved with the others, and its
     fastest run counts (timing noise only ever slows a run down). ``packed_linear``: the
     model's :attr:`~specdec.models.llama.LlamaModel.packed_linear` (False: plain
-    ``F.linear``)."""
+    ``F.linear``, and not the GGUF blocks either)."""
     from .decode import CostModel
     from .models import smollm2
     from .models.gguf import smollm2_path
@@ -195,7 +204,7 @@ def run_demo(
     log(
         f"SmolLM2-135M-Instruct (GGUF Q4_1 -> float32), {torch.get_num_threads()} threads, "
         f"{platform.machine()}; {tokens} new tokens per prompt, greedy; specdec linears: "
-        + ("packed oneDNN" if packed_linear else "F.linear")
+        + linears_label(target)
     )
     t0 = time.perf_counter()
     cost = CostModel.calibrate(target)

@@ -23,6 +23,7 @@ import torch
 
 from ..errors import CheckpointError, ConfigError, SpecdecTypeError
 from .llama import LlamaConfig, LlamaModel
+from .quant import QUANT_FORMATS, QuantBlocks
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -67,6 +68,8 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# The LM head's weight: its own, or the token embedding it is tied to.
+_HEADS = ("lm_head.weight", "model.embed_tokens.weight")
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 _CONTROL = 3  # llama.cpp token types
@@ -308,6 +311,15 @@ def _dequantize(t: Any, path: Path) -> np.ndarray:
     return arr if arr.flags.writeable else arr.copy()
 
 
+def _blocks(t: Any) -> np.ndarray | None:
+    """A 2-D tensor's GGUF blocks as ``[rows, bytes per row]`` uint8, for the formats the
+    quantized kernel reads (:data:`~specdec.models.quant.QUANT_FORMATS`); else None."""
+    if t.tensor_type.name not in QUANT_FORMATS or len(t.shape) != 2:
+        return None
+    rows = int(t.shape[1])
+    return np.asarray(t.data, dtype=np.uint8).reshape(rows, -1)
+
+
 def _check_path(path: object) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise SpecdecTypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
@@ -362,6 +374,7 @@ def load_gguf(
     by_name = {t.name: t for t in reader.tensors}
     config = _config(reader, p, len(tokens), tied="output.weight" not in by_name)
     state: dict[str, torch.Tensor] = {}
+    blocks: dict[str, QuantBlocks] = {}  # the linear layers' GGUF blocks, where quantized
     for name, t in by_name.items():
         m = _BLOCK.match(name)
         if m and m.group(2) in _LAYER_NAMES:
@@ -373,11 +386,16 @@ def load_gguf(
         else:
             raise CheckpointError(f"{p}: unexpected tensor {name!r}")
         w = _dequantize(t, p)
+        raw = _blocks(t) if hf.endswith("proj.weight") or hf in _HEADS else None
         if m and m.group(2).startswith("attn_q."):
             w = _unpermute(w, config.num_attention_heads)
+            raw = None if raw is None else _unpermute(raw, config.num_attention_heads)
         elif m and m.group(2).startswith("attn_k."):
             w = _unpermute(w, config.num_key_value_heads)
+            raw = None if raw is None else _unpermute(raw, config.num_key_value_heads)
         state[hf] = torch.from_numpy(np.ascontiguousarray(w))
+        if raw is not None:
+            blocks[hf] = QuantBlocks(t.tensor_type.name, w.shape[0], w.shape[1], raw)
 
     with torch.device("meta"):
         model = LlamaModel(config)
@@ -394,6 +412,8 @@ def load_gguf(
     model.load_state_dict(
         {k: v.to(device=device, dtype=dtype) for k, v in state.items()}, assign=True
     )
+    if dtype == torch.float32 and torch.device(device).type == "cpu":
+        model.attach_quantized(blocks)
     template = _field(reader, "tokenizer.chat_template")
     return LoadedModel(
         model=model.eval(),

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, cast
@@ -19,11 +20,20 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from .._core import QuantMatrix
 from ..cache.dense import DenseKVCache
 from ..cache.paged import PagedDecodeStep, PagedKVCache
 from ..errors import CheckpointError, ConfigError, SpecdecTypeError, VerifyError
 from ..protocols import KVCache, Target
 from ..verify.attention import Backend, attend, check_bool_mask
+from .quant import (
+    QuantBlocks,
+    QuantizedLinears,
+    kernel_available,
+    quant_matmul,
+    stack,
+    torch_threads,
+)
 
 __all__ = ["LlamaConfig", "LlamaModel", "load_checkpoint", "causal_mask", "check_step_inputs"]
 
@@ -242,9 +252,11 @@ def linears(
     return (torch.cat(outs, dim=-1),) if cat and len(outs) > 1 else outs
 
 
-_Groups = list[tuple[Tensor, Tensor | None]]
+_Packs = list[tuple[Tensor, Tensor | None]]
+# A step's linear groups: oneDNN-packed weights, or the GGUF blocks (see ``quant``).
+_Groups = Sequence[tuple[Tensor | QuantMatrix, Tensor | None]]
 # (weights, their versions, packed groups, the registration count when it was checked)
-_Plan = tuple[list[Tensor], list[int], _Groups, int]
+_Plan = tuple[list[Tensor], list[int], _Packs, int]
 # Per model: the weights a decode step reads, their versions, and their packed groups.
 _plans: weakref.WeakKeyDictionary[nn.Module, _Plan] = weakref.WeakKeyDictionary()
 
@@ -276,9 +288,22 @@ def _restore_hook(module: LlamaModel, *_: object) -> None:
     module.restore_plain_linears()
 
 
-def _pointwise(x: Tensor, wb: tuple[Tensor, Tensor | None]) -> Tensor:
-    out: Tensor = torch.ops.mkldnn._linear_pointwise(x, wb[0], wb[1], "none", [], "")
+def _pointwise(x: Tensor, wb: tuple[Tensor | QuantMatrix, Tensor | None]) -> Tensor:
+    w = wb[0]
+    if isinstance(w, QuantMatrix):
+        return quant_matmul(x, w, wb[1])
+    out: Tensor = torch.ops.mkldnn._linear_pointwise(x, w, wb[1], "none", [], "")
     return out
+
+
+def _kernel_threads(plan: _Groups | None) -> AbstractContextManager[None]:
+    """Around a forward on the quantized blocks: torch's own ops on one thread (they are
+    small at a few rows), so that its OpenMP workers, which spin for a while after every
+    parallel op, do not take the cores the kernel's threads run on (measured: the kernel's
+    share of a SmolLM2 step 12 ms with them spinning, 7 ms without)."""
+    if plan is None or not plan or not isinstance(plan[0][0], QuantMatrix):
+        return nullcontext()
+    return torch_threads(1)
 
 
 class Attention(nn.Module):
@@ -414,6 +439,14 @@ class LlamaModel(nn.Module):
         # faster than the BLAS at 1-65 rows; logits differ from ``F.linear``'s by ~1e-4 (another
         # summation order). False: plain ``F.linear`` (transformers' own summation).
         self.packed_linear = True
+        # GGUF's quantized blocks of the linear layers (load_gguf attaches them where the
+        # formats allow and the CPU has AVX-512): steps of at most ``quant_max_rows`` rows
+        # multiply by them instead of the float weights (~2-4x less time at 1-8 rows on
+        # SmolLM2; from ~60 rows oneDNN's float32 product is faster). ``quant_linear``
+        # False: never.
+        self.quantized: QuantizedLinears | None = None
+        self.quant_linear = True
+        self.quant_max_rows = 48
         # After release_plain_linears: (module, group, offset) for each freed weight.
         self._released: list[tuple[nn.Linear, int, int]] = []
         self._hooked = False
@@ -520,9 +553,67 @@ class LlamaModel(nn.Module):
         _plans[self] = (held, vers, packs, _registrations)
         return packs
 
-    def _linear_plan(self, packed: bool) -> _Groups | None:
-        """The packed groups with ``packed`` where they apply, else None (plain ``F.linear``
-        on the plain weights, restored first if :meth:`release_plain_linears` freed them)."""
+    def attach_quantized(self, blocks: Mapping[str, QuantBlocks]) -> bool:
+        """Keep the GGUF ``blocks`` of the linear layers (by state-dict name) for steps of
+        few rows (:attr:`quantized`). Only where every decode-step weight has blocks, one
+        format per group, and the fast kernel runs on this CPU; returns whether it did.
+        The blocks must dequantize to the model's current weights (as loaded)."""
+        self.quantized = None
+        if not kernel_available() or self.dtype != torch.float32 or self.device.type != "cpu":
+            return False
+        names = {id(p): n for n, p in self.named_parameters()}
+        plan: list[tuple[Tensor | QuantMatrix, Tensor | None]] = []
+        held: list[Tensor] = []
+        for ws, bs in self._linear_groups():
+            parts = [blocks.get(names.get(id(w), "")) for w in ws]
+            found = [b for b in parts if b is not None]
+            if len(found) != len(ws) or len({b.format for b in found}) != 1:
+                return False
+            bias = None
+            if any(b is not None for b in bs):
+                bias = torch.cat(
+                    [
+                        b if b is not None else w.new_zeros(w.shape[0])
+                        for w, b in zip(ws, bs, strict=True)
+                    ]
+                ).detach()
+            plan.append((stack(found), bias))
+            held += [*ws, *(b for b in bs if b is not None)]
+        _watch_registrations()
+        vers = [_version(t) for t in held]
+        self.quantized = QuantizedLinears(plan, held, vers, _registrations)
+        return True
+
+    def _quant_groups(self, rows: int) -> _Groups | None:
+        """:attr:`quantized` as a step's groups where it applies to ``rows`` rows and still
+        stands for the model's weights (none replaced, none changed in place)."""
+        qz = self.quantized
+        if qz is None or not self.quant_linear or rows > self.quant_max_rows:
+            return None
+        if torch.is_grad_enabled():
+            return None
+        if [_version(t) for t in qz.held] != qz.versions:
+            self.quantized = None  # a weight changed in place: the blocks no longer match
+            return None
+        if qz.registrations != _registrations:  # something was (re)assigned somewhere
+            held = [t for ws, bs in self._linear_groups() for t in (*ws, *bs) if t is not None]
+            if len(held) != len(qz.held) or any(
+                a is not b for a, b in zip(held, qz.held, strict=True)
+            ):
+                self.quantized = None  # a weight was replaced
+                return None
+            qz.registrations = _registrations
+        return qz.plan
+
+    def _linear_plan(self, packed: bool, rows: int = 0) -> _Groups | None:
+        """The step's linear groups: the quantized blocks for a step of ``rows`` rows where
+        they apply (:meth:`_quant_groups`), else the packed groups with ``packed`` where
+        they apply, else None (plain ``F.linear`` on the plain weights, restored first if
+        :meth:`release_plain_linears` freed them)."""
+        if packed:
+            quant = self._quant_groups(rows)
+            if quant is not None:
+                return quant
         plan = self._decode_plan() if packed else None
         if plan is None and self._released:
             self.restore_plain_linears()
@@ -583,6 +674,7 @@ class LlamaModel(nn.Module):
             held = [*ws, *(b for b in bs if b is not None)]
             _packed.pop(tuple(id(t) for t in held), None)
         _plans.pop(self, None)
+        self.quantized = None  # the conversion may change the weights' values or dtype
         return cast(LlamaModel, super()._apply(fn, recurse))  # type: ignore[no-untyped-call]
 
     def _proj(
@@ -725,10 +817,22 @@ class LlamaModel(nn.Module):
         pk: bool,
         last: bool,
     ) -> torch.Tensor:
+        plan = self._linear_plan(pk, ids.shape[0])  # None: plain F.linear calls
+        with _kernel_threads(plan):
+            return self._run_plan(ids, pos, cache, mask, plan, last)
+
+    def _run_plan(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        cache: KVCache,
+        mask: torch.Tensor | None,
+        plan: _Groups | None,
+        last: bool,
+    ) -> torch.Tensor:
         c = self.config
         hd = c.head_dim or 0
         t_new = ids.shape[0]
-        plan = self._linear_plan(pk)  # None: plain F.linear calls
         x = self.model.embed_tokens(ids.long())
         cos, sin = self._rope_tables(pos, x.dtype)
         cos, sin = cos[:, None], sin[:, None]  # broadcast over heads: [T, 1, D]
@@ -824,10 +928,22 @@ class LlamaModel(nn.Module):
         mask: torch.Tensor,
         p_max: int,
     ) -> torch.Tensor:
+        plan = self._linear_plan(self.packed_linear, ids.numel())  # None: F.linear calls
+        with _kernel_threads(plan):
+            return self._run_batch_plan(ids, pos, caches, mask, p_max, plan)
+
+    def _run_batch_plan(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        caches: Sequence[KVCache],
+        mask: torch.Tensor,
+        p_max: int,
+        plan: _Groups | None,
+    ) -> torch.Tensor:
         c = self.config
         hd = c.head_dim or 0
         r, t_new = ids.shape
-        plan = self._linear_plan(self.packed_linear)  # None: plain F.linear calls
         x = self.model.embed_tokens(ids.long())  # [R, T, hidden]
         cos, sin = self._rope_tables(pos, x.dtype)
         cos, sin = cos.view(r, 1, t_new, hd), sin.view(r, 1, t_new, hd)
@@ -914,10 +1030,22 @@ class LlamaModel(nn.Module):
         v_slots: Tensor,
         step: PagedDecodeStep,
     ) -> Tensor:
+        plan = self._linear_plan(self.packed_linear, ids.shape[0])  # None: F.linear calls
+        with _kernel_threads(plan):
+            return self._run_paged_plan(ids, pos, k_slots, v_slots, step, plan)
+
+    def _run_paged_plan(
+        self,
+        ids: Tensor,
+        pos: Tensor,
+        k_slots: Tensor,
+        v_slots: Tensor,
+        step: PagedDecodeStep,
+        plan: _Groups | None,
+    ) -> Tensor:
         c = self.config
         hd = c.head_dim or 0
         r = ids.shape[0]
-        plan = self._linear_plan(self.packed_linear)  # None: plain F.linear calls
         x = self.model.embed_tokens(ids.long())[:, None]  # [R, 1, hidden]
         cos, sin = self._rope_tables(pos, x.dtype)
         cos, sin = cos.view(r, 1, hd), sin.view(r, 1, hd)

@@ -119,6 +119,7 @@ pub mod constrain;
 pub mod decode;
 pub mod draft;
 pub mod kv;
+pub mod linear;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tree;

@@ -221,7 +221,7 @@ impl Harness {
                 self.hits += cached;
                 // Half the time the prompt's K/V is written later (kinds 5, 6, 13), as when
                 // more sequences start in the same scheduling step before its forward.
-                if (op.b >> 1) % 2 == 0 {
+                if (op.b >> 1).is_multiple_of(2) {
                     self.write(&slots[cached..], &ms.values[cached..]);
                     self.m.mark_computed(seq, n).unwrap();
                 } else {
@@ -246,7 +246,7 @@ impl Harness {
                 let vals = ms.values[ms.values.len() - n..].to_vec();
                 let written = ms.written_prefix();
                 self.write(&ap.slots, &vals);
-                if op.b % 2 == 0 {
+                if op.b.is_multiple_of(2) {
                     self.m.mark_computed(seq, written).unwrap();
                 }
             }
@@ -283,7 +283,7 @@ impl Harness {
                     vals[i as usize] = *ms.values.last().unwrap();
                 }
                 self.write(&ap.slots, &vals);
-                if op.kind == 6 && op.b % 3 == 0 {
+                if op.kind == 6 && op.b.is_multiple_of(3) {
                     self.m.rollback(seq)?;
                     return Ok(());
                 }
@@ -303,7 +303,10 @@ impl Harness {
             // index beyond the reservation. Either is refused with the state unchanged.
             7 => {
                 let bad = [op.n as i64 % 20 - 3];
-                if !self.m.contains(seq) || self.m.seq_len(seq).unwrap().1 > 0 || op.b % 2 == 0 {
+                if !self.m.contains(seq)
+                    || self.m.seq_len(seq).unwrap().1 > 0
+                    || op.b.is_multiple_of(2)
+                {
                     let r = self.m.commit(seq, &bad, None);
                     assert!(r.is_err(), "commit outside a step accepted");
                     return r.map(|_| ());
@@ -311,7 +314,7 @@ impl Harness {
                 let n = 1 + (op.n % 5) as usize;
                 let ap = self.m.reserve_tree(seq, n)?;
                 self.do_cow(ap.cow);
-                let bad = [if op.seed % 2 == 0 {
+                let bad = [if op.seed.is_multiple_of(2) {
                     -1
                 } else {
                     n as i64 + (op.seed % 3) as i64

@@ -11,13 +11,15 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-/// The array's data as one slice: borrowed when C-contiguous, else gathered once.
+/// The array's data as one slice in row-major order: borrowed when C-contiguous, else
+/// gathered once (numpy's `as_slice` also accepts Fortran order, whose memory order is not
+/// the row-major order the callers index by).
 pub fn as_slice<'a, T: Element + Copy, D: numpy::ndarray::Dimension>(
     a: &'a PyReadonlyArray<'_, T, D>,
 ) -> Cow<'a, [T]> {
     match a.as_slice() {
-        Ok(s) => Cow::Borrowed(s),
-        Err(_) => Cow::Owned(a.as_array().iter().copied().collect()),
+        Ok(s) if a.is_c_contiguous() => Cow::Borrowed(s),
+        _ => Cow::Owned(a.as_array().iter().copied().collect()),
     }
 }
 

@@ -10,6 +10,7 @@ use specdec_core::constrain::GrammarError;
 use specdec_core::decode::BudgetError;
 use specdec_core::draft::DraftError;
 use specdec_core::kv::KvError;
+use specdec_core::linear::LinearError;
 use specdec_core::tree::TreeError;
 
 /// The Python classes the extension raises, in `CLASS_NAMES` order.
@@ -69,6 +70,7 @@ pub enum Error {
     Grammar(GrammarError),
     Draft(DraftError),
     Budget(BudgetError),
+    Linear(LinearError),
 }
 
 impl From<TreeError> for Error {
@@ -98,6 +100,12 @@ impl From<BudgetError> for Error {
     }
 }
 
+impl From<LinearError> for Error {
+    fn from(e: LinearError) -> Self {
+        Error::Linear(e)
+    }
+}
+
 impl From<KvError> for Error {
     fn from(e: KvError) -> Self {
         Error::Kv(e)
@@ -121,6 +129,7 @@ impl From<Error> for PyErr {
             Error::Grammar(e) => (Class::Grammar, e.to_string()),
             Error::Draft(e) => (Class::Draft, e.to_string()),
             Error::Budget(e) => (Class::Config, e.to_string()),
+            Error::Linear(e) => (Class::Config, e.to_string()),
         };
         raise(class, message)
     }

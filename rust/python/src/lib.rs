@@ -11,6 +11,7 @@ mod decode;
 mod draft;
 mod errors;
 mod kv;
+mod linear;
 mod tree;
 
 #[pymodule]
@@ -22,5 +23,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     constrain::register(m)?;
     draft::register(m)?;
     decode::register(m)?;
+    linear::register(m)?;
     Ok(())
 }

@@ -77,7 +77,7 @@ impl TreeArrays {
 
     /// False for trees without drafter probabilities (explicit branches: expected NaN).
     pub(crate) fn scored(&self) -> bool {
-        self.expected.map_or(true, |e| !e.is_nan())
+        self.expected.is_none_or(|e| !e.is_nan())
     }
 
     pub(crate) fn num_real(&self) -> usize {
@@ -277,7 +277,7 @@ impl TreeArrays {
         let bytes = cols.and_then(|c| c.checked_mul(b.rows)?.checked_mul(elem));
         // A dense mask this large is a mistake (or a 100M-token context, where only the
         // ancestor bits or a block mask make sense): refuse it rather than fill gigabytes.
-        if bytes.map_or(true, |b| b > MAX_DENSE_MASK_BYTES) {
+        if bytes.is_none_or(|b| b > MAX_DENSE_MASK_BYTES) {
             return Err(TreeError::TooLarge(format!(
                 "a dense [{}, {prefix_len} + {}] mask takes over {} GiB: use the ancestor bits",
                 b.rows,

@@ -396,7 +396,7 @@ impl BudgetStats {
                     for _ in 0..c {
                         let mut next: Option<usize> = None;
                         for i in node + 1..n {
-                            if tree.parent(i) == node && next.map_or(true, |b| lp[i] > lp[b]) {
+                            if tree.parent(i) == node && next.is_none_or(|b| lp[i] > lp[b]) {
                                 next = Some(i);
                             }
                         }

@@ -82,7 +82,7 @@ fn plan(bs: usize, s: &Seq, n: usize, tail_refcount: u32) -> (usize, bool) {
         return (0, false);
     }
     let total = s.len + s.pending;
-    let cow = total % bs != 0 && tail_refcount > 1;
+    let cow = !total.is_multiple_of(bs) && tail_refcount > 1;
     // Saturate: an absurd `n` must read as "out of blocks", not overflow.
     let need = total.saturating_add(n).div_ceil(bs) - s.blocks.len();
     (need.saturating_add(usize::from(cow)), cow)

@@ -1518,7 +1518,7 @@ impl Compiler<'_> {
             return self.b.lexeme(NOTHING);
         }
         let top = top as usize;
-        let can_add = |c: usize| max_props.map_or(true, |m| (c as u64) < m);
+        let can_add = |c: usize| max_props.is_none_or(|m| (c as u64) < m);
         let inc = |c: usize| match max_props {
             None => (c + 1).min(top),
             Some(_) => c + 1,

@@ -110,7 +110,7 @@ mod tests {
         let (int, frac) = t.split_once('.').unwrap_or((t, ""));
         let x: u128 = format!("{int}{frac}").parse().unwrap();
         let f = frac.len() as u32;
-        (x * 10u128.pow(d)) % (u128::from(a) * 10u128.pow(f)) == 0
+        (x * 10u128.pow(d)).is_multiple_of(u128::from(a) * 10u128.pow(f))
     }
 
     fn accepts(dfa: &crate::constrain::TableDfa, t: &str) -> bool {

@@ -58,9 +58,9 @@ impl<'a> Marginals<'a> {
             )));
         }
         // The builder indexes entries and nodes with u32.
-        if !depth
+        if depth
             .checked_mul(width)
-            .is_some_and(|n| n <= u32::MAX as usize)
+            .is_none_or(|n| n > u32::MAX as usize)
         {
             return Err(TreeError::Shape(format!(
                 "marginals [{depth}, {width}] have more than 2^32 entries"

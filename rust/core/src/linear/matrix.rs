@@ -1,0 +1,249 @@
+//! [`QuantMatrix`]: a weight matrix in a block format, repacked into tiles of 16 rows so that
+//! one vector load gives 16 output columns' quants at one input column.
+
+use super::format::{BlockFormat, BLOCK};
+use super::kernel::{self, tile_block_bytes, MAX_ROWS, TILE};
+use super::pool;
+use super::LinearError;
+
+/// Whether the fast kernel runs on this CPU (AVX-512F). Without it [`QuantMatrix::matmul`]
+/// runs the portable kernel: the same results, many times slower than a BLAS.
+pub fn simd_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        kernel::avx512::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// A `rows x cols` weight matrix (`rows` outputs, `cols` inputs, as a linear layer's weight)
+/// in a GGUF block format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuantMatrix {
+    format: BlockFormat,
+    rows: usize,
+    cols: usize,
+    /// `ceil(rows / 16)` tiles, each `cols / 32` tile-blocks; rows past `rows` are zero.
+    tiles: Vec<u8>,
+}
+
+/// A raw output pointer shared by the threads of one product: each writes its own columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: the threads of `matmul` write disjoint column ranges of one buffer.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer `i` values on (a method, so closures capture the whole `Send` wrapper).
+    fn add(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+impl QuantMatrix {
+    /// A matrix from GGUF's bytes: `rows` rows, each `cols / 32` blocks of `format`.
+    pub fn from_gguf(
+        format: BlockFormat,
+        rows: usize,
+        cols: usize,
+        raw: &[u8],
+    ) -> Result<Self, LinearError> {
+        if rows == 0 || cols == 0 {
+            return Err(LinearError::Empty { rows, cols });
+        }
+        if !cols.is_multiple_of(BLOCK) {
+            return Err(LinearError::Columns { format, cols });
+        }
+        let nb = cols / BLOCK;
+        let bb = format.block_bytes();
+        let expected = rows * nb * bb;
+        if raw.len() != expected {
+            return Err(LinearError::Bytes {
+                format,
+                rows,
+                cols,
+                expected,
+                got: raw.len(),
+            });
+        }
+        let tbb = tile_block_bytes(format);
+        let ntiles = rows.div_ceil(TILE);
+        let mut tiles = vec![0u8; ntiles * nb * tbb];
+        for row in 0..rows {
+            let (t, lane) = (row / TILE, row % TILE);
+            for b in 0..nb {
+                let src = &raw[(row * nb + b) * bb..][..bb];
+                let dst = &mut tiles[(t * nb + b) * tbb..][..tbb];
+                dst[2 * lane..2 * lane + 2].copy_from_slice(&src[0..2]);
+                match format {
+                    BlockFormat::Q4_1 => {
+                        dst[32 + 2 * lane..34 + 2 * lane].copy_from_slice(&src[2..4]);
+                        let q = |k: usize| {
+                            let byte = src[4 + k % 16];
+                            if k < 16 {
+                                byte & 0x0f
+                            } else {
+                                byte >> 4
+                            }
+                        };
+                        for p in 0..BLOCK / 2 {
+                            dst[64 + 16 * p + lane] = q(2 * p) | (q(2 * p + 1) << 4);
+                        }
+                    }
+                    BlockFormat::Q8_0 => {
+                        for k in 0..BLOCK {
+                            dst[32 + 16 * k + lane] = src[2 + k];
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Self {
+            format,
+            rows,
+            cols,
+            tiles,
+        })
+    }
+
+    /// The matrices one above the other (their rows concatenated): layers that read the same
+    /// input (q/k/v, gate/up) as one product.
+    pub fn stack(parts: &[(BlockFormat, usize, usize, &[u8])]) -> Result<Self, LinearError> {
+        let Some(&(format, _, cols, _)) = parts.first() else {
+            return Err(LinearError::Empty { rows: 0, cols: 0 });
+        };
+        let mut raw = Vec::new();
+        let mut rows = 0;
+        for &(f, r, c, bytes) in parts {
+            if f != format || c != cols {
+                return Err(LinearError::Join(cols, c));
+            }
+            let expected = r * (c / BLOCK) * f.block_bytes();
+            if c % BLOCK != 0 || bytes.len() != expected {
+                return Self::from_gguf(f, r, c, bytes); // the error for that part
+            }
+            raw.extend_from_slice(bytes);
+            rows += r;
+        }
+        Self::from_gguf(format, rows, cols, &raw)
+    }
+
+    pub fn format(&self) -> BlockFormat {
+        self.format
+    }
+
+    /// Output columns of a product (the weight's rows).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input columns (the weight's columns).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes the matrix holds.
+    pub fn nbytes(&self) -> usize {
+        self.tiles.len()
+    }
+
+    /// The float32 weights, row-major `rows x cols`, as gguf-py dequantizes them.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let nb = self.cols / BLOCK;
+        let tbb = tile_block_bytes(self.format);
+        let mut out = vec![0f32; self.rows * self.cols];
+        let mut w = [[0f32; TILE]; BLOCK];
+        for (i, tb) in self.tiles.chunks_exact(tbb).enumerate() {
+            let (t, b) = (i / nb, i % nb);
+            kernel::dequantize_tile_block(self.format, tb, &mut w);
+            for lane in 0..TILE.min(self.rows - t * TILE) {
+                for (k, wk) in w.iter().enumerate() {
+                    out[(t * TILE + lane) * self.cols + b * BLOCK + k] = wk[lane];
+                }
+            }
+        }
+        out
+    }
+
+    /// `out = x @ W.T`: `x` is `m x cols` row-major, `out` `m x rows`. Split over the
+    /// cores by output columns (see `pool`); the fast kernel where the CPU has it.
+    pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), LinearError> {
+        self.check(x, m, out)?;
+        self.matmul_with(x, m, out, simd_available());
+        Ok(())
+    }
+
+    /// [`matmul`](Self::matmul) with the portable kernel only (the reference).
+    pub fn matmul_portable(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), LinearError> {
+        self.check(x, m, out)?;
+        self.matmul_with(x, m, out, false);
+        Ok(())
+    }
+
+    fn check(&self, x: &[f32], m: usize, out: &[f32]) -> Result<(), LinearError> {
+        if x.len() != m * self.cols {
+            let got = x.len().checked_div(m).unwrap_or(x.len());
+            return Err(LinearError::InputWidth {
+                expected: self.cols,
+                got,
+            });
+        }
+        if out.len() != m * self.rows {
+            return Err(LinearError::OutputSize {
+                rows: m,
+                cols: self.rows,
+                expected: m * self.rows,
+                got: out.len(),
+            });
+        }
+        Ok(())
+    }
+
+    fn matmul_with(&self, x: &[f32], m: usize, out: &mut [f32], simd: bool) {
+        if m == 0 {
+            return;
+        }
+        let ntiles = self.rows.div_ceil(TILE);
+        let per_tile = (self.cols / BLOCK) * tile_block_bytes(self.format);
+        // Below ~64 KiB of weights a second thread costs more than it saves; else about 8
+        // chunks a thread, so a helper that joins late still finds some.
+        let chunks = if self.tiles.len() < 1 << 16 {
+            1
+        } else {
+            ntiles.min(8 * (pool::helpers() + 1))
+        };
+        let ptr = OutPtr(out.as_mut_ptr());
+        let run = |part: usize| {
+            let (lo, hi) = (ntiles * part / chunks, ntiles * (part + 1) / chunks);
+            let mut res = [[0f32; TILE]; MAX_ROWS];
+            for t in lo..hi {
+                let tile = &self.tiles[t * per_tile..][..per_tile];
+                let width = TILE.min(self.rows - t * TILE);
+                for r0 in (0..m).step_by(MAX_ROWS) {
+                    let rows = MAX_ROWS.min(m - r0);
+                    let xs = &x[r0 * self.cols..(r0 + rows) * self.cols];
+                    #[cfg(target_arch = "x86_64")]
+                    if simd {
+                        kernel::avx512::run(self.format, tile, xs, self.cols, rows, &mut res);
+                    } else {
+                        kernel::portable(self.format, tile, xs, self.cols, rows, &mut res);
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    kernel::portable(self.format, tile, xs, self.cols, rows, &mut res);
+                    for (r, vals) in res.iter().enumerate().take(rows) {
+                        let at = (r0 + r) * self.rows + t * TILE;
+                        // SAFETY: `at + width <= m * rows` (checked sizes); each part writes
+                        // only its own tiles' columns, so no two threads touch one value.
+                        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), ptr.add(at), width) };
+                    }
+                }
+            }
+        };
+        pool::run(chunks, &run);
+    }
+}

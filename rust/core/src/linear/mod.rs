@@ -1,0 +1,52 @@
+//! The target's linear layers straight from llama.cpp's quantized block formats (GGUF
+//! `Q4_1`, `Q8_0`): a [`QuantMatrix`] keeps a weight matrix at 5 or 8.5 bits a weight and
+//! multiplies by float32 rows, dequantizing on the fly.
+//!
+//! A decode step reads every weight once and does little arithmetic with it, so its speed is
+//! the memory read: a float32 copy of a `Q4_1` matrix is 6.4x the bytes. Each weight is
+//! dequantized exactly as gguf-py does (`d * q + m`, two float32 roundings; `q * d` for
+//! `Q8_0`), so the product is the float32 product with the float32 weights any other loader
+//! gets, up to summation order: every output is one fused multiply-add chain over even `k`
+//! and one over odd `k`, added at the end, whatever the number of rows (a row's result does
+//! not depend on the rows beside it). The AVX-512 kernel and the portable one follow that
+//! order, so they agree bit for bit.
+
+mod format;
+mod kernel;
+mod matrix;
+mod pool;
+
+pub use format::{BlockFormat, BLOCK};
+pub use matrix::{simd_available, QuantMatrix};
+
+use thiserror::Error;
+
+/// Everything that can be wrong with a quantized matrix or the rows it multiplies.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LinearError {
+    #[error("unknown block format {0:?} (supported: Q4_1, Q8_0)")]
+    UnknownFormat(String),
+    #[error("a matrix needs at least one row and one column, got {rows} x {cols}")]
+    Empty { rows: usize, cols: usize },
+    #[error("{cols} columns do not split into {format} blocks of 32")]
+    Columns { format: BlockFormat, cols: usize },
+    #[error("{rows} x {cols} {format} needs {expected} bytes of blocks, got {got}")]
+    Bytes {
+        format: BlockFormat,
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        got: usize,
+    },
+    #[error("input rows have {got} columns, the matrix {expected}")]
+    InputWidth { expected: usize, got: usize },
+    #[error("output must be {rows} x {cols} ({expected} values), got {got} values")]
+    OutputSize {
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        got: usize,
+    },
+    #[error("cannot join matrices with {0} and {1} columns (or of different formats)")]
+    Join(usize, usize),
+}

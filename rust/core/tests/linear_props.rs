@@ -1,0 +1,164 @@
+//! Quantized linear layers against independent oracles: the per-block dequantization of the
+//! GGUF bytes (gguf-py's formula), a float64 product of those weights, and the portable
+//! kernel (the fast kernel must agree with it bit for bit).
+
+use proptest::prelude::*;
+use specdec_core::linear::{BlockFormat, LinearError, QuantMatrix, BLOCK};
+
+/// Random GGUF bytes for a `rows x cols` matrix whose f16 scales are finite and modest.
+fn raw_matrix(format: BlockFormat, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let mut raw = Vec::new();
+    for _ in 0..rows * cols / BLOCK {
+        let mut half = |bias: u16| {
+            let bits = 0x2000 + bias + (next() % 0x1800) as u16; // about 2^-7 .. 2^-1
+            let sign = if next() % 2 == 0 { 0 } else { 0x8000 };
+            (bits | sign).to_le_bytes()
+        };
+        raw.extend_from_slice(&half(0));
+        if format == BlockFormat::Q4_1 {
+            raw.extend_from_slice(&half(0x400));
+        }
+        let n = format.block_bytes() - raw.len() % format.block_bytes();
+        raw.extend((0..n).map(|_| next() as u8));
+    }
+    raw
+}
+
+fn oracle_weights(format: BlockFormat, rows: usize, cols: usize, raw: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows * cols);
+    let mut block = [0f32; BLOCK];
+    for b in raw.chunks_exact(format.block_bytes()) {
+        format.dequantize_block(b, &mut block);
+        out.extend_from_slice(&block);
+    }
+    out
+}
+
+fn rows_of(seed: u64, m: usize, cols: usize) -> Vec<f32> {
+    (0..m * cols)
+        .map(|i| {
+            let h = (i as u64 ^ seed).wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40;
+            (h as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect()
+}
+
+fn formats() -> impl Strategy<Value = BlockFormat> {
+    prop_oneof![Just(BlockFormat::Q4_1), Just(BlockFormat::Q8_0)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn dequantize_matches_gguf_blocks(
+        format in formats(), rows in 1usize..40, nb in 1usize..5, seed: u64,
+    ) {
+        let cols = nb * BLOCK;
+        let raw = raw_matrix(format, rows, cols, seed);
+        let m = QuantMatrix::from_gguf(format, rows, cols, &raw).unwrap();
+        let want = oracle_weights(format, rows, cols, &raw);
+        let got = m.dequantize();
+        prop_assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
+    #[test]
+    fn product_matches_float64_and_kernels_agree(
+        format in formats(), rows in 1usize..70, nb in 1usize..6, m in 0usize..20, seed: u64,
+    ) {
+        let cols = nb * BLOCK;
+        let raw = raw_matrix(format, rows, cols, seed);
+        let w = oracle_weights(format, rows, cols, &raw);
+        let q = QuantMatrix::from_gguf(format, rows, cols, &raw).unwrap();
+        let x = rows_of(seed, m, cols);
+        let mut fast = vec![f32::NAN; m * rows];
+        let mut slow = vec![f32::NAN; m * rows];
+        q.matmul(&x, m, &mut fast).unwrap();
+        q.matmul_portable(&x, m, &mut slow).unwrap();
+        prop_assert!(fast.iter().zip(&slow).all(|(a, b)| a.to_bits() == b.to_bits()));
+        for r in 0..m {
+            for o in 0..rows {
+                let (mut dot, mut mag) = (0f64, 0f64);
+                for k in 0..cols {
+                    let p = f64::from(x[r * cols + k]) * f64::from(w[o * cols + k]);
+                    dot += p;
+                    mag += p.abs();
+                }
+                let got = f64::from(fast[r * rows + o]);
+                prop_assert!((got - dot).abs() <= 1e-6 * mag + 1e-30, "{got} vs {dot}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_does_not_depend_on_its_neighbours(
+        format in formats(), rows in 1usize..40, m in 2usize..20, seed: u64,
+    ) {
+        let cols = 2 * BLOCK;
+        let q = QuantMatrix::from_gguf(format, rows, cols, &raw_matrix(format, rows, cols, seed)).unwrap();
+        let x = rows_of(seed, m, cols);
+        let mut all = vec![0f32; m * rows];
+        q.matmul(&x, m, &mut all).unwrap();
+        for r in 0..m {
+            let mut one = vec![0f32; rows];
+            q.matmul(&x[r * cols..(r + 1) * cols], 1, &mut one).unwrap();
+            prop_assert_eq!(&all[r * rows..(r + 1) * rows], &one[..]);
+        }
+    }
+}
+
+#[test]
+fn stack_is_the_rows_concatenated() {
+    let f = BlockFormat::Q4_1;
+    let (a, b) = (raw_matrix(f, 20, 64, 1), raw_matrix(f, 7, 64, 2));
+    let stacked = QuantMatrix::stack(&[(f, 20, 64, &a), (f, 7, 64, &b)]).unwrap();
+    let joined: Vec<u8> = a.iter().chain(&b).copied().collect();
+    assert_eq!(stacked, QuantMatrix::from_gguf(f, 27, 64, &joined).unwrap());
+    let c = raw_matrix(f, 7, 96, 3);
+    assert_eq!(
+        QuantMatrix::stack(&[(f, 20, 64, &a), (f, 7, 96, &c)]),
+        Err(LinearError::Join(64, 96))
+    );
+}
+
+#[test]
+fn bad_shapes_are_refused() {
+    let f = BlockFormat::Q8_0;
+    let raw = raw_matrix(f, 4, 64, 5);
+    assert!(matches!(
+        QuantMatrix::from_gguf(f, 4, 63, &raw),
+        Err(LinearError::Columns { .. })
+    ));
+    assert!(matches!(
+        QuantMatrix::from_gguf(f, 5, 64, &raw),
+        Err(LinearError::Bytes { .. })
+    ));
+    assert!(matches!(
+        QuantMatrix::from_gguf(f, 0, 64, &[]),
+        Err(LinearError::Empty { .. })
+    ));
+    assert!(matches!(
+        BlockFormat::from_name("Q4_K"),
+        Err(LinearError::UnknownFormat(_))
+    ));
+    let q = QuantMatrix::from_gguf(f, 4, 64, &raw).unwrap();
+    let mut out = vec![0f32; 8];
+    assert_eq!(
+        q.matmul(&[0.0; 100], 2, &mut out),
+        Err(LinearError::InputWidth {
+            expected: 64,
+            got: 50
+        })
+    );
+    assert!(matches!(
+        q.matmul(&[0.0; 128], 2, &mut out[..7]),
+        Err(LinearError::OutputSize { .. })
+    ));
+}
