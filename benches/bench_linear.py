@@ -37,49 +37,16 @@ def _tiny_gguf() -> LoadedModel:
     """A tiny random model, written as a Q4_1 GGUF file and loaded back (for ``--smoke``)."""
     import tempfile
 
-    import gguf
-
     from specdec.models import LlamaConfig, LlamaModel, load_gguf
-    from specdec.models.gguf import _GLOBAL_NAMES, _LAYER_NAMES
+    from specdec.testing import write_gguf
 
     c = LlamaConfig(
-        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
         rms_norm_eps=2.0**-17, max_position_embeddings=512, tie_word_embeddings=True,
     )  # fmt: skip
-    model = LlamaModel(c).init_random(seed=0).float()
     path = tempfile.mkdtemp() + "/tiny.gguf"
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(c.rope_theta)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(["<|endoftext|>", *(chr(0x21 + i) for i in range(c.vocab_size - 2)), '!"'])
-    w.add_token_merges(['! "'])
-    w.add_token_types([3] + [1] * (c.vocab_size - 1))
-    layer = {v: k for k, v in _LAYER_NAMES.items()}
-    glob = {v: k for k, v in _GLOBAL_NAMES.items()}
-    q4 = gguf.GGMLQuantizationType.Q4_1
-    for name, p in model.state_dict().items():
-        a = p.detach().numpy()
-        if name.startswith("model.layers."):
-            _, _, n, rest = name.split(".", 3)
-            gname = f"blk.{n}.{layer[rest]}"
-        else:
-            gname = glob[name]
-        if a.ndim == 1:
-            w.add_tensor(gname, a)
-        else:  # (q/k rows left in Hugging Face order: a random model either way)
-            w.add_tensor(gname, gguf.quants.quantize(a, q4), raw_dtype=q4)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(path, LlamaModel(c).init_random(seed=0).float(), "Q4_1")
     return load_gguf(path)
 
 

@@ -6,9 +6,7 @@ order, and bad input."""
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 import torch
@@ -18,14 +16,13 @@ from specdec.decode import SpeculativeGenerator, beam_search
 from specdec.errors import CheckpointError, ConfigError, SpecdecError, SpecdecTypeError
 from specdec.models import LlamaConfig, LlamaModel, load_gguf, smollm2
 from specdec.models.gguf import (
-    _GLOBAL_NAMES,
-    _LAYER_NAMES,
     SUPPORTED_TENSOR_TYPES,
     chatml,
     smollm2_path,
 )
 from specdec.models.quant import kernel_available
 from specdec.testing import OracleDrafter
+from specdec.testing import write_gguf as write_tiny
 
 TEXTS = [
     "The capital of France is",
@@ -259,71 +256,6 @@ def test_vocabulary_and_regex_constraint_on_real_vocab(ours) -> None:  # type: i
 
 
 # -- tiny files written here ---------------------------------------------------------------
-
-
-def permute_like_llama_cpp(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's converter's row order for q/k: each head's two halves interleaved."""
-    return (
-        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
-
-
-TINY_TOKENS = [chr(c) for c in range(0x21, 0x7F)]  # a byte-level vocabulary's printable part
-
-
-def write_tiny(
-    path: Path,
-    model: LlamaModel,
-    qtype: str = "F32",
-    *,
-    arch: str = "llama",
-    override: dict[str, np.ndarray] | None = None,
-) -> None:
-    """``model`` written as llama.cpp would: metadata, a byte-level vocabulary, renamed tensors
-    with q/k rows permuted, quantized to ``qtype``."""
-    c = model.config
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(c.rope_theta)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_tokenizer_model("gpt2")
-    tokens = ["<|endoftext|>", *TINY_TOKENS, "\u0120", "he", "hel"]  # \u0120: a space
-    tokens += [f"<unused{i}>" for i in range(c.vocab_size - len(tokens))]
-    w.add_token_list(tokens)
-    w.add_token_merges(["h e", "he l"])
-    w.add_token_types([3] + [1] * (len(tokens) - 1))
-    w.add_eos_token_id(0)
-    names = {v: k for k, v in _GLOBAL_NAMES.items()}
-    layer = {v: k for k, v in _LAYER_NAMES.items()}
-    kind = gguf.GGMLQuantizationType[qtype]
-    for name, p in model.state_dict().items():
-        a = p.detach().numpy().astype(np.float32)
-        if name.startswith("model.layers."):
-            _, _, n, rest = name.split(".", 3)
-            gname = f"blk.{n}.{layer[rest]}"
-        else:
-            gname = names[name]
-        if gname.endswith("attn_q.weight"):
-            a = permute_like_llama_cpp(a, c.num_attention_heads)
-        elif gname.endswith("attn_k.weight"):
-            a = permute_like_llama_cpp(a, c.num_key_value_heads)
-        if override and gname in override:
-            w.add_tensor(gname, override[gname], raw_dtype=gguf.GGMLQuantizationType.Q4_K)
-        elif a.ndim == 1 or qtype == "F32":
-            w.add_tensor(gname, a)
-        else:
-            w.add_tensor(gname, gguf.quants.quantize(a, kind), raw_dtype=kind)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def tiny(tied: bool = False) -> LlamaModel:

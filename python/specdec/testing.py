@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -347,3 +348,74 @@ def pair_chi_square(
     obs = [counts.get(k, 0) for k in big] + [n - sum(counts.get(k, 0) for k in big)]
     exp = [exact[k] * n for k in big] + [n * (1 - sum(exact[k] for k in big))]
     return float(stats.chisquare(obs, exp).pvalue)
+
+
+def permute_like_llama_cpp(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter's row order for q/k: each head's two halves interleaved."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+_PRINTABLE = [chr(c) for c in range(0x21, 0x7F)]  # a byte-level vocabulary's printable part
+
+
+def write_gguf(
+    path: str | os.PathLike[str],
+    model: Any,
+    qtype: str = "F32",
+    *,
+    arch: str = "llama",
+    override: dict[str, np.ndarray] | None = None,
+) -> None:
+    """``model`` (a ``LlamaModel`` whose vocabulary has at least 98 tokens) written to ``path``
+    as llama.cpp would: metadata, a byte-level vocabulary, renamed tensors with q/k rows
+    permuted, 2-D tensors quantized to ``qtype`` (a GGUF type name); ``override``: raw
+    ``Q4_K`` data for some tensors (by GGUF name), to write a type the loader refuses."""
+    import gguf
+
+    from .models.gguf import _GLOBAL_NAMES, _LAYER_NAMES
+
+    c = model.config
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_tokenizer_model("gpt2")
+    tokens = ["<|endoftext|>", *_PRINTABLE, "\u0120", "he", "hel"]  # \u0120: a space
+    tokens += [f"<unused{i}>" for i in range(c.vocab_size - len(tokens))]
+    w.add_token_list(tokens)
+    w.add_token_merges(["h e", "he l"])
+    w.add_token_types([3] + [1] * (len(tokens) - 1))
+    w.add_eos_token_id(0)
+    names = {v: k for k, v in _GLOBAL_NAMES.items()}
+    layer = {v: k for k, v in _LAYER_NAMES.items()}
+    kind = gguf.GGMLQuantizationType[qtype]
+    for name, p in model.state_dict().items():
+        a = p.detach().numpy().astype(np.float32)
+        if name.startswith("model.layers."):
+            _, _, n, rest = name.split(".", 3)
+            gname = f"blk.{n}.{layer[rest]}"
+        else:
+            gname = names[name]
+        if gname.endswith("attn_q.weight"):
+            a = permute_like_llama_cpp(a, c.num_attention_heads)
+        elif gname.endswith("attn_k.weight"):
+            a = permute_like_llama_cpp(a, c.num_key_value_heads)
+        if override and gname in override:
+            w.add_tensor(gname, override[gname], raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+        elif a.ndim == 1 or qtype == "F32":
+            w.add_tensor(gname, a)
+        else:
+            w.add_tensor(gname, gguf.quants.quantize(a, kind), raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

@@ -193,6 +193,15 @@ def _version(t: Tensor) -> int:
         return -1
 
 
+def _cat_bias(ws: Sequence[Tensor], bs: Sequence[Tensor | None]) -> Tensor | None:
+    """The biases of layers ``ws`` fused into one (zeros for a layer without); None if none
+    has one."""
+    if all(b is None for b in bs):
+        return None
+    parts = [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(ws, bs, strict=True)]
+    return torch.cat(parts).detach()
+
+
 def _pack(ws: Sequence[Tensor], bs: Sequence[Tensor | None]) -> tuple[Tensor, Tensor | None]:
     """The packed concatenation of weights ``ws`` (and of their biases ``bs``), cached."""
     held = [*ws, *(b for b in bs if b is not None)]
@@ -207,14 +216,7 @@ def _pack(ws: Sequence[Tensor], bs: Sequence[Tensor | None]) -> tuple[Tensor, Te
         return hit[2], hit[3]
     w = ws[0] if len(ws) == 1 else torch.cat(list(ws))
     p: Tensor = torch.ops.mkldnn._reorder_linear_weight(w.detach())
-    bias = None
-    if any(b is not None for b in bs):
-        bias = torch.cat(
-            [
-                b if b is not None else wi.new_zeros(wi.shape[0])
-                for wi, b in zip(ws, bs, strict=True)
-            ]
-        ).detach()
+    bias = _cat_bias(ws, bs)
 
     def drop(_: object) -> None:  # a weight went: its packed copy goes
         _packed.pop(key, None)
@@ -569,15 +571,7 @@ class LlamaModel(nn.Module):
             found = [b for b in parts if b is not None]
             if len(found) != len(ws) or len({b.format for b in found}) != 1:
                 return False
-            bias = None
-            if any(b is not None for b in bs):
-                bias = torch.cat(
-                    [
-                        b if b is not None else w.new_zeros(w.shape[0])
-                        for w, b in zip(ws, bs, strict=True)
-                    ]
-                ).detach()
-            plan.append((stack(found), bias))
+            plan.append((stack(found), _cat_bias(ws, bs)))
             held += [*ws, *(b for b in bs if b is not None)]
         _watch_registrations()
         vers = [_version(t) for t in held]

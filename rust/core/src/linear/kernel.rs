@@ -124,6 +124,39 @@ pub mod avx512 {
         go!(1 2 3 4 5 6 7 8);
     }
 
+    /// Both k-chains of every row, at input column `k` (even) and `k + 1` (odd), with the 16
+    /// lanes' weights `w0` / `w1` there (a macro: closures would not see AVX-512).
+    macro_rules! accumulate {
+        ($x:ident, $cols:ident, $k:expr, $w0:ident, $w1:ident, $even:ident, $odd:ident) => {
+            for r in 0..$even.len() {
+                // SAFETY: row r of `x` holds `cols` values and k + 1 < cols (the callers'
+                // contracts).
+                let (x0, x1) = unsafe {
+                    let xr = $x.as_ptr().add(r * $cols + $k);
+                    (*xr, *xr.add(1))
+                };
+                $even[r] = _mm512_fmadd_ps(_mm512_set1_ps(x0), $w0, $even[r]);
+                $odd[r] = _mm512_fmadd_ps(_mm512_set1_ps(x1), $w1, $odd[r]);
+            }
+        };
+    }
+
+    /// `out[r] = even[r] + odd[r]`.
+    ///
+    /// # Safety
+    /// AVX-512F present.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn finish<const R: usize>(
+        even: &[__m512; R],
+        odd: &[__m512; R],
+        out: &mut [[f32; TILE]; MAX_ROWS],
+    ) {
+        for r in 0..R {
+            // SAFETY: `out[r]` is 16 floats.
+            unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), _mm512_add_ps(even[r], odd[r])) };
+        }
+    }
+
     /// # Safety
     /// AVX-512F present; `tile` holds `cols / 32` Q4_1 tile-blocks, `x` `R` rows of `cols`.
     #[target_feature(enable = "avx512f")]
@@ -161,21 +194,11 @@ pub mod avx512 {
                 let w0 = _mm512_fmadd_ps(d, _mm512_permutexvar_ps(q, ints), m);
                 let w1 =
                     _mm512_fmadd_ps(d, _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(q), ints), m);
-                for r in 0..R {
-                    // SAFETY: row r < R of `x` holds `cols` values and xb + 2 * k2 + 1 < cols.
-                    let (x0, x1) = unsafe {
-                        let xr = x.as_ptr().add(r * cols + xb + 2 * k2);
-                        (*xr, *xr.add(1))
-                    };
-                    even[r] = _mm512_fmadd_ps(_mm512_set1_ps(x0), w0, even[r]);
-                    odd[r] = _mm512_fmadd_ps(_mm512_set1_ps(x1), w1, odd[r]);
-                }
+                accumulate!(x, cols, xb + 2 * k2, w0, w1, even, odd);
             }
         }
-        for r in 0..R {
-            // SAFETY: `out[r]` is 16 floats.
-            unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), _mm512_add_ps(even[r], odd[r])) };
-        }
+        // SAFETY: AVX-512F is present (this function's own contract).
+        unsafe { finish(&even, &odd, out) };
     }
 
     /// # Safety
@@ -207,20 +230,10 @@ pub mod avx512 {
                 };
                 let w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d);
                 let w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d);
-                for r in 0..R {
-                    // SAFETY: row r < R of `x` holds `cols` values and xb + 2 * k2 + 1 < cols.
-                    let (x0, x1) = unsafe {
-                        let xr = x.as_ptr().add(r * cols + xb + 2 * k2);
-                        (*xr, *xr.add(1))
-                    };
-                    even[r] = _mm512_fmadd_ps(_mm512_set1_ps(x0), w0, even[r]);
-                    odd[r] = _mm512_fmadd_ps(_mm512_set1_ps(x1), w1, odd[r]);
-                }
+                accumulate!(x, cols, xb + 2 * k2, w0, w1, even, odd);
             }
         }
-        for r in 0..R {
-            // SAFETY: `out[r]` is 16 floats.
-            unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), _mm512_add_ps(even[r], odd[r])) };
-        }
+        // SAFETY: AVX-512F is present (this function's own contract).
+        unsafe { finish(&even, &odd, out) };
     }
 }

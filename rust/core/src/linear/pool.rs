@@ -39,6 +39,9 @@ struct Pool {
     job: AtomicPtr<Job<'static>>,
     /// Helpers inside the current job.
     active: AtomicUsize,
+    /// Jobs posted so far: a helper that served one does not enter it again while its caller
+    /// finishes (it would only find the counter spent).
+    posted: AtomicUsize,
     parked: Vec<(AtomicBool, OnceLock<Thread>)>,
     /// One caller at a time (the Python side calls from one thread; others wait here).
     busy: std::sync::Mutex<()>,
@@ -58,6 +61,7 @@ fn pool() -> &'static Pool {
         let p: &'static Pool = Box::leak(Box::new(Pool {
             job: AtomicPtr::new(std::ptr::null_mut()),
             active: AtomicUsize::new(0),
+            posted: AtomicUsize::new(0),
             parked: (0..helpers)
                 .map(|_| (AtomicBool::new(false), OnceLock::new()))
                 .collect(),
@@ -77,9 +81,10 @@ fn pool() -> &'static Pool {
 
 fn helper(p: &'static Pool, i: usize) {
     let mut idle_since = Instant::now();
+    let mut served = 0;
     loop {
-        let seen = p.job.load(SeqCst);
-        if !seen.is_null() {
+        let posted = p.posted.load(SeqCst);
+        if posted != served && !p.job.load(SeqCst).is_null() {
             p.active.fetch_add(1, SeqCst);
             let job = p.job.load(SeqCst);
             if !job.is_null() {
@@ -88,6 +93,7 @@ fn helper(p: &'static Pool, i: usize) {
                 unsafe { (*job).work() };
             }
             p.active.fetch_sub(1, SeqCst);
+            served = posted;
             idle_since = Instant::now();
             continue;
         }
@@ -125,6 +131,7 @@ pub fn run(chunks: usize, run: &(dyn Fn(usize) + Sync)) {
     };
     let ptr: *const Job<'_> = &job;
     p.job.store(ptr.cast_mut().cast(), SeqCst);
+    p.posted.fetch_add(1, SeqCst);
     for (flag, t) in &p.parked {
         if flag.load(SeqCst) {
             if let Some(t) = t.get() {
