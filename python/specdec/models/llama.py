@@ -599,7 +599,7 @@ class LlamaModel(nn.Module):
             qz.registrations = _registrations
         return qz.plan
 
-    def _linear_plan(self, packed: bool, rows: int = 0) -> _Groups | None:
+    def _linear_plan(self, packed: bool, rows: int) -> _Groups | None:
         """The step's linear groups: the quantized blocks for a step of ``rows`` rows where
         they apply (:meth:`_quant_groups`), else the packed groups with ``packed`` where
         they apply, else None (plain ``F.linear`` on the plain weights, restored first if

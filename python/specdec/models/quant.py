@@ -1,8 +1,9 @@
 """The target's linear layers on the GGUF file's own quantized blocks.
 
 A decode step of a small model reads every weight once and does little arithmetic with it,
-so its linear layers run at the speed of the memory read; a float32 copy of a ``Q4_1``
-matrix is 6.4x the bytes of the blocks. :func:`~specdec.models.gguf.load_gguf` therefore
+so the bytes it reads set much of its pace; a float32 copy of a ``Q4_1`` matrix is 6.4x the
+bytes of the blocks (at several rows the kernel's arithmetic sets the pace instead, and
+from ~60 rows oneDNN's float32 product is faster). :func:`~specdec.models.gguf.load_gguf` therefore
 keeps, beside the float32 weights it dequantizes (what autograd, ``state_dict`` and peers
 read), the blocks themselves as :class:`specdec._core.QuantMatrix` objects, and the model's
 forward multiplies by those when a step has few rows (:attr:`LlamaModel.quant_max_rows`).
