@@ -577,7 +577,8 @@ def test_adaptive_size_calibration_learns_what_ranks_deliver() -> None:
 
     main = [child(0), child(child(0))]
     cost = CostModel([1, 5, 9], [1.0, 1.0, 1.15])  # 4 nodes free, 8 cost 15% more
-    ab = AdaptiveBudget(cost, 8, growth=None, probe=False)
+    # With the exploration bonus (for callers that learn from verified cuts only).
+    ab = AdaptiveBudget(cost, 8, growth=None, probe=False, band_optimism=1.0)
     assert ab.choose([tree]).nodes == 8  # the drafter's word: nodes 5-8 worth the 15%
     for _ in range(100):
         ab.observe([tree], [np.array(main, dtype=np.int64)], 0.0)
@@ -662,6 +663,46 @@ def test_auto_budget_with_measured_costs_is_lossless(target: LlamaModel) -> None
     for p, r in zip(ps, res, strict=True):
         assert r.tokens == reference(target, p, 12)
         assert max(r.tree_sizes) <= 12
+
+
+def test_adaptive_budget_learns_from_the_nodes_it_did_not_verify(target: LlamaModel) -> None:
+    """Trees that never pay (every extra token costs ten plain steps): every step is plain,
+    nothing drafted is verified, yet each step's commit decides the drafted trees' depth-1
+    nodes (the walk would have accepted the one holding the committed token), and the
+    budget learns from them: its tried-node sums are the candidates' depth-1 probabilities
+    and matches, counted here one by one. Lossless throughout."""
+    cost = CostModel([1, 2, 64], [1.0, 10.0, 100.0])
+    gen = SpeculativeGenerator(
+        target,
+        OracleDrafter(target, miss=0.3, seed=3),
+        budget="auto",
+        max_budget=6,
+        cost_model=cost,
+    )
+    gen.adaptive = AdaptiveBudget(cost, 6, probe=False, cost_weight=math.inf)
+    drafted: list[specdec.DraftTree] = []
+    trees = gen._trees
+
+    def spy(*a, **k):  # type: ignore[no-untyped-def]
+        out = trees(*a, **k)
+        drafted.append(out[0][0])
+        return out
+
+    gen._trees = spy  # type: ignore[method-assign]
+    p = prompts(1, 5)[0]
+    res = gen.generate(p, 10)
+    assert res.tokens == reference(target, p, 10)
+    assert res.tree_sizes == [0] * len(res.tokens) and len(drafted) == len(res.tokens)
+    predicted = accepted = 0.0
+    for k, (whole, token) in enumerate(zip(drafted, res.tokens, strict=True)):
+        tree = whole.pruned(6, 10 - k - 1)  # what the step weighed: no deeper than needed
+        first = [i for i in range(1, tree.num_real) if tree.depths[i] == 1]
+        predicted += sum(math.exp(tree.logprobs[i]) for i in first)
+        accepted += sum(int(tree.tokens[i]) == token for i in first)
+    st = gen.adaptive.stats
+    assert accepted > 0
+    np.testing.assert_allclose(st.predicted[0].sum(), predicted, rtol=1e-9)
+    assert st.realised[0].sum() == accepted and st.realised[1].sum() == 0.0
 
 
 # -- bad input ---------------------------------------------------------------------------------

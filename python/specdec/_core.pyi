@@ -188,9 +188,16 @@ class BudgetStats:
         """``[2, bins]``: per depth class (depth 1, deeper) and bin, the calibration ratio."""
 
     def band_factors(
-        self, bands: int, *, prior: float, prior_weight: float, band_optimism: float
+        self,
+        bands: int,
+        *,
+        prior: float,
+        prior_weight: float,
+        band_optimism: float,
+        source: int = 0,
     ) -> npt.NDArray[np.float64]:
-        """``[bands]``: per rank band, the size calibration's factor."""
+        """``[bands]``: per rank band of ``source``'s trees (a request's candidate
+        position), the size calibration's factor."""
 
     def node_values(
         self,
@@ -200,9 +207,10 @@ class BudgetStats:
         prior_weight: float,
         band_optimism: float,
         sized: bool = True,
+        source: int = 0,
     ) -> npt.NDArray[np.float64]:
         """Each drafted node's expected contribution to the acceptance length; ``sized=False``:
-        before the size calibration."""
+        before the size calibration (``source``'s)."""
 
     def choose(
         self,
@@ -226,9 +234,25 @@ class BudgetStats:
         prior: float,
         prior_weight: float,
         band_optimism: float,
+        source: int = 0,
     ) -> None:
         """Learn from a verified tree: its accepted node indices (root excluded) or their
         count (the likeliest path's first nodes)."""
+
+    def observe_path(
+        self,
+        tree: TreeArrays,
+        path: npt.NDArray[np.int64],
+        *,
+        prior: float,
+        prior_weight: float,
+        band_optimism: float,
+        source: int = 0,
+    ) -> None:
+        """Learn from a drafted tree the step's rule decided beyond the nodes it verified:
+        ``path`` is the tokens the step committed (accepted, then the bonus), the rule's
+        choice at each depth of its path. A node within the path's length is accepted when
+        its tokens are the path's; one below its end counts its calibrated expectation."""
 
     @property
     def predicted(self) -> npt.NDArray[np.float64]:
@@ -240,11 +264,12 @@ class BudgetStats:
 
     @property
     def band_predicted(self) -> npt.NDArray[np.float64]:
-        """Per rank band: verified nodes' values summed."""
+        """``[sources, bands]``: per source and rank band, observed nodes' values summed (0
+        past a source's last band)."""
 
     @property
     def band_realised(self) -> npt.NDArray[np.float64]:
-        """Per rank band: verified nodes accepted."""
+        """``[sources, bands]``: per source and rank band, observed nodes accepted."""
 
     @property
     def tried(self) -> npt.NDArray[np.float64]:

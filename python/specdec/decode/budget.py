@@ -31,11 +31,20 @@ two CPU cores several times as much. So the choice is measured, not assumed:
   different ranks, trees and sources). A step shows the truth for every size it covers:
   a best-first tree's nodes are prefix-closed in order, and the walk accepts, on the tree
   cut to its first ``b`` nodes, exactly the accepted nodes among them (greedy, or sampling
-  with one sample per node). So values are scaled per rank band (1, 2, 3-4, 5-8, ...) by
-  accepted over predicted of that band's verified nodes (the size calibration), each band
-  shrunk towards the band before it (a band never verified takes the last measured one's
-  factor, not the drafter's word), plus a standard error of optimism so a band that looked
-  poor early is still tried (:meth:`AdaptiveBudget.band_factors`).
+  with one sample per node). So values are scaled per source (a request's candidate) and
+  rank band (1, 2, 3-4, 5-8, ...) by accepted over predicted of that band's observed
+  nodes (the size calibration), each band shrunk towards the band before it (a band never
+  observed takes the last measured one's factor, not the drafter's word)
+  (:meth:`AdaptiveBudget.band_factors`).
+* The statistics learn from every candidate tree drafted, whole, not from the verified cut
+  alone (:meth:`AdaptiveBudget.learn`): the walk accepts a child when its token is the
+  rule's choice at its parent, so the step's committed tokens decide the nodes it did not
+  verify too (those below the last committed token count their calibrated expectation).
+  Learnt from verified cuts, a size was measured only on the steps the budget already
+  chose it at, and a source only where it was picked: on SmolLM2's code prompts (block +
+  suffix, greedy) the trees' nodes of ranks 5-8 were valued at half of what they
+  accepted, and an exploration bonus on each band was needed to keep sizes in play; no
+  selection is left, so the bonus is off by default (``band_optimism``).
 * Between a combined drafter's candidate trees, each size takes the one the drafters
   expect to accept most on its first that many nodes (their own surrogate), valued as
   above (:attr:`AdaptiveBudget.pick`).
@@ -66,7 +75,7 @@ import numpy as np
 import torch
 
 from .. import _core
-from .._arrays import check_int
+from .._arrays import as_array, check_int
 from ..errors import ConfigError
 from ..protocols import Target
 from ..tree import DraftTree
@@ -261,25 +270,35 @@ class AdaptiveBudget:
     # 1: deeper ones (tried only once their parent was accepted). A suffix match's tokens
     # all say 1.0, but its first token is a guess and, once it holds, the rest of the
     # repeat mostly follows: one ratio for both undervalued the repeat or overvalued the
-    # guess. Per rank band (:func:`rank_bands`), over verified nodes: values predicted by
-    # the per-node calibration, and nodes accepted (the size calibration); one for all
-    # sources of a combined drafter (the per-node calibration keeps them apart; kept per
-    # source, each band had half the data and a suffix source's bands sank: block + suffix
-    # on edit at t=1 at 0.92 of the best fixed budget in the replay, 0.99 pooled). Per
-    # depth, for trees without probabilities: trees that reached it, and steps that
-    # accepted that deep.
+    # guess. Per source (a request's candidate: a combined drafter's model tree, 0, and
+    # suffix tree, 1) and rank band (:func:`rank_bands`), over observed nodes: values
+    # predicted by the per-node calibration, and nodes accepted (the size calibration).
+    # Per source because the sources err differently by rank: pooled, the suffix chains'
+    # failures priced the model's deeper ranks at half of what they accepted (block +
+    # suffix on SmolLM2's code prompts). That only works because every candidate is
+    # observed whole every step (:meth:`observe`); learnt from the verified cuts alone,
+    # each source's bands had only the steps it was picked at, and a suffix source's bands
+    # sank. Per depth, for trees without probabilities: trees that reached it, and steps
+    # that accepted that deep.
     stats: _core.BudgetStats = field(default_factory=_core.BudgetStats, repr=False)
-    # Standard errors added to each rank band's factor (:meth:`band_factors`).
-    band_optimism: float = 1.0
+    # Standard errors added to each rank band's factor (:meth:`band_factors`): an
+    # exploration bonus, for callers that observe only verified cuts (a band verified less
+    # after a poor start stops being measured). The generator observes every drafted
+    # tree whole, whatever size was verified, so there is nothing to explore: with 1.0 the
+    # bonus (about 0.2 after 60 steps) kept a suffix drafter's values 25% above what it
+    # accepted on SmolLM2's edit prompts at t=1.
+    band_optimism: float = 0.0
     # How :meth:`choose_among` ranks a request's candidate trees: ``"drafted"``, by the
     # drafters' own expected acceptance (their path probabilities summed), or
     # ``"calibrated"``, by the calibrated node values. Either way the values price the size.
-    # The calibration learns from verified trees only, and with the calibrated ranking a
-    # source is verified only where the calibration already favours it, so what it learns
-    # feeds back into what it gets to see; the drafters' ranking does not depend on it
+    # When the calibration learnt from verified trees only, with the calibrated ranking a
+    # source was verified only where the calibration already favoured it, so what it
+    # learnt fed back into what it got to see; the drafters' ranking did not depend on it
     # (block + suffix on SmolLM2's code prompts, greedy, in ``bench_budget_replay.py``:
     # 0.962 -> 0.996 of the best fixed budget at 128 tokens, 0.949 -> 0.998 at 64;
-    # ``benches/ab_pick.py`` compares the two rankings on the same steps).
+    # ``benches/ab_pick.py`` compares the two rankings on the same steps). Learning from
+    # every candidate now, the drafters' ranking still did better there (0.969 against
+    # 0.939; 24 against 23 cells within 5%).
     pick: Literal["drafted", "calibrated"] = "drafted"
     # Target forward seconds per (rows, most): the cost of every size a step weighs.
     _secs: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
@@ -339,17 +358,16 @@ class AdaptiveBudget:
         cal: np.ndarray = self.stats.calibration(**self._params)
         return cal
 
-    def band_factors(self, bands: int) -> np.ndarray:
-        """``[bands]``: per rank band (:func:`rank_bands`), accepted over predicted
-        (per-node calibrated) values of the verified nodes so far, shrunk towards the band
-        before it (worth ``prior_weight`` predicted tokens; band 0 towards ``prior``), plus
+    def band_factors(self, bands: int, source: int = 0) -> np.ndarray:
+        """``[bands]``: per rank band (:func:`rank_bands`) of ``source``'s trees (a
+        request's candidate position), accepted over predicted (per-node calibrated)
+        values of the observed nodes so far, shrunk towards the band before it (worth
+        ``prior_weight`` predicted tokens; band 0 towards ``prior``), plus
         ``band_optimism`` standard errors (accepted counts taken as Poisson), at least
-        0.02. The bonus keeps a band that looked poor early in play: it is verified less
-        often after that, so without it its estimate stops improving and trees shrink step
-        after step (block + suffix at t=1 on edit prompts fell to 0.87 of the best fixed
-        budget that way in ``bench_budget_replay.py``)."""
+        0.02."""
         bands = check_int(bands, "bands", 0, ConfigError)
-        f: np.ndarray = self.stats.band_factors(bands, **self._params)
+        source = check_int(source, "source", 0, ConfigError)
+        f: np.ndarray = self.stats.band_factors(bands, source=source, **self._params)
         return f
 
     def draft_depth(self, limit: int) -> int:
@@ -404,13 +422,16 @@ class AdaptiveBudget:
             return self.max_budget
         return min(self.max_budget, self.growth * (1 + max(self._depths, default=0)))
 
-    def node_values(self, tree: DraftTree, *, sized: bool = True) -> np.ndarray:
+    def node_values(self, tree: DraftTree, *, sized: bool = True, source: int = 0) -> np.ndarray:
         """Each drafted node's expected contribution to the acceptance length, in node
         order: its path probability with each step's conditional probability scaled by
         :attr:`calibration` (capped so no step is surer than certain), times its rank
-        band's factor (:meth:`band_factors`; not with ``sized=False``), at most 1. A tree
-        without probabilities takes its depths' measured acceptance rates."""
-        v: np.ndarray = self.stats.node_values(tree._arrays, sized=sized, **self._params)
+        band's factor (``source``'s, :meth:`band_factors`; not with ``sized=False``), at
+        most 1. A tree without probabilities takes its depths' measured acceptance rates."""
+        source = check_int(source, "source", 0, ConfigError)
+        v: np.ndarray = self.stats.node_values(
+            tree._arrays, sized=sized, source=source, **self._params
+        )
         return v
 
     def choose(self, trees: Sequence[DraftTree]) -> BudgetChoice:
@@ -485,6 +506,7 @@ class AdaptiveBudget:
         drafted: bool = True,
         forward: float | None = None,
         fed: int | None = None,
+        learn: bool = True,
     ) -> None:
         """Learn from a finished step: the trees verified, what each accepted (its accepted
         node indices, root excluded, as :attr:`~specdec.tree.WalkResult.accepted`; or just
@@ -492,7 +514,11 @@ class AdaptiveBudget:
         besides the forward (``host``, the draft's ``draft`` included), and whether it ran
         the drafter (``drafted``; the seconds of a step that did not are not learnt), and
         the target forward's seconds (``forward``) for the ``fed`` tokens of all rows
-        (default: every tree's nodes), which refine the cost model."""
+        (default: every tree's nodes), which refine the cost model.
+
+        The calibrations learn from the verified trees (as source 0), unless ``learn`` is
+        False: then the caller feeds them with :meth:`learn` (as the generator does, once
+        later steps have committed the tokens that decide every drafted node)."""
         counts = [int(a) if isinstance(a, int | np.integer) else len(a) for a in accepted]
         if self._probing:
             self._probing = False
@@ -501,9 +527,10 @@ class AdaptiveBudget:
             if paid:
                 self._plain = []  # draft again, and judge afresh
         self._depths = [*self._depths, max(counts, default=0)][-self.depth_window :]
-        for tree, acc in zip(trees, accepted, strict=True):
-            a = acc if isinstance(acc, int | np.integer) else np.asarray(acc, dtype=np.int64)
-            self.stats.observe(tree._arrays, a, **self._params)
+        if learn:
+            for tree, acc in zip(trees, accepted, strict=True):
+                a = acc if isinstance(acc, int | np.integer) else np.asarray(acc, dtype=np.int64)
+                self.stats.observe(tree._arrays, a, source=0, **self._params)
         if forward is not None and self.cost_weight < math.inf:
             self._learn_forward(sum(t.num_nodes for t in trees) if fed is None else fed, forward)
         if drafted:
@@ -511,6 +538,24 @@ class AdaptiveBudget:
             # statistics, not numpy: 16 floats, and numpy's median took 40 us a step.
             self.host_seconds = statistics.median(self._hosts)
             self.draft_seconds = statistics.median(self._drafts)
+
+    def learn(self, candidates: Sequence[DraftTree], path: Sequence[int] | np.ndarray) -> None:
+        """Learn from one request's candidate trees of a step (as :meth:`choose_among` got
+        them, whole: candidate ``j`` is source ``j``), given ``path``, the tokens the step
+        committed (the accepted ones, then the bonus): the walk accepts a child when its
+        token is the rule's choice at its parent, and the tokens committed are the rule's
+        choices along their path, so they decide every node they reach, verified or not;
+        nodes below the path's end count their calibrated expectation. Learnt from the
+        verified cuts alone, a size was measured only on the steps the budget already
+        chose it at, and a source only where it was picked. (Waiting for later steps'
+        commits to decide the deeper nodes too left the first steps on the prior for
+        longer, and did worse in ``bench_budget_replay.py``: 19 of 24 cells within 5%,
+        against 24.)"""
+        if len(path) == 0:  # nothing committed since (the request ended): all guessed
+            path = np.zeros(0, dtype=np.int64)
+        p = np.ascontiguousarray(as_array(path, np.int64, "path", 1, False, ConfigError))
+        for j, tree in enumerate(candidates):
+            self.stats.observe_path(tree._arrays, p, source=j, **self._params)
 
     def _learn_forward(self, fed: int, seconds: float) -> None:
         fed = check_int(fed, "fed", 1, ConfigError)

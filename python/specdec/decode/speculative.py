@@ -338,6 +338,7 @@ class SpeculativeGenerator:
         if self.auto and drafting:
             choice = self._adaptive().choose_among(cands)
             trees = [ts[p].pruned(choice.nodes) for ts, p in zip(cands, choice.picks, strict=True)]
+
             if isinstance(self.tree_drafter, CombinedDrafter):
                 for p in choice.picks:  # its candidates are (model tree, suffix tree)
                     self.tree_drafter.record(p == 1)
@@ -379,7 +380,13 @@ class SpeculativeGenerator:
                 draft=timings["draft"],
                 drafted=drafting,
                 forward=fwd if fwd > 0.0 else None,  # a clock too coarse to time it: skip
+                learn=not (self.auto and drafting),  # the candidates, whole, below
             )
+            if self.auto and drafting:
+                # The rule's choices along the committed path decide the candidates' nodes,
+                # verified or not.
+                for ts, s in zip(cands, steps, strict=True):
+                    self.adaptive.learn(ts, s.tokens)
         for req, tree, s in zip(reqs, trees, steps, strict=True):
             outputs.append(self._advance(req, tree, s, timings))
         return outputs

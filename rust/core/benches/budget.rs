@@ -33,7 +33,7 @@ fn bench_budget(c: &mut Criterion) {
     for step in 0..200 {
         let t = &trees[step % 2];
         stats
-            .observe(&p, &view(t), Accepted::Count(step % 4))
+            .observe(&p, &view(t), 0, Accepted::Count(step % 4))
             .unwrap();
     }
     let cands = vec![trees.iter().map(view).collect::<Vec<_>>()];
@@ -43,7 +43,8 @@ fn bench_budget(c: &mut Criterion) {
     c.bench_function("budget_observe_64_nodes", |bench| {
         bench.iter(|| {
             let mut s = stats.clone();
-            s.observe(&p, &view(&trees[0]), Accepted::Count(2)).unwrap();
+            s.observe(&p, &view(&trees[0]), 0, Accepted::Count(2))
+                .unwrap();
             black_box(s)
         })
     });

@@ -56,13 +56,21 @@ fn params() -> impl Strategy<Value = BudgetParams> {
     })
 }
 
-/// Statistics after observing `steps` (tree, accepted count) pairs.
+/// Statistics after observing `steps` (tree, accepted count) pairs, as sources 0 and 1
+/// by the count's parity.
 fn learnt(p: &BudgetParams, steps: &[(Tree, usize)]) -> BudgetStats {
     let mut s = BudgetStats::new();
     for (t, c) in steps {
-        s.observe(p, &t.view(true), Accepted::Count(*c)).unwrap();
+        s.observe(p, &t.view(true), c % 2, Accepted::Count(*c))
+            .unwrap();
     }
     s
+}
+
+/// A source's band sums: predicted, realised (empty if never observed).
+fn bands(s: &BudgetStats, source: usize) -> (Vec<f64>, Vec<f64>) {
+    let st = s.source(source);
+    (st.band_predicted.clone(), st.band_realised.clone())
 }
 
 /// Node `i`'s probability given its parent (0 below a node of probability 0).
@@ -120,7 +128,6 @@ proptest! {
         calibrated in any::<bool>(),
     ) {
         let stats = learnt(&p, &steps);
-        let cal = stats.calibration(&p);
         let views: Vec<Vec<TreeView<'_>>> =
             reqs.iter().map(|ts| ts.iter().map(|(t, s)| t.view(*s)).collect()).collect();
         let pick = if calibrated { Pick::Calibrated } else { Pick::Drafted };
@@ -131,8 +138,10 @@ proptest! {
             for (r, ts) in views.iter().enumerate() {
                 // Per candidate: its value on its first b nodes, and its rank (the drafter's
                 // path probabilities summed, or with Calibrated or no probabilities, the value).
-                let (sums, ranks): (Vec<f64>, Vec<f64>) = ts.iter().map(|t| {
-                    stats.node_values(&p, t, &cal, &mut values).unwrap();
+                let (sums, ranks): (Vec<f64>, Vec<f64>) = ts.iter().enumerate().map(|(j, t)| {
+                    // Candidate j is valued with source j's size calibration.
+                    let cal = stats.calibration(&p);
+                    stats.node_values(&p, t, j, &cal, &mut values).unwrap();
                     let value: f64 = values.iter().take(b).sum();
                     let rank = match t.logprobs {
                         Some(lp) if !calibrated => lp.iter().skip(1).take(b).map(|l| l.exp()).sum(),
@@ -152,14 +161,17 @@ proptest! {
     }
 
     #[test]
-    fn band_factors_are_shrunk_ratios(p in params(), steps in proptest::collection::vec((tree(), 0usize..6), 0..8)) {
+    fn band_factors_are_shrunk_ratios(
+        p in params(), steps in proptest::collection::vec((tree(), 0usize..6), 0..8), source in 0usize..3
+    ) {
         let stats = learnt(&p, &steps);
-        let f = stats.band_factors(&p, 8);
+        let f = stats.band_factors(&p, source, 8);
         let w = p.prior_weight;
         let mut before = p.prior;
+        let (pred, real) = bands(&stats, source);
         for (k, fk) in f.iter().enumerate() {
-            let pr = stats.band_predicted.get(k).copied().unwrap_or(0.0);
-            let a = stats.band_realised.get(k).copied().unwrap_or(0.0);
+            let pr = pred.get(k).copied().unwrap_or(0.0);
+            let a = real.get(k).copied().unwrap_or(0.0);
             before = (a + w * before) / (pr + w);
             prop_assert!(*fk >= before.max(0.02) - 1e-12);
             if p.band_optimism == 0.0 || pr == 0.0 {
@@ -175,7 +187,7 @@ proptest! {
     ) {
         let before = learnt(&p, &steps);
         let mut after = before.clone();
-        after.observe(&p, &t.view(true), Accepted::Count(count)).unwrap();
+        after.observe(&p, &t.view(true), 1, Accepted::Count(count)).unwrap();
         let n = t.parents.len();
         // The accepted path: the likeliest child, depth by depth (first of ties).
         let mut hit = vec![false; n];
@@ -197,10 +209,12 @@ proptest! {
         if n > 1 {
             prop_assert!((sum(&after.predicted) - sum(&before.predicted) - tried_q).abs() < 1e-9);
             prop_assert!((sum(&after.realised) - sum(&before.realised) - accepted).abs() < 1e-9);
-            let br: f64 = after.band_realised.iter().sum::<f64>() - before.band_realised.iter().sum::<f64>();
+            // Source 1's bands take it all; source 0's are untouched.
+            let (a1, b1) = (after.source(1), before.source(1));
+            let br: f64 = a1.band_realised.iter().sum::<f64>() - b1.band_realised.iter().sum::<f64>();
             prop_assert!((br - accepted).abs() < 1e-9);
-            let bands = rank_band(n - 1) + 1;
-            prop_assert!(after.band_predicted.len() >= bands);
+            prop_assert!(a1.band_predicted.len() > rank_band(n - 1));
+            prop_assert_eq!(after.source(0), before.source(0));
             // Depth statistics: every depth up to the tree's deepest was tried once.
             let deepest = *t.depths.iter().max().unwrap() as usize;
             for d in 0..deepest {
@@ -224,10 +238,134 @@ proptest! {
             path.push(node as i64);
         }
         let (mut a, mut b) = (BudgetStats::new(), BudgetStats::new());
-        a.observe(&p, &t.view(true), Accepted::Count(path.len())).unwrap();
-        b.observe(&p, &t.view(true), Accepted::Nodes(&path)).unwrap();
+        a.observe(&p, &t.view(true), 0, Accepted::Count(path.len())).unwrap();
+        b.observe(&p, &t.view(true), 0, Accepted::Nodes(&path)).unwrap();
         prop_assert_eq!(a, b);
     }
+}
+
+/// Node tokens with distinct siblings (a draft tree's children of one node are distinct
+/// tokens): each node's index among its parent's children.
+fn sibling_tokens(t: &Tree) -> Vec<i64> {
+    let mut next = vec![0i64; t.parents.len()];
+    let mut tokens = vec![0i64];
+    for &par in &t.parents[1..] {
+        tokens.push(next[par as usize]);
+        next[par as usize] += 1;
+    }
+    tokens
+}
+
+/// The nodes whose tokens from the root are the path's first tokens (brute force).
+fn on_path(t: &Tree, tokens: &[i64], path: &[i64]) -> Vec<bool> {
+    (0..t.parents.len())
+        .map(|i| {
+            let mut node = i;
+            while node > 0 {
+                let d = t.depths[node] as usize;
+                if path.get(d - 1) != Some(&tokens[node]) {
+                    return false;
+                }
+                node = t.parents[node] as usize;
+            }
+            true
+        })
+        .collect()
+}
+
+proptest! {
+    #[test]
+    fn observe_by_path_equals_observe_by_nodes_where_the_path_decides_every_node(
+        t in tree(), p in params(), picks in proptest::collection::vec(0i64..3, 0..48),
+        steps in proptest::collection::vec((tree(), 0usize..6), 0..4)
+    ) {
+        let tokens = sibling_tokens(&t);
+        let max_d = t.depths.iter().copied().max().unwrap_or(0) as usize;
+        let path: Vec<i64> = (0..=max_d).map(|d| picks.get(d).copied().unwrap_or(0)).collect();
+        let hit = on_path(&t, &tokens, &path);
+        let nodes: Vec<i64> = (1..t.parents.len()).filter(|&i| hit[i]).map(|i| i as i64).collect();
+        let (mut a, mut b) = (learnt(&p, &steps), learnt(&p, &steps));
+        a.observe(&p, &t.view(true), 0, Accepted::Path { tokens: &tokens, path: &path }).unwrap();
+        b.observe(&p, &t.view(true), 0, Accepted::Nodes(&nodes)).unwrap();
+        prop_assert_eq!(&a, &b);
+        // Unscored: the same per-depth counts.
+        let (mut a, mut b) = (BudgetStats::new(), BudgetStats::new());
+        a.observe(&p, &t.view(false), 0, Accepted::Path { tokens: &tokens, path: &path }).unwrap();
+        b.observe(&p, &t.view(false), 0, Accepted::Nodes(&nodes)).unwrap();
+        prop_assert_eq!(a, b);
+    }
+
+    #[test]
+    fn observe_by_path_counts_nodes_below_its_end_at_their_calibrated_expectation(
+        t in tree(), p in params(), picks in proptest::collection::vec(0i64..3, 0..6),
+        steps in proptest::collection::vec((tree(), 0usize..6), 0..4)
+    ) {
+        let tokens = sibling_tokens(&t);
+        let before = learnt(&p, &steps);
+        let cal = before.calibration(&p);
+        let mut after = before.clone();
+        after.observe(&p, &t.view(true), 0, Accepted::Path { tokens: &tokens, path: &picks }).unwrap();
+        let hit = on_path(&t, &tokens, &picks);
+        let n = t.parents.len();
+        // Brute force per node: decided (depth within the path) -> 1 or 0; below the
+        // path's end -> the product of calibrated conditionals up to the last decided
+        // ancestor, times whether that one was accepted.
+        let (was, now) = (bands(&before, 0).1, bands(&after, 0).1);
+        let mut realised = vec![0.0f64; was.len().max(rank_band(n.max(2) - 1) + 1)];
+        let (mut tried_q, mut tried_hits) = (0.0f64, 0.0f64);
+        for i in 1..n {
+            let mut e = 1.0;
+            let mut node = i;
+            while t.depths[node] as usize > picks.len() {
+                let q = cond(&t, node);
+                let class = usize::from(t.depths[node] > 1);
+                e *= (q * cal[class][bin(q)]).min(1.0);
+                node = t.parents[node] as usize;
+            }
+            e *= f64::from(u8::from(hit[node]));
+            realised[rank_band(i)] += e;
+            let par = t.parents[i] as usize;
+            if t.depths[i] as usize <= picks.len() && hit[par] {
+                tried_q += cond(&t, i);
+                tried_hits += f64::from(u8::from(hit[i]));
+            }
+        }
+        for (k, want) in realised.iter().enumerate() {
+            let got = now.get(k).copied().unwrap_or(0.0) - was.get(k).copied().unwrap_or(0.0);
+            prop_assert!((got - want).abs() <= 1e-9 * want.max(1.0), "band {}: {} vs {}", k, got, want);
+        }
+        let sum = |m: &[[f64; BINS]; 2]| m.iter().flatten().sum::<f64>();
+        let dq = sum(&after.predicted) - sum(&before.predicted);
+        let dh = sum(&after.realised) - sum(&before.realised);
+        prop_assert!((dq - tried_q).abs() <= 1e-9 * tried_q.max(1.0));
+        prop_assert!((dh - tried_hits).abs() <= 1e-9);
+    }
+}
+
+#[test]
+fn observe_by_path_needs_a_token_per_node() {
+    let p = BudgetParams {
+        prior: 1.0,
+        prior_weight: 2.0,
+        band_optimism: 1.0,
+    };
+    let t = Tree {
+        parents: vec![-1, 0, 1],
+        depths: vec![0, 1, 2],
+        logprobs: vec![0.0, -0.1, -0.3],
+    };
+    let err = BudgetStats::new()
+        .observe(
+            &p,
+            &t.view(true),
+            0,
+            Accepted::Path {
+                tokens: &[5, 6],
+                path: &[6],
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(err, BudgetError::Shape(_)), "{err}");
 }
 
 #[test]
@@ -243,7 +381,7 @@ fn calibration_starts_at_the_prior() {
             assert_eq!(*v, 1.0f64.min(1.0 / BIN_MID[b]));
         }
     }
-    assert_eq!(BudgetStats::new().band_factors(&p, 3), [1.0, 1.0, 1.0]);
+    assert_eq!(BudgetStats::new().band_factors(&p, 0, 3), [1.0, 1.0, 1.0]);
 }
 
 #[test]
@@ -263,7 +401,8 @@ fn unscored_trees_take_depth_rates() {
     s.path_values(&t.view(false), &s.calibration(&p), &mut v)
         .unwrap();
     assert_eq!(v, [0.5, 0.25, 0.5]); // nothing measured: halves per depth
-    s.observe(&p, &t.view(false), Accepted::Count(1)).unwrap();
+    s.observe(&p, &t.view(false), 0, Accepted::Count(1))
+        .unwrap();
     s.path_values(&t.view(false), &s.calibration(&p), &mut v)
         .unwrap();
     assert_eq!(v, [0.75, 0.25, 0.75]); // depth 1 reached once of once, depth 2 never
@@ -283,7 +422,7 @@ fn bad_trees_and_accepted_nodes_are_errors() {
         logprobs: vec![0.0; 4],
     };
     let err = s
-        .observe(&p, &t.view(true), Accepted::Count(0))
+        .observe(&p, &t.view(true), 0, Accepted::Count(0))
         .unwrap_err();
     assert_eq!(err, BudgetError::Parent { node: 2, parent: 3 });
     let err = s
@@ -292,14 +431,14 @@ fn bad_trees_and_accepted_nodes_are_errors() {
     assert_eq!(err, BudgetError::Parent { node: 2, parent: 3 });
     let mut v = Vec::new();
     let cal = s.calibration(&p);
-    assert!(s.node_values(&p, &t.view(false), &cal, &mut v).is_err());
+    assert!(s.node_values(&p, &t.view(false), 0, &cal, &mut v).is_err());
     let t = Tree {
         parents: vec![-1, 0],
         depths: vec![0, 1],
         logprobs: vec![0.0, -0.1],
     };
     let err = s
-        .observe(&p, &t.view(true), Accepted::Nodes(&[2]))
+        .observe(&p, &t.view(true), 0, Accepted::Nodes(&[2]))
         .unwrap_err();
     assert_eq!(
         err,
@@ -314,7 +453,7 @@ fn bad_trees_and_accepted_nodes_are_errors() {
         logprobs: vec![0.0, f64::NAN],
     };
     assert!(matches!(
-        s.observe(&p, &t.view(true), Accepted::Count(0)),
+        s.observe(&p, &t.view(true), 0, Accepted::Count(0)),
         Err(BudgetError::NaN { node: 1 })
     ));
     assert_eq!(s, BudgetStats::new()); // nothing learnt from a refused tree

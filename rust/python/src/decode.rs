@@ -64,6 +64,20 @@ impl<'a> Slices<'a> {
     }
 }
 
+/// Rows of different lengths as one 2-D array, zero-padded.
+fn padded<'py, 'a>(
+    py: Python<'py>,
+    rows: impl Iterator<Item = &'a [f64]>,
+) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let rows: Vec<&[f64]> = rows.collect();
+    let cols = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+    let mut flat = vec![0.0; rows.len() * cols];
+    for (r, row) in rows.iter().enumerate() {
+        flat[r * cols..r * cols + row.len()].copy_from_slice(row);
+    }
+    vec2_typed(py, flat, rows.len(), cols)
+}
+
 fn params(prior: f64, prior_weight: f64, band_optimism: f64) -> PyResult<BudgetParams> {
     let p = BudgetParams {
         prior,
@@ -107,14 +121,14 @@ impl BudgetStats {
         prior_weight: f64,
         band_optimism: f64,
     ) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        let cal = self
-            .0
-            .calibration(&params(prior, prior_weight, band_optimism)?);
+        let p = params(prior, prior_weight, band_optimism)?;
+        let cal = self.0.calibration(&p);
         vec2_typed(py, cal.iter().flatten().copied().collect(), 2, BINS)
     }
 
-    /// `[bands]`: per rank band, the size calibration's factor.
-    #[pyo3(signature = (bands, *, prior, prior_weight, band_optimism))]
+    /// `[bands]`: per rank band of `source`'s trees (a request's candidate position), the
+    /// size calibration's factor.
+    #[pyo3(signature = (bands, *, prior, prior_weight, band_optimism, source = 0))]
     fn band_factors<'py>(
         &self,
         py: Python<'py>,
@@ -122,14 +136,16 @@ impl BudgetStats {
         prior: f64,
         prior_weight: f64,
         band_optimism: f64,
+        source: usize,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let p = params(prior, prior_weight, band_optimism)?;
-        Ok(vec1(py, self.0.band_factors(&p, bands)))
+        Ok(vec1(py, self.0.band_factors(&p, source, bands)))
     }
 
     /// Each drafted node's expected contribution to the acceptance length (`[num_real -
-    /// 1]`); `sized=False`: before the size calibration.
-    #[pyo3(signature = (tree, *, prior, prior_weight, band_optimism, sized=true))]
+    /// 1]`); `sized=False`: before the size calibration (`source`'s, see `band_factors`).
+    #[pyo3(signature = (tree, *, prior, prior_weight, band_optimism, sized=true, source = 0))]
+    #[allow(clippy::too_many_arguments)]
     fn node_values<'py>(
         &self,
         py: Python<'py>,
@@ -138,6 +154,7 @@ impl BudgetStats {
         prior_weight: f64,
         band_optimism: f64,
         sized: bool,
+        source: usize,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let p = params(prior, prior_weight, band_optimism)?;
         let b = Borrowed::new(py, &tree)?;
@@ -146,7 +163,9 @@ impl BudgetStats {
         let cal = self.0.calibration(&p);
         let mut out = Vec::new();
         if sized {
-            self.0.node_values(&p, &view, &cal, &mut out).or_raise()?;
+            self.0
+                .node_values(&p, &view, source, &cal, &mut out)
+                .or_raise()?;
         } else {
             self.0.path_values(&view, &cal, &mut out).or_raise()?;
         }
@@ -204,9 +223,11 @@ impl BudgetStats {
         })
     }
 
-    /// Learn from a verified tree: `accepted` is its accepted node indices (int64 array,
-    /// root excluded) or their count (the likeliest path's first nodes).
-    #[pyo3(signature = (tree, accepted, *, prior, prior_weight, band_optimism))]
+    /// Learn from a verified tree of `source` (see `band_factors`): `accepted` is its
+    /// accepted node indices (int64 array, root excluded) or their count (the likeliest
+    /// path's first nodes).
+    #[pyo3(signature = (tree, accepted, *, prior, prior_weight, band_optimism, source = 0))]
+    #[allow(clippy::too_many_arguments)]
     fn observe(
         &mut self,
         py: Python<'_>,
@@ -215,6 +236,7 @@ impl BudgetStats {
         prior: f64,
         prior_weight: f64,
         band_optimism: f64,
+        source: usize,
     ) -> PyResult<()> {
         let p = params(prior, prior_weight, band_optimism)?;
         let b = Borrowed::new(py, &tree)?;
@@ -222,46 +244,69 @@ impl BudgetStats {
         let view = slices.view();
         if let Ok(nodes) = accepted.extract::<PyReadonlyArray1<'_, i64>>() {
             self.0
-                .observe(&p, &view, Accepted::Nodes(&as_slice(&nodes)))
+                .observe(&p, &view, source, Accepted::Nodes(&as_slice(&nodes)))
                 .or_raise()
         } else {
             let count = crate::errors::config_arg::<usize>(accepted)?;
-            self.0.observe(&p, &view, Accepted::Count(count)).or_raise()
+            self.0
+                .observe(&p, &view, source, Accepted::Count(count))
+                .or_raise()
         }
+    }
+
+    /// Learn from a drafted tree the step's rule decided beyond the nodes it verified:
+    /// `path` is the tokens the step committed (int64: accepted, then the bonus), the
+    /// rule's choice at each depth of its path (see the core's `Accepted::Path`); the
+    /// tree is `source`'s (see `band_factors`).
+    #[pyo3(signature = (tree, path, *, prior, prior_weight, band_optimism, source = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn observe_path(
+        &mut self,
+        py: Python<'_>,
+        tree: PyRef<'_, TreeArrays>,
+        path: PyReadonlyArray1<'_, i64>,
+        prior: f64,
+        prior_weight: f64,
+        band_optimism: f64,
+        source: usize,
+    ) -> PyResult<()> {
+        let p = params(prior, prior_weight, band_optimism)?;
+        let b = Borrowed::new(py, &tree)?;
+        let slices = Slices::new(&b);
+        let view = slices.view();
+        let tokens = read(tree.tokens(py))?;
+        let accepted = Accepted::Path {
+            tokens: &as_slice(&tokens),
+            path: &as_slice(&path),
+        };
+        self.0.observe(&p, &view, source, accepted).or_raise()
     }
 
     /// `[2, bins]` predicted (conditional probabilities summed) of tried nodes.
     #[getter]
     fn predicted<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        vec2_typed(
-            py,
-            self.0.predicted.iter().flatten().copied().collect(),
-            2,
-            BINS,
-        )
+        let flat = self.0.predicted.iter().flatten().copied().collect();
+        vec2_typed(py, flat, 2, BINS)
     }
 
     /// `[2, bins]` accepted tried nodes.
     #[getter]
     fn realised<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        vec2_typed(
-            py,
-            self.0.realised.iter().flatten().copied().collect(),
-            2,
-            BINS,
-        )
+        let flat = self.0.realised.iter().flatten().copied().collect();
+        vec2_typed(py, flat, 2, BINS)
     }
 
-    /// Per rank band: verified nodes' values summed.
+    /// `[sources, bands]`: per source and rank band, observed nodes' values summed (0
+    /// past a source's last band).
     #[getter]
-    fn band_predicted<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f64>> {
-        vec1(py, self.0.band_predicted.clone())
+    fn band_predicted<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        padded(py, self.0.sources.iter().map(|s| &s.band_predicted[..]))
     }
 
-    /// Per rank band: verified nodes accepted.
+    /// `[sources, bands]`: per source and rank band, observed nodes accepted.
     #[getter]
-    fn band_realised<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f64>> {
-        vec1(py, self.0.band_realised.clone())
+    fn band_realised<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        padded(py, self.0.sources.iter().map(|s| &s.band_realised[..]))
     }
 
     /// Per depth: verified trees that reached it.

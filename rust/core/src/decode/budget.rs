@@ -7,9 +7,12 @@
 //! * **Per-node calibration**: per depth class (depth 1, deeper) and bin of conditional
 //!   probability, accepted over predicted among tried nodes (parent accepted); each class
 //!   shrunk towards the other's ratio, itself shrunk towards `prior`.
-//! * **Size calibration**: per rank band (ranks 1, 2, 3-4, 5-8, ... of a best-first tree),
-//!   accepted over predicted (per-node calibrated) values of verified nodes, each band shrunk
-//!   towards the band before it, plus `band_optimism` standard errors.
+//! * **Size calibration**: per source (a request's candidate) and rank band (ranks 1, 2,
+//!   3-4, 5-8, ... of a best-first tree), accepted over predicted (per-node calibrated)
+//!   values of observed nodes, each band shrunk towards the band before it, plus
+//!   `band_optimism` standard errors.
+//! * Observed nodes: the verified ones, or with [`Accepted::Path`] every node of every
+//!   candidate the committed tokens decide.
 //! * **Per-depth acceptance** for trees without probabilities (explicit branches).
 
 use thiserror::Error;
@@ -119,11 +122,27 @@ impl TreeView<'_> {
 }
 
 /// What a verified step accepted of a tree: its accepted node indices (root excluded), or
-/// only their count (taken as the likeliest path's first nodes).
+/// only their count (taken as the likeliest path's first nodes), or the path the target's
+/// rule took.
 #[derive(Debug, Clone, Copy)]
 pub enum Accepted<'a> {
     Nodes(&'a [i64]),
     Count(usize),
+    /// The tokens the step committed (the accepted ones, then the bonus): the rule's
+    /// choice at each depth along its path, with `tokens` the tree's node tokens. The walk
+    /// accepts a child when its token is the rule's choice at its parent, so the path
+    /// decides every node of the tree it was cut from, not just the nodes verified: a node
+    /// is accepted when its tokens are the path's. Only nodes below the path's last token
+    /// are open; each counts its expected acceptance given that token (its calibrated
+    /// conditional probabilities from there). Learning from the whole drafted tree, not
+    /// the cut, removes a selection: a size is otherwise measured only on the steps the
+    /// budget already thought it paid at (over-confident suffix chains, mostly), so nodes
+    /// of ranks 5-8 of the block drafter's trees on SmolLM2's code prompts were valued at
+    /// half of what they accepted, and trees came out smaller than the best fixed size.
+    Path {
+        tokens: &'a [i64],
+        path: &'a [i64],
+    },
 }
 
 /// The rank band of a node rank (1-based position in a best-first tree): 1 -> 0, 2 -> 1,
@@ -172,6 +191,41 @@ pub struct Choice {
     pub picks: Vec<usize>,
 }
 
+/// The size calibration's sums for one source's trees (a request's candidate position: for
+/// a combined drafter 0 the model's tree, 1 the suffix index's). Per source: the sources'
+/// trees err differently by rank (suffix chains over-confident throughout, a model's
+/// deeper ranks under-valued), and one factor per band for both priced the model's trees
+/// with the suffix chains' failures. (The per-node calibration stays shared: its bins
+/// already part the sources' probabilities, and kept per source as well, block + suffix
+/// came out 3-4% slower in `bench_budget_replay.py`.)
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SourceStats {
+    /// Per rank band: observed nodes' values (per-node calibrated) summed.
+    pub band_predicted: Vec<f64>,
+    /// Per rank band: observed nodes accepted (or expected to be, see [`Accepted::Path`]).
+    pub band_realised: Vec<f64>,
+}
+
+impl SourceStats {
+    fn add(&mut self, other: &SourceStats) {
+        for (mine, theirs) in [
+            (&mut self.band_predicted, &other.band_predicted),
+            (&mut self.band_realised, &other.band_realised),
+        ] {
+            if mine.len() < theirs.len() {
+                mine.resize(theirs.len(), 0.0);
+            }
+            mine.iter_mut().zip(theirs).for_each(|(m, t)| *m += t);
+        }
+    }
+}
+
+/// A source nothing was learnt from yet.
+static UNSEEN: SourceStats = SourceStats {
+    band_predicted: Vec::new(),
+    band_realised: Vec::new(),
+};
+
 /// The learnt statistics (see the module docs).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BudgetStats {
@@ -179,10 +233,8 @@ pub struct BudgetStats {
     pub predicted: [[f64; BINS]; 2],
     /// Per (depth class, bin): tried nodes accepted.
     pub realised: [[f64; BINS]; 2],
-    /// Per rank band: verified nodes' values (per-node calibrated) summed.
-    pub band_predicted: Vec<f64>,
-    /// Per rank band: verified nodes accepted.
-    pub band_realised: Vec<f64>,
+    /// Per source: its size calibration's sums.
+    pub sources: Vec<SourceStats>,
     /// Per depth (0-based): verified trees that reached it.
     pub tried: Vec<f64>,
     /// Per depth: steps that accepted that deep.
@@ -192,6 +244,28 @@ pub struct BudgetStats {
 impl BudgetStats {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// What was learnt from `source`'s trees (nothing yet: all zero).
+    pub fn source(&self, source: usize) -> &SourceStats {
+        self.sources.get(source).unwrap_or(&UNSEEN)
+    }
+
+    /// Adds one tree's sums: `bins` (predicted, realised) to the per-node calibration's,
+    /// `bands` to `source`'s.
+    fn add(&mut self, source: usize, bins: &[[[f64; BINS]; 2]; 2], bands: &SourceStats) {
+        for (mine, theirs) in [
+            (&mut self.predicted, &bins[0]),
+            (&mut self.realised, &bins[1]),
+        ] {
+            for (m, t) in mine.iter_mut().flatten().zip(theirs.iter().flatten()) {
+                *m += t;
+            }
+        }
+        if self.sources.len() <= source {
+            self.sources.resize(source + 1, SourceStats::default());
+        }
+        self.sources[source].add(bands);
     }
 
     /// Per depth class and bin: accepted over predicted so far, shrunk towards the other
@@ -211,16 +285,17 @@ impl BudgetStats {
         out
     }
 
-    /// `[bands]`: per rank band, accepted over predicted values of the verified nodes,
-    /// shrunk towards the band before (band 0 towards `prior`), plus `band_optimism`
-    /// standard errors (accepted counts taken as Poisson); at least 0.02.
-    pub fn band_factors(&self, p: &BudgetParams, bands: usize) -> Vec<f64> {
+    /// `[bands]`: per rank band of `source`'s trees, accepted over predicted values of the
+    /// observed nodes, shrunk towards the band before (band 0 towards `prior`), plus
+    /// `band_optimism` standard errors (accepted counts taken as Poisson); at least 0.02.
+    pub fn band_factors(&self, p: &BudgetParams, source: usize, bands: usize) -> Vec<f64> {
         let w = p.prior_weight;
         let mut before = p.prior;
+        let st = self.source(source);
         (0..bands)
             .map(|k| {
-                let pr = self.band_predicted.get(k).copied().unwrap_or(0.0);
-                let a = self.band_realised.get(k).copied().unwrap_or(0.0);
+                let pr = st.band_predicted.get(k).copied().unwrap_or(0.0);
+                let a = st.band_realised.get(k).copied().unwrap_or(0.0);
                 before = (a + w * before) / (pr + w);
                 (before + p.band_optimism * (before * pr).sqrt() / (pr + w)).max(0.02)
             })
@@ -282,11 +357,12 @@ impl BudgetStats {
         &self,
         p: &BudgetParams,
         tree: &TreeView<'_>,
+        source: usize,
         cal: &[[f64; BINS]; 2],
         out: &mut Vec<f64>,
     ) -> Result<(), BudgetError> {
         tree.check()?;
-        self.node_values_checked(p, tree, cal, out);
+        self.node_values_checked(p, tree, source, cal, out);
         Ok(())
     }
 
@@ -294,6 +370,7 @@ impl BudgetStats {
         &self,
         p: &BudgetParams,
         tree: &TreeView<'_>,
+        source: usize,
         cal: &[[f64; BINS]; 2],
         out: &mut Vec<f64>,
     ) {
@@ -301,7 +378,7 @@ impl BudgetStats {
         if tree.logprobs.is_none() || out.is_empty() {
             return;
         }
-        let factors = self.band_factors(p, rank_band(out.len()) + 1);
+        let factors = self.band_factors(p, source, rank_band(out.len()) + 1);
         for (r, v) in out.iter_mut().enumerate() {
             *v = (*v * factors[rank_band(r + 1)]).min(1.0);
         }
@@ -330,7 +407,7 @@ impl BudgetStats {
             let row = &mut picks[r * (most + 1)..(r + 1) * (most + 1)];
             best_rank.fill(f64::NEG_INFINITY);
             for (j, tree) in trees.iter().enumerate() {
-                self.node_values_checked(p, tree, &cal, &mut values);
+                self.node_values_checked(p, tree, j, &cal, &mut values);
                 let drafted = tree.logprobs.filter(|_| pick == Pick::Drafted);
                 let (mut cum, mut rank) = (0.0, 0.0);
                 for b in 0..=most {
@@ -364,6 +441,7 @@ impl BudgetStats {
         &mut self,
         p: &BudgetParams,
         tree: &TreeView<'_>,
+        source: usize,
         accepted: Accepted<'_>,
     ) -> Result<(), BudgetError> {
         tree.check()?;
@@ -379,6 +457,16 @@ impl BudgetStats {
                 idx.len()
             }
             Accepted::Count(c) => c,
+            Accepted::Path { tokens, path } => {
+                if tokens.len() < n {
+                    return Err(BudgetError::Shape(format!(
+                        "num_real {n}, tokens {}",
+                        tokens.len()
+                    )));
+                }
+                self.observe_path(p, tree, source, tokens, path);
+                return Ok(());
+            }
         };
         if n <= 1 {
             return Ok(());
@@ -390,10 +478,10 @@ impl BudgetStats {
             hit[0] = true;
             match accepted {
                 Accepted::Nodes(idx) => idx.iter().for_each(|&i| hit[i as usize] = true),
-                Accepted::Count(c) => {
+                _ => {
                     // The likeliest child, depth by depth (the first of ties).
                     let mut node = 0;
-                    for _ in 0..c {
+                    for _ in 0..count {
                         let mut next: Option<usize> = None;
                         for i in node + 1..n {
                             if tree.parent(i) == node && next.is_none_or(|b| lp[i] > lp[b]) {
@@ -407,23 +495,24 @@ impl BudgetStats {
                 }
             }
             let bands = rank_band(n - 1) + 1;
-            if self.band_predicted.len() < bands {
-                self.band_predicted.resize(bands, 0.0);
-                self.band_realised.resize(bands, 0.0);
-            }
+            let mut bins = [[[0.0; BINS]; 2]; 2];
+            let mut d = SourceStats {
+                band_predicted: vec![0.0; bands],
+                band_realised: vec![0.0; bands],
+            };
             for i in 1..n {
                 let got = f64::from(u8::from(hit[i]));
                 let par = tree.parent(i);
                 if hit[par] {
                     let q = conditional(lp, i, par).exp();
                     let (class, bin) = (usize::from(tree.depths[i] > 1), bin_of(q));
-                    self.predicted[class][bin] += q;
-                    self.realised[class][bin] += got;
+                    bins[0][class][bin] += q;
+                    bins[1][class][bin] += got;
                 }
-                let band = rank_band(i);
-                self.band_predicted[band] += values[i - 1];
-                self.band_realised[band] += got;
+                d.band_predicted[rank_band(i)] += values[i - 1];
+                d.band_realised[rank_band(i)] += got;
             }
+            self.add(source, &bins, &d);
         }
         let max_d = tree.depths[1..n].iter().copied().max().unwrap_or(0).max(0) as usize;
         if self.tried.len() < max_d {
@@ -435,6 +524,81 @@ impl BudgetStats {
             self.reached[d] += f64::from(u8::from(count > d));
         }
         Ok(())
+    }
+
+    /// [`Self::observe`] of [`Accepted::Path`] (`tokens` checked to cover the tree).
+    fn observe_path(
+        &mut self,
+        p: &BudgetParams,
+        tree: &TreeView<'_>,
+        source: usize,
+        tokens: &[i64],
+        path: &[i64],
+    ) {
+        let n = tree.num_real;
+        if n <= 1 {
+            return;
+        }
+        let depth = |i: usize| tree.depths[i] as usize; // >= 1 for a drafted node (checked)
+        let known = |i: usize| depth(i) <= path.len();
+        let on_path = |i: usize| path.get(depth(i) - 1) == Some(&tokens[i]);
+        // Per node: 1 accepted, 0 rejected, or below the path's end, its expected
+        // acceptance given the last decided ancestor (calibrated conditionals multiplied).
+        let mut hit = vec![0.0f64; n];
+        hit[0] = 1.0;
+        // Per depth the path decides: whether the tree reached it and the path held there.
+        let (mut deepest, mut max_d) = (0usize, 0usize);
+        let scored = tree.logprobs.map(|lp| {
+            let cal = self.calibration(p);
+            let mut values = Vec::with_capacity(n - 1);
+            self.path_values_checked(tree, &cal, &mut values);
+            (lp, cal, values)
+        });
+        let bands = rank_band(n - 1) + 1;
+        let mut bins = [[[0.0; BINS]; 2]; 2];
+        let mut delta = SourceStats {
+            band_predicted: vec![0.0; bands],
+            band_realised: vec![0.0; bands],
+        };
+        for i in 1..n {
+            let par = tree.parent(i);
+            let class = usize::from(depth(i) > 1);
+            if known(i) {
+                max_d = max_d.max(depth(i));
+                // Decided: its parent accepted (then it was tried) or not (then neither).
+                if hit[par] == 1.0 {
+                    hit[i] = f64::from(u8::from(on_path(i)));
+                    if hit[i] == 1.0 {
+                        deepest = deepest.max(depth(i));
+                    }
+                    if let Some((lp, _, _)) = &scored {
+                        let q = conditional(lp, i, par).exp();
+                        bins[0][class][bin_of(q)] += q;
+                        bins[1][class][bin_of(q)] += hit[i];
+                    }
+                }
+            } else if let Some((lp, cal, _)) = &scored {
+                // Below the path's end: what the calibration expects given its parent.
+                let cond = conditional(lp, i, par);
+                let log_r = cal[class][bin_of(cond.exp())].ln().min(-cond);
+                hit[i] = hit[par] * (cond + log_r).exp();
+            }
+            if let Some((_, _, values)) = &scored {
+                delta.band_predicted[rank_band(i)] += values[i - 1];
+                delta.band_realised[rank_band(i)] += hit[i];
+            }
+        }
+        if scored.is_some() {
+            self.add(source, &bins, &delta);
+        }
+        if self.tried.len() < max_d {
+            self.tried.resize(max_d, 0.0);
+            self.reached.resize(max_d, 0.0);
+        }
+        for d in 0..max_d {
+            self.tried[d] += 1.0;
+            self.reached[d] += f64::from(u8::from(deepest > d));
+        }
     }
 }
 

@@ -90,7 +90,12 @@ fn helper(p: &'static Pool, i: usize) {
             if !job.is_null() {
                 // SAFETY: `job` was current after `active` counted us, so its caller is
                 // still waiting for `active` to drop to 0: the job outlives this use.
-                unsafe { (*job).work() };
+                let work = || unsafe { (*job).work() };
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).is_err() {
+                    // A chunk left undone would be a wrong product, and the caller would
+                    // wait for this helper forever: neither is acceptable.
+                    std::process::abort();
+                }
             }
             p.active.fetch_sub(1, SeqCst);
             served = posted;
@@ -131,6 +136,8 @@ pub fn run(chunks: usize, run: &(dyn Fn(usize) + Sync)) {
     };
     let ptr: *const Job<'_> = &job;
     p.job.store(ptr.cast_mut().cast(), SeqCst);
+    // Dropped before `job`, also if a chunk panics here: no helper may see the job after.
+    let _retire = Retire(p);
     p.posted.fetch_add(1, SeqCst);
     for (flag, t) in &p.parked {
         if flag.load(SeqCst) {
@@ -140,8 +147,16 @@ pub fn run(chunks: usize, run: &(dyn Fn(usize) + Sync)) {
         }
     }
     job.work();
-    p.job.store(std::ptr::null_mut(), SeqCst);
-    while p.active.load(SeqCst) != 0 {
-        std::hint::spin_loop(); // a helper finishing its last chunk
+}
+
+/// Withdraws the current job and waits until no helper is inside it.
+struct Retire(&'static Pool);
+
+impl Drop for Retire {
+    fn drop(&mut self) {
+        self.0.job.store(std::ptr::null_mut(), SeqCst);
+        while self.0.active.load(SeqCst) != 0 {
+            std::hint::spin_loop(); // a helper finishing its last chunk
+        }
     }
 }
