@@ -207,6 +207,14 @@ pub struct SourceStats {
 }
 
 impl SourceStats {
+    /// Zero sums for `bands` rank bands (one tree's, before it is added).
+    fn zeros(bands: usize) -> Self {
+        SourceStats {
+            band_predicted: vec![0.0; bands],
+            band_realised: vec![0.0; bands],
+        }
+    }
+
     fn add(&mut self, other: &SourceStats) {
         for (mine, theirs) in [
             (&mut self.band_predicted, &other.band_predicted),
@@ -494,12 +502,8 @@ impl BudgetStats {
                     }
                 }
             }
-            let bands = rank_band(n - 1) + 1;
             let mut bins = [[[0.0; BINS]; 2]; 2];
-            let mut d = SourceStats {
-                band_predicted: vec![0.0; bands],
-                band_realised: vec![0.0; bands],
-            };
+            let mut d = SourceStats::zeros(rank_band(n - 1) + 1);
             for i in 1..n {
                 let got = f64::from(u8::from(hit[i]));
                 let par = tree.parent(i);
@@ -554,12 +558,8 @@ impl BudgetStats {
             self.path_values_checked(tree, &cal, &mut values);
             (lp, cal, values)
         });
-        let bands = rank_band(n - 1) + 1;
         let mut bins = [[[0.0; BINS]; 2]; 2];
-        let mut delta = SourceStats {
-            band_predicted: vec![0.0; bands],
-            band_realised: vec![0.0; bands],
-        };
+        let mut delta = SourceStats::zeros(rank_band(n - 1) + 1);
         for i in 1..n {
             let par = tree.parent(i);
             let class = usize::from(depth(i) > 1);
