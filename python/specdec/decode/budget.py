@@ -276,7 +276,7 @@ class AdaptiveBudget:
     # Per source because the sources err differently by rank: pooled, the suffix chains'
     # failures priced the model's deeper ranks at half of what they accepted (block +
     # suffix on SmolLM2's code prompts). That only works because every candidate is
-    # observed whole every step (:meth:`observe`); learnt from the verified cuts alone,
+    # observed whole every step (:meth:`learn`); learnt from the verified cuts alone,
     # each source's bands had only the steps it was picked at, and a suffix source's bands
     # sank. Per depth, for trees without probabilities: trees that reached it, and steps
     # that accepted that deep.
@@ -517,8 +517,8 @@ class AdaptiveBudget:
         (default: every tree's nodes), which refine the cost model.
 
         The calibrations learn from the verified trees (as source 0), unless ``learn`` is
-        False: then the caller feeds them with :meth:`learn` (as the generator does, once
-        later steps have committed the tokens that decide every drafted node)."""
+        False: then the caller feeds them with :meth:`learn` (as the generator does, with
+        each request's candidate trees and the tokens the step committed)."""
         counts = [int(a) if isinstance(a, int | np.integer) else len(a) for a in accepted]
         if self._probing:
             self._probing = False
@@ -551,7 +551,7 @@ class AdaptiveBudget:
         commits to decide the deeper nodes too left the first steps on the prior for
         longer, and did worse in ``bench_budget_replay.py``: 19 of 24 cells within 5%,
         against 24.)"""
-        if len(path) == 0:  # nothing committed since (the request ended): all guessed
+        if len(path) == 0:  # an empty list would read as float64: every node is guessed
             path = np.zeros(0, dtype=np.int64)
         p = np.ascontiguousarray(as_array(path, np.int64, "path", 1, False, ConfigError))
         for j, tree in enumerate(candidates):

@@ -338,7 +338,6 @@ class SpeculativeGenerator:
         if self.auto and drafting:
             choice = self._adaptive().choose_among(cands)
             trees = [ts[p].pruned(choice.nodes) for ts, p in zip(cands, choice.picks, strict=True)]
-
             if isinstance(self.tree_drafter, CombinedDrafter):
                 for p in choice.picks:  # its candidates are (model tree, suffix tree)
                     self.tree_drafter.record(p == 1)
