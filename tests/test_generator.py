@@ -350,8 +350,10 @@ def test_adaptive_budget_follows_the_hardware() -> None:
     # GPU-like: the chain and more, once the trust region has seen acceptance that pays.
     assert AdaptiveBudget(FAST_COST, 32, growth=None).choose([tree]).nodes >= 6
     fast = AdaptiveBudget(FAST_COST, 32)
-    assert fast.choose([tree]).nodes == 4  # growth x 1 before any step
-    fast.observe([tree.pruned(4)], [4], 0.0)
+    g = fast.growth
+    assert g is not None
+    assert fast.choose([tree]).nodes == g  # growth x 1 before any step
+    fast.observe([tree.pruned(g)], [g], 0.0)  # then growth x (1 + g)
     assert fast.choose([tree]).nodes >= 6
     assert AdaptiveBudget(SLOW_COST, 32).choose([tree]).nodes == 0  # no tree pays
     # Unscored trees (explicit branches) use the measured per-depth acceptance.

@@ -262,7 +262,11 @@ class AdaptiveBudget:
     # from calibration that the first steps have not learnt yet: a suffix drafter's
     # first tree (every count-based probability 1.0) was worth 47 nodes by the prior and
     # cost three steps' time; the cap lets trees grow as fast as acceptance shows they pay.
-    growth: int | None = 4
+    # 2 rather than 4: on SmolLM2 (2 CPU cores) the suffix drafter's trees beyond twice
+    # their recent acceptance mostly did not pay at t=1 (bench_budget_replay.py: 24 of 24
+    # cells within 5% of the best fixed budget, worst 0.971, against 0.965 and 0.938 in two
+    # runs at 4; suffix edit t=1 0.964 -> 0.975).
+    growth: int | None = 2
     _depths: list[int] = field(default_factory=list)
     # The learnt statistics (in Rust, :class:`specdec._core.BudgetStats`): per (depth
     # class, bin of CALIBRATION_BINS), over tried nodes, predicted (conditional
