@@ -64,6 +64,17 @@ impl<'a> Slices<'a> {
     }
 }
 
+/// Lends one tree to the core for `f`: its arrays borrowed, viewed as slices.
+fn with_view<R>(
+    py: Python<'_>,
+    tree: &TreeArrays,
+    f: impl FnOnce(&TreeView<'_>) -> PyResult<R>,
+) -> PyResult<R> {
+    let b = Borrowed::new(py, tree)?;
+    let slices = Slices::new(&b);
+    f(&slices.view())
+}
+
 /// Rows of different lengths as one 2-D array, zero-padded.
 fn padded<'py, 'a>(
     py: Python<'py>,
@@ -157,18 +168,16 @@ impl BudgetStats {
         source: usize,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let p = params(prior, prior_weight, band_optimism)?;
-        let b = Borrowed::new(py, &tree)?;
-        let slices = Slices::new(&b);
-        let view = slices.view();
         let cal = self.0.calibration(&p);
         let mut out = Vec::new();
-        if sized {
-            self.0
-                .node_values(&p, &view, source, &cal, &mut out)
-                .or_raise()?;
-        } else {
-            self.0.path_values(&view, &cal, &mut out).or_raise()?;
-        }
+        with_view(py, &tree, |view| {
+            if sized {
+                self.0.node_values(&p, view, source, &cal, &mut out)
+            } else {
+                self.0.path_values(view, &cal, &mut out)
+            }
+            .or_raise()
+        })?;
         Ok(vec1(py, out))
     }
 
@@ -239,19 +248,15 @@ impl BudgetStats {
         source: usize,
     ) -> PyResult<()> {
         let p = params(prior, prior_weight, band_optimism)?;
-        let b = Borrowed::new(py, &tree)?;
-        let slices = Slices::new(&b);
-        let view = slices.view();
-        if let Ok(nodes) = accepted.extract::<PyReadonlyArray1<'_, i64>>() {
-            self.0
-                .observe(&p, &view, source, Accepted::Nodes(&as_slice(&nodes)))
-                .or_raise()
-        } else {
-            let count = crate::errors::config_arg::<usize>(accepted)?;
-            self.0
-                .observe(&p, &view, source, Accepted::Count(count))
-                .or_raise()
-        }
+        let nodes = accepted.extract::<PyReadonlyArray1<'_, i64>>().ok();
+        let nodes = nodes.as_ref().map(as_slice);
+        let acc = match &nodes {
+            Some(nodes) => Accepted::Nodes(nodes),
+            None => Accepted::Count(crate::errors::config_arg::<usize>(accepted)?),
+        };
+        with_view(py, &tree, |view| {
+            self.0.observe(&p, view, source, acc).or_raise()
+        })
     }
 
     /// Learn from a drafted tree the step's rule decided beyond the nodes it verified:
@@ -271,15 +276,15 @@ impl BudgetStats {
         source: usize,
     ) -> PyResult<()> {
         let p = params(prior, prior_weight, band_optimism)?;
-        let b = Borrowed::new(py, &tree)?;
-        let slices = Slices::new(&b);
-        let view = slices.view();
         let tokens = read(tree.tokens(py))?;
-        let accepted = Accepted::Path {
-            tokens: &as_slice(&tokens),
-            path: &as_slice(&path),
+        let (tokens, path) = (as_slice(&tokens), as_slice(&path));
+        let acc = Accepted::Path {
+            tokens: &tokens,
+            path: &path,
         };
-        self.0.observe(&p, &view, source, accepted).or_raise()
+        with_view(py, &tree, |view| {
+            self.0.observe(&p, view, source, acc).or_raise()
+        })
     }
 
     /// `[2, bins]` predicted (conditional probabilities summed) of tried nodes.
