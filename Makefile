@@ -20,7 +20,7 @@ lint:
 	cargo clippy --workspace --all-targets -- -D warnings
 	$(PYTHON) -m ruff check python tests benches
 	$(PYTHON) -m ruff format --check python tests benches
-	$(PYTHON) -m mypy --strict python/specdec
+	$(PYTHON) -m mypy --strict python/specdec benches
 	$(PYTHON) -m mypy.stubtest specdec._core --allowlist stubtest_allowlist.txt
 
 bench:

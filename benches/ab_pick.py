@@ -114,7 +114,7 @@ def main() -> None:
                     steps.append((len(em), list(cands[0]), values, choice.nodes))
                     return choice
 
-                ab.choose_among = record  # type: ignore[method-assign]
+                ab.choose_among = record  # type: ignore[method-assign,assignment]
                 gen.submit(ids, args.tokens, stop_tokens=eos, seed=0 if rule else None)
                 while gen.has_unfinished():
                     for out in gen.step():

@@ -124,12 +124,13 @@ def tiny_pair() -> tuple[LlamaModel, Any, list[int], int]:
     from transformers import LlamaConfig as HFConfig
     from transformers import LlamaForCausalLM
 
-    cfg = dict(
+    cfg: dict[str, Any] = dict(
         vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
     )  # fmt: skip
-    ours = LlamaModel(LlamaConfig(**cfg)).init_random(0)  # type: ignore[arg-type]
-    hf = LlamaForCausalLM(HFConfig(**cfg)).eval()
+    ours = LlamaModel(LlamaConfig(**cfg)).init_random(0)
+    hf: Any = LlamaForCausalLM(HFConfig(**cfg))
+    hf.eval()
     hf.load_state_dict(ours.state_dict())
     return ours, hf, list(range(1, 40)), 2
 
@@ -142,8 +143,11 @@ def smollm2_pair(prompt: str) -> tuple[LlamaModel, Any, list[int], int]:
 
     loaded = smollm2()
     f = smollm2_path()
-    hf = AutoModelForCausalLM.from_pretrained(f.parent, gguf_file=f.name, dtype=torch.float32)
-    return loaded.model, hf.eval(), loaded.encode_chat(PROMPTS[prompt]), loaded.eos_token_id
+    hf: Any = AutoModelForCausalLM.from_pretrained(f.parent, gguf_file=f.name, dtype=torch.float32)
+    hf.eval()
+    if loaded.eos_token_id is None:  # beam search's EOS semantics are what is measured
+        raise SystemExit("the GGUF file names no EOS token")
+    return loaded.model, hf, loaded.encode_chat(PROMPTS[prompt]), loaded.eos_token_id
 
 
 def main() -> None:

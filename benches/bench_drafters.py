@@ -33,6 +33,7 @@ measurement).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import time
@@ -87,16 +88,28 @@ class Banned:
         self.inner.check_target(target)
 
     def draft(self, requests: Sequence[DraftRequest], depth: int) -> torch.Tensor:
-        x = self.inner.draft(requests, depth)
+        x: torch.Tensor = self.inner.draft(requests, depth)
         kth = x.topk(self.k, -1).values[..., -1:]
         return x.masked_fill(x < kth, float("-inf"))
 
 
+Factory = Callable[[Any, Any], SpeculativeGenerator]
+
+
+def _factory(mk: Callable[[], Any], **kw: Any) -> Factory:
+    """A generator factory (target, rule) drafting with a new ``mk()``, configured by ``kw``."""
+
+    def make(target: Any, rule: Any) -> SpeculativeGenerator:
+        return SpeculativeGenerator(target, mk(), rule=rule, **kw)
+
+    return make
+
+
 def engines(
     block: Any, medusa: Any, budgets: Sequence[int], cost: Any
-) -> list[tuple[str, str, str, Callable[[Any, Any], Any]]]:
+) -> list[tuple[str, str, str, Factory]]:
     """(drafter, engine, budget label, factory(target, rule))."""
-    out: list[tuple[str, str, str, Callable[[Any, Any], Any]]] = []
+    out: list[tuple[str, str, str, Factory]] = []
     kinds: list[tuple[str, Callable[[], Any], int]] = [
         ("suffix", lambda: SuffixDrafter(max_depth=16), 8)
     ]
@@ -115,53 +128,14 @@ def engines(
         )
     for name, mk, depth in kinds:
         out.append(
-            (
-                name,
-                f"chain {depth}",
-                str(depth),
-                lambda t, r, mk=mk, d=depth: SpeculativeGenerator(
-                    t, mk(), strategy="chain", depth=d, rule=r
-                ),
-            )
+            (name, f"chain {depth}", str(depth), _factory(mk, strategy="chain", depth=depth))
         )
         if name == "block" and depth > 4:  # the same depth as the Medusa heads
-            out.append(
-                (
-                    name,
-                    "chain 4",
-                    "4",
-                    lambda t, r, mk=mk: SpeculativeGenerator(
-                        t, mk(), strategy="chain", depth=4, rule=r
-                    ),
-                )
-            )
+            out.append((name, "chain 4", "4", _factory(mk, strategy="chain", depth=4)))
         for b in budgets:
-            out.append(
-                (
-                    name,
-                    f"ddtree B={b}",
-                    str(b),
-                    lambda t, r, mk=mk, d=depth, b=b: SpeculativeGenerator(
-                        t, mk(), depth=d, budget=b, rule=r
-                    ),
-                )
-            )
-        out.append(
-            (
-                name,
-                "ddtree auto",
-                "auto",
-                lambda t, r, mk=mk, d=depth: SpeculativeGenerator(
-                    t,
-                    mk(),
-                    depth=d,
-                    budget="auto",
-                    max_budget=max(budgets),
-                    cost_model=cost,
-                    rule=r,
-                ),  # fmt: skip
-            )
-        )
+            out.append((name, f"ddtree B={b}", str(b), _factory(mk, depth=depth, budget=b)))
+        auto = _factory(mk, depth=depth, budget="auto", max_budget=max(budgets), cost_model=cost)
+        out.append((name, "ddtree auto", "auto", auto))
     return out
 
 
@@ -217,8 +191,8 @@ def run(args: argparse.Namespace) -> list[Row]:
             part = [e for e in part if e[0] in keep]
         if len(choices) > 1:
             part = [
-                (_label(name, choice), *rest)
-                for name, *rest in part
+                (_label(name, choice), engine, label, make)
+                for name, engine, label, make in part
                 if name != "suffix" or i == 0  # the suffix drafter has no vocabulary
             ]
         table += part
@@ -229,8 +203,10 @@ def run(args: argparse.Namespace) -> list[Row]:
                     f"block top-{k} (rest -inf)",
                     "ddtree B=32",
                     "32",
-                    lambda t, r, k=k: SpeculativeGenerator(
-                        t, Banned(block, k), depth=block.config.block_size, budget=32, rule=r
+                    _factory(
+                        functools.partial(Banned, block, k),
+                        depth=block.config.block_size,
+                        budget=32,
                     ),
                 )
             )

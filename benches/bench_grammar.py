@@ -102,11 +102,21 @@ class Engine:
     available = True
     reason = ""
 
-    def compile(self, pattern: str) -> Any: ...
-    def matcher(self, compiled: Any) -> Any: ...
-    def fill(self, m: Any, buf: Any) -> None: ...
-    def accept(self, m: Any, tok: int) -> bool: ...
-    def buffer(self, vocab_size: int) -> Any: ...
+    def compile(self, pattern: str) -> Any:
+        raise NotImplementedError
+
+    def matcher(self, compiled: Any) -> Any:
+        raise NotImplementedError
+
+    def fill(self, m: Any, buf: Any) -> None:
+        raise NotImplementedError
+
+    def accept(self, m: Any, tok: int) -> bool:
+        raise NotImplementedError
+
+    def buffer(self, vocab_size: int) -> Any:
+        raise NotImplementedError
+
     def as_numpy(self, buf: Any) -> np.ndarray:
         return buf if isinstance(buf, np.ndarray) else buf.numpy()
 
@@ -134,7 +144,7 @@ class Specdec(Engine):
         m.fill_next_token_bitmask(buf, 0)
 
     def accept(self, m: Any, tok: int) -> bool:
-        return m.accept_token(tok)
+        return bool(m.accept_token(tok))
 
 
 class XGrammar(Engine):
@@ -164,13 +174,15 @@ class XGrammar(Engine):
         m.fill_next_token_bitmask(buf, 0)
 
     def accept(self, m: Any, tok: int) -> bool:
-        return m.accept_token(tok)
+        return bool(m.accept_token(tok))
 
 
 class LLGuidance(Engine):
     name = "llguidance"
 
-    def __init__(self, tokens: list[bytes | None], eos: int, encode: Callable) -> None:
+    def __init__(
+        self, tokens: list[bytes | None], eos: int, encode: Callable[[str], list[int]]
+    ) -> None:
         import llguidance
         import llguidance.numpy as lnp
 
@@ -213,7 +225,7 @@ class LLGuidance(Engine):
         self.lnp.fill_next_token_bitmask(m, buf, 0)
 
     def accept(self, m: Any, tok: int) -> bool:
-        return m.consume_token(tok)
+        return bool(m.consume_token(tok))
 
 
 class OutlinesCore(Engine):
@@ -253,7 +265,13 @@ class OutlinesCore(Engine):
         return True
 
 
-def run_engine(eng: Engine, cases: list, token_ids: dict, vocab_size: int, eos: int) -> dict:
+def run_engine(
+    eng: Engine,
+    cases: list[tuple[str, str, str]],
+    token_ids: dict[str, list[int]],
+    vocab_size: int,
+    eos: int,
+) -> dict[str, Any]:
     compile_ms: dict[str, float] = {}
     masks: list[float] = []
     masks_warm: list[float] = []
@@ -302,7 +320,10 @@ def run_engine(eng: Engine, cases: list, token_ids: dict, vocab_size: int, eos: 
 
 
 def tree_bench(
-    vocab: Vocabulary, encode: Callable, reps: int, sizes: tuple[int, ...] = (64, 256)
+    vocab: Vocabulary,
+    encode: Callable[[str], list[int]],
+    reps: int,
+    sizes: tuple[int, ...] = (64, 256),
 ) -> list[str]:
     rows = []
     rng = random.Random(0)
@@ -402,7 +423,7 @@ def main() -> None:
         except Exception as e:
             missing.append(f"{type(e).__name__}: {e}")
 
-    results: dict[str, dict] = {}
+    results: dict[str, dict[str, Any]] = {}
     # Engines interleaved per repeat so machine noise hits all of them alike; samples pooled
     # (per-regex figures: median over repeats).
     for rep in range(args.repeats):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -205,12 +206,12 @@ class PyManager:
 # ---- workloads -----------------------------------------------------------------------------
 
 
-def make_ops(n_ops: int, n_seqs: int, seed: int) -> list[tuple]:
+def make_ops(n_ops: int, n_seqs: int, seed: int) -> list[tuple[Any, ...]]:
     """A mixed op list valid for both managers (the generator tracks liveness)."""
     rng = np.random.default_rng(seed)
     live: set[int] = set()
     dead = list(range(n_seqs))
-    ops: list[tuple] = []
+    ops: list[tuple[Any, ...]] = []
     for _ in range(n_ops):
         r = rng.random()
         if dead and (r < 0.1 or not live):
@@ -237,7 +238,7 @@ def make_ops(n_ops: int, n_seqs: int, seed: int) -> list[tuple]:
     return ops
 
 
-def run_rust(ops: list[tuple], nb: int, bs: int) -> float:
+def run_rust(ops: list[tuple[Any, ...]], nb: int, bs: int) -> float:
     m = BlockManager(nb, bs)
     t = time.perf_counter()
     for op in ops:
@@ -256,7 +257,7 @@ def run_rust(ops: list[tuple], nb: int, bs: int) -> float:
     return time.perf_counter() - t
 
 
-def run_py(ops: list[tuple], nb: int, bs: int) -> float:
+def run_py(ops: list[tuple[Any, ...]], nb: int, bs: int) -> float:
     m = PyManager(nb, bs)
     ops = [op if op[0] != "tree" else (*op[:3], op[3].tolist()) for op in ops]
     t = time.perf_counter()
@@ -384,7 +385,7 @@ def steps_py(steps: list[Step], nb: int, bs: int) -> float:
     return time.perf_counter() - t
 
 
-def step_inputs(n_seqs: int, steps: int, nodes: int, seed: int) -> list[tuple]:
+def step_inputs(n_seqs: int, steps: int, nodes: int, seed: int) -> list[tuple[Any, ...]]:
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(steps):
@@ -400,7 +401,7 @@ def step_inputs(n_seqs: int, steps: int, nodes: int, seed: int) -> list[tuple]:
     return out
 
 
-def step_rust(n_seqs: int, steps: list[tuple], nb: int, bs: int, nodes: int) -> float:
+def step_rust(n_seqs: int, steps: list[tuple[Any, ...]], nb: int, bs: int, nodes: int) -> float:
     m = BlockManager(nb, bs)
     for s in range(n_seqs):
         m.allocate(s, 100 + s % 50)
@@ -413,7 +414,9 @@ def step_rust(n_seqs: int, steps: list[tuple], nb: int, bs: int, nodes: int) -> 
     return (time.perf_counter() - t) / len(steps)
 
 
-def step_rust_loop(n_seqs: int, steps: list[tuple], nb: int, bs: int, nodes: int) -> float:
+def step_rust_loop(
+    n_seqs: int, steps: list[tuple[Any, ...]], nb: int, bs: int, nodes: int
+) -> float:
     m = BlockManager(nb, bs)
     for s in range(n_seqs):
         m.allocate(s, 100 + s % 50)
@@ -427,7 +430,7 @@ def step_rust_loop(n_seqs: int, steps: list[tuple], nb: int, bs: int, nodes: int
     return (time.perf_counter() - t) / len(steps)
 
 
-def step_py(n_seqs: int, steps: list[tuple], nb: int, bs: int, nodes: int) -> float:
+def step_py(n_seqs: int, steps: list[tuple[Any, ...]], nb: int, bs: int, nodes: int) -> float:
     m = PyManager(nb, bs)
     for s in range(n_seqs):
         m.allocate(s, 100 + s % 50)

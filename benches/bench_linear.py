@@ -17,7 +17,9 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
+from specdec._core import QuantMatrix
 from specdec.models import smollm2
 from specdec.models.gguf import LoadedModel
 from specdec.models.quant import quant_matmul, torch_threads
@@ -83,7 +85,7 @@ def main() -> None:
         def blocks(xs: list[torch.Tensor] = xs) -> None:
             with torch_threads(1):  # as the model's forward runs them
                 for q, x in zip(quant, xs, strict=True):
-                    quant_matmul(x, q)
+                    quant_matmul(x, q) if isinstance(q, QuantMatrix) else F.linear(x, q)
 
         def onednn(xs: list[torch.Tensor] = xs) -> None:
             for p, x in zip(packed, xs, strict=True):

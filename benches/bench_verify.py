@@ -20,8 +20,9 @@ import time
 
 import torch
 
+from specdec.cache import DenseKVCache
 from specdec.models import LlamaConfig, LlamaModel
-from specdec.tree import DDTreeShape
+from specdec.tree import DDTreeShape, DraftTree
 from specdec.verify import STAGES, Greedy, Verifier
 
 
@@ -111,7 +112,9 @@ def batched(
     g = torch.Generator().manual_seed(r)
     ver = Verifier(model, Greedy())
     lens = [args.prefix - 16 * i for i in range(r)]
-    caches_b, caches_s, trees = [], [], []
+    caches_b: list[DenseKVCache] = []
+    caches_s: list[DenseKVCache] = []
+    trees: list[DraftTree] = []
     for n in lens:
         prefix = torch.randint(0, args.vocab, (n,), generator=g)
         for lst in (caches_b, caches_s):

@@ -17,6 +17,7 @@ import argparse
 import statistics
 import time
 import warnings
+from typing import Any
 
 import torch
 
@@ -53,8 +54,8 @@ def main() -> None:
     dtype = torch.bfloat16 if cuda else torch.float32
     if args.quick:
         args.budgets, args.prefix, args.repeats = [16, 64], 64, 3
-        shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2)
-        heads = dict(num_attention_heads=4, num_key_value_heads=2)
+        shape: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+        heads: dict[str, Any] = dict(num_attention_heads=4, num_key_value_heads=2)
     else:
         shape = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8)
         heads = dict(num_attention_heads=16, num_key_value_heads=4)  # head_dim 128, GQA 4

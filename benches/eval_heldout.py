@@ -51,9 +51,9 @@ def main() -> None:
             v = None if vocab == "full" else vocab
             bf16 = {"": None, "bf16": True, "f32": False}[prec]
             d = (
-                cls.load(path, target, draft_vocab=v, bf16=bf16)  # type: ignore[attr-defined]
+                cls.load(path, target, draft_vocab=v, bf16=bf16)
                 if path
-                else cls.shipped(target, draft_vocab=v, bf16=bf16)  # type: ignore[attr-defined]
+                else cls.shipped(target, draft_vocab=v, bf16=bf16)
             )
             if held is None:
                 target.capture_hidden(getattr(d, "hidden_layers", ()), final=d.hidden_final)

@@ -141,7 +141,7 @@ def main() -> None:
     )
     slow = [(m, pre) for m, pre in masks if m[0] * 1e6 >= p99]
     kinds: collections.Counter[str] = collections.Counter()
-    spent: collections.Counter[str] = collections.Counter()
+    spent: collections.defaultdict[str, float] = collections.defaultdict(float)
     for m, pre in slow:
         kind = _where(pre, m[4])
         kinds[kind] += 1
