@@ -46,6 +46,15 @@ fn tree() -> impl Strategy<Value = Tree> {
     })
 }
 
+/// The settings of the example tests below.
+fn fixed_params() -> BudgetParams {
+    BudgetParams {
+        prior: 1.0,
+        prior_weight: 2.0,
+        band_optimism: 1.0,
+    }
+}
+
 fn params() -> impl Strategy<Value = BudgetParams> {
     (0.1f64..=2.0, 0.5f64..5.0, 0.0f64..3.0).prop_map(|(prior, prior_weight, band_optimism)| {
         BudgetParams {
@@ -344,11 +353,7 @@ proptest! {
 
 #[test]
 fn observe_by_path_needs_a_token_per_node() {
-    let p = BudgetParams {
-        prior: 1.0,
-        prior_weight: 2.0,
-        band_optimism: 1.0,
-    };
+    let p = fixed_params();
     let t = Tree {
         parents: vec![-1, 0, 1],
         depths: vec![0, 1, 2],
@@ -370,11 +375,7 @@ fn observe_by_path_needs_a_token_per_node() {
 
 #[test]
 fn calibration_starts_at_the_prior() {
-    let p = BudgetParams {
-        prior: 1.0,
-        prior_weight: 2.0,
-        band_optimism: 1.0,
-    };
+    let p = fixed_params();
     let cal = BudgetStats::new().calibration(&p);
     for row in cal {
         for (b, v) in row.iter().enumerate() {
@@ -386,11 +387,7 @@ fn calibration_starts_at_the_prior() {
 
 #[test]
 fn unscored_trees_take_depth_rates() {
-    let p = BudgetParams {
-        prior: 1.0,
-        prior_weight: 2.0,
-        band_optimism: 1.0,
-    };
+    let p = fixed_params();
     let t = Tree {
         parents: vec![-1, 0, 1, 0],
         depths: vec![0, 1, 2, 1],
@@ -410,11 +407,7 @@ fn unscored_trees_take_depth_rates() {
 
 #[test]
 fn bad_trees_and_accepted_nodes_are_errors() {
-    let p = BudgetParams {
-        prior: 1.0,
-        prior_weight: 2.0,
-        band_optimism: 1.0,
-    };
+    let p = fixed_params();
     let mut s = BudgetStats::new();
     let t = Tree {
         parents: vec![-1, 0, 3, 1],

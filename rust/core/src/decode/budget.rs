@@ -519,14 +519,7 @@ impl BudgetStats {
             self.add(source, &bins, &d);
         }
         let max_d = tree.depths[1..n].iter().copied().max().unwrap_or(0).max(0) as usize;
-        if self.tried.len() < max_d {
-            self.tried.resize(max_d, 0.0);
-            self.reached.resize(max_d, 0.0);
-        }
-        for d in 0..max_d {
-            self.tried[d] += 1.0;
-            self.reached[d] += f64::from(u8::from(count > d));
-        }
+        self.count_depths(max_d, count);
         Ok(())
     }
 
@@ -591,13 +584,18 @@ impl BudgetStats {
         if scored.is_some() {
             self.add(source, &bins, &delta);
         }
-        if self.tried.len() < max_d {
-            self.tried.resize(max_d, 0.0);
-            self.reached.resize(max_d, 0.0);
+        self.count_depths(max_d, deepest);
+    }
+
+    /// One tree's per-depth counts: depths `1..=drafted` tried, `1..=reached` reached.
+    fn count_depths(&mut self, drafted: usize, reached: usize) {
+        if self.tried.len() < drafted {
+            self.tried.resize(drafted, 0.0);
+            self.reached.resize(drafted, 0.0);
         }
-        for d in 0..max_d {
+        for d in 0..drafted {
             self.tried[d] += 1.0;
-            self.reached[d] += f64::from(u8::from(deepest > d));
+            self.reached[d] += f64::from(u8::from(reached > d));
         }
     }
 }
