@@ -48,6 +48,7 @@ from .protocols import (
     Drafter,
     DraftRequest,
     KVCache,
+    RequestLifecycle,
     Target,
     TreeDrafter,
     TreeShape,
@@ -85,6 +86,7 @@ _TORCH_EXPORTS = {
     "BeamHypothesis": "decode",
     "BeamSearchResult": "decode",
     "GenerationResult": "decode",
+    "RequestOutput": "decode",
 }
 
 
@@ -137,6 +139,8 @@ __all__ = [
     "PagedKVCache",
     "PagedKVPool",
     "RegexGrammar",
+    "RequestLifecycle",
+    "RequestOutput",
     "reset_token_bitmask",
     "Sampling",
     "SlotNotReserved",

@@ -33,6 +33,7 @@ __all__ = [
     "Drafter",
     "DraftRequest",
     "TreeDrafter",
+    "RequestLifecycle",
     "TreeShape",
     "KVCache",
     "Constraint",
@@ -47,11 +48,15 @@ class DraftRequest:
     ``context``: every token so far (prompt and output); its last token is the root of the
     next tree. ``hidden_states``: the target's hidden states ``[m, H]`` at the ``m`` positions
     the last verify step committed (block drafters and Medusa heads read them, so drafting
-    costs no extra target pass); ``None`` where the target exposes none.
+    costs no extra target pass); ``None`` where the target exposes none. ``request_id``: the
+    request this context belongs to, as given to :meth:`RequestLifecycle.add_request` (a
+    drafter with per-request state keys it by this id); ``None`` for a one-off call, which
+    a drafter serves from the context alone.
     """
 
     context: Sequence[int]
     hidden_states: torch.Tensor | None = None
+    request_id: int | None = None
 
 
 @runtime_checkable
@@ -71,6 +76,28 @@ class TreeDrafter(Protocol):
     one skips the tree shape: draft and build are one call."""
 
     def propose(self, requests: Sequence[DraftRequest], budget: int) -> list[DraftTree]: ...
+
+
+@runtime_checkable
+class RequestLifecycle(Protocol):
+    """A drafter's per-request state, following the requests of a serving loop (the
+    generator calls these when they exist; drafters without state need neither).
+
+    ``add_request`` comes before the first :class:`DraftRequest` with that ``request_id``;
+    ``cache_salt`` is the request's tenant namespace (state shared across requests, such as
+    a corpus of earlier outputs, is never shared across salts). ``remove_request`` comes
+    once when the request ends, for any reason, and frees everything held for it;
+    ``output`` is its generated tokens when it finished normally (a stop token or its
+    length), ``None`` when it was cancelled or failed. ``num_requests``: requests held."""
+
+    def add_request(
+        self, request_id: int, prompt: Sequence[int], *, cache_salt: bytes | str | None = None
+    ) -> None: ...
+
+    def remove_request(self, request_id: int, output: Sequence[int] | None = None) -> None: ...
+
+    @property
+    def num_requests(self) -> int: ...
 
 
 # -- build tree ------------------------------------------------------------------------------
