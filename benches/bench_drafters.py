@@ -87,6 +87,19 @@ class Banned:
     def check_target(self, target: Any) -> None:
         self.inner.check_target(target)
 
+    def add_request(
+        self, request_id: int, prompt: Sequence[int], *, cache_salt: bytes | str | None = None
+    ) -> None:
+        self.inner.add_request(request_id, prompt, cache_salt=cache_salt)
+
+    def remove_request(self, request_id: int, output: Sequence[int] | None = None) -> None:
+        self.inner.remove_request(request_id, output)
+
+    @property
+    def num_requests(self) -> int:
+        n: int = self.inner.num_requests
+        return n
+
     def draft(self, requests: Sequence[DraftRequest], depth: int) -> torch.Tensor:
         x: torch.Tensor = self.inner.draft(requests, depth)
         kth = x.topk(self.k, -1).values[..., -1:]

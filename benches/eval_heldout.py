@@ -20,6 +20,7 @@ import torch
 from specdec.draft import BlockDrafter, MedusaDrafter
 from specdec.train import TrainConfig, split_files, stdlib_files
 from specdec.train.data import chunks
+from specdec.draft.base import hidden_capture
 from specdec.train.loop import _evaluate, _take, teacher_pass
 
 
@@ -56,9 +57,10 @@ def main() -> None:
                 else cls.shipped(target, draft_vocab=v, bf16=bf16)
             )
             if held is None:
-                target.capture_hidden(getattr(d, "hidden_layers", ()), final=d.hidden_final)
+                capture = hidden_capture(d)
+                assert capture is not None
                 with torch.no_grad():
-                    held = [(x, *teacher_pass(target, x)) for x in ids]
+                    held = [(x, *teacher_pass(target, x, capture)) for x in ids]
             cfg = TrainConfig(kind, blocks=32, positions=128)  # type: ignore[arg-type]
             res = _evaluate(d.float(), target, cfg, held)
             n = len(d.draft_vocab) if d.draft_vocab is not None else "full"

@@ -23,6 +23,7 @@ from specdec.draft import (
     MedusaDrafter,
     SuffixDrafter,
 )
+from specdec.draft.base import hidden_capture
 from specdec.draft.checkpoint import VOCAB as VOCAB_FILE
 from specdec.draft.checkpoint import bf16_supported, drafter_linears
 from specdec.errors import CheckpointError, ConfigError, SpecdecError, SpecdecTypeError
@@ -84,10 +85,11 @@ def test_subset_drafts_only_kept_tokens_and_gradients_flow() -> None:
     t, d = make("block", torch.float64)
     d.set_draft_vocab(DraftVocab(KEEP, V))
     p = [1, 2, 3, 4, 5, 6]
-    t.capture_hidden(d.hidden_layers, final=d.hidden_final)
+    cap = hidden_capture(d)
+    assert cap is not None
     cache = t.new_cache(len(p))
-    t(torch.tensor(p), torch.arange(len(p)), cache, None)
-    hs = t.last_hidden_states
+    t(torch.tensor(p), torch.arange(len(p)), cache, None, hidden=cap)
+    hs = cap.states
     assert hs is not None
     x = d.draft([DraftRequest(p, hs[:-1])], 4)[0]
     finite = torch.isfinite(x).any(0).nonzero().flatten().tolist()

@@ -145,11 +145,8 @@ def test_continuous_batching_streams_committed_tokens(
         wait = max(wait - 1, 0)
         if cancel and cancelled is None and gen.num_running and len(rids) > 1:
             cancelled = rids[0]
-            if cancelled not in finished:
-                res = gen.cancel(cancelled)
-                assert res.finish_reason == "cancelled"
-                assert res.tokens == streamed.get(cancelled, [])
-                finished[cancelled] = res
+            # Cancelling a request that already ended is a no-op.
+            assert gen.cancel(cancelled) == (cancelled not in finished)
         for out in gen.step():
             assert out.request_id not in finished
             streamed.setdefault(out.request_id, []).extend(out.new_tokens)
@@ -162,6 +159,7 @@ def test_continuous_batching_streams_committed_tokens(
         assert res.tokens == streamed.get(rid, [])
         want = reference(target, p, n)
         if res.finish_reason == "cancelled":
+            assert rid == cancelled
             assert res.tokens == want[: len(res.tokens)]
         else:
             assert res.tokens == want
@@ -193,9 +191,10 @@ def test_prefix_cache_start(target: LlamaModel) -> None:
     assert first.prefix_hit == 0 and second.prefix_hit >= (len(p) - 1) // 4 * 4 > 0
     assert first.tokens == second.tokens == reference(target, p, 10)
     rid = gen.submit(p, 10, cache_salt="tenant-b")
-    while gen.has_unfinished():
-        gen.step()
-    salted = gen._finished.pop(rid)
+    outs = [o for _ in range(40) for o in gen.step() if o.finished]
+    assert [o.request_id for o in outs] == [rid] and not gen.has_unfinished()
+    salted = outs[0].result
+    assert salted is not None
     assert salted.prefix_hit == 0 and salted.tokens == first.tokens
 
 
@@ -437,11 +436,19 @@ def test_skipped_drafts_keep_a_block_drafters_context_whole() -> None:
     skips = []
     skip = ab.skip
     ab.skip = lambda: (skips.append(1), skip())[1]  # type: ignore[method-assign]
+    states = []
+    remove = drafter.remove_request
+    # The state as the request ends (the generator then frees it).
+    drafter.remove_request = lambda rid, out=None: (  # type: ignore[method-assign]
+        states.append(drafter._by_id[rid]),
+        remove(rid, out),
+    )[1]
     got = gen.generate(prompt, 30)
     assert len(skips) >= 7  # plain steps without a draft, then a probe drafted
     assert got.tokens == reference(t, prompt, 30)
     assert ab.probe_after >= 8 and len(got.tokens) == 30
-    st = drafter._requests[0]
+    assert len(states) == 1 and drafter.num_requests == 0
+    st = states[0]
     # The last draft saw the context up to its root: positions [0, root) once each.
     assert st.start == 0 and st.end == len(st.seen) - 1
 
@@ -724,7 +731,7 @@ def test_bad_input(target: LlamaModel) -> None:
             "vocabulary",
         ),
         (lambda: SpeculativeGenerator(target, object()), SpecdecTypeError, "drafter"),  # type: ignore[arg-type]
-        (lambda: gen.cancel(12345), ConfigError, "12345"),
+        (lambda: gen.cancel("x"), SpecdecTypeError, "request_id"),  # type: ignore[arg-type]
         (lambda: gen.generate([1, 2], 4, stop_tokens="x"), SpecdecTypeError, "stop_tokens"),  # type: ignore[arg-type]
     ]
     for call, exc, words in cases:
@@ -733,6 +740,7 @@ def test_bad_input(target: LlamaModel) -> None:
     with pytest.raises(SpecdecTypeError, match="constraint"):
         SpeculativeGenerator(target, constraint=3).generate([1, 2], 2)
     assert not gen.has_unfinished()  # refused requests were never queued
+    assert gen.cancel(12345) is False  # never submitted: nothing to cancel
     tiny = SpeculativeGenerator(
         target, SuffixDrafter(), budget=4, cache="paged", kv_tokens=32, block_size=4
     )

@@ -20,8 +20,10 @@ from hypothesis import strategies as st
 
 from specdec.decode import SpeculativeGenerator, autoregressive_generate
 from specdec.draft import BlockDrafter, CombinedDrafter, DraftRequest, MedusaDrafter, SuffixDrafter
+from specdec.draft.base import hidden_capture
 from specdec.errors import CheckpointError, ConfigError, DraftError
 from specdec.models import LlamaConfig, LlamaModel
+from specdec.protocols import HiddenCapture
 from specdec.train import TrainConfig, split_files, stdlib_files, train
 
 VOCAB = 40
@@ -115,12 +117,12 @@ class Recorder:
         return self.inner.draft(requests, depth)
 
 
-def causal_hidden(t: LlamaModel, ids: list[int]) -> torch.Tensor:
+def causal_hidden(t: LlamaModel, ids: list[int], capture: HiddenCapture) -> torch.Tensor:
     cache = t.new_cache(len(ids))
-    t(torch.tensor(ids), torch.arange(len(ids)), cache, None)
+    t(torch.tensor(ids), torch.arange(len(ids)), cache, None, hidden=capture)
     cache.rollback()
-    assert t.last_hidden_states is not None
-    return t.last_hidden_states
+    assert capture.states is not None
+    return capture.states
 
 
 @settings(
@@ -146,7 +148,8 @@ def test_hidden_states_are_the_committed_positions(target, seed, strategy, cache
         assert r.hidden_states is not None
         ctx = list(r.context)
         m = r.hidden_states.shape[0]
-        full = causal_hidden(target, ctx[:-1]) if len(ctx) > 1 else None
+        cap = HiddenCapture(rec.hidden_layers)
+        full = causal_hidden(target, ctx[:-1], cap) if len(ctx) > 1 else None
         if m:
             assert full is not None
             torch.testing.assert_close(r.hidden_states, full[len(ctx) - 1 - m :])
@@ -159,21 +162,20 @@ def test_incremental_drafting_equals_from_scratch(target) -> None:  # type: igno
     gen = SpeculativeGenerator(target, rec, strategy="ddtree", depth=6, budget=8)
     gen.generate([3, 1, 4, 1, 5, 9, 2, 6], 30)
     d = block(target)  # replays the steps: its state grows as in the generator
-    target.capture_hidden(d.hidden_layers)
+    cap = HiddenCapture(d.hidden_layers)
     assert len(rec.seen) > 3
     for r in rec.seen:
         got = d.draft([r], 6)
         ctx = list(r.context)
-        want = block(target).draft([DraftRequest(ctx, causal_hidden(target, ctx[:-1]))], 6)
+        want = block(target).draft([DraftRequest(ctx, causal_hidden(target, ctx[:-1], cap))], 6)
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(d.draft([r], 6), got)  # the same request again: no change
 
 
 def test_medusa_reads_the_last_hidden_state(target) -> None:  # type: ignore[no-untyped-def]
     m = medusa(target, 3)
-    target.capture_hidden((), final=True)
     ctx = [5, 6, 7, 8]
-    h = causal_hidden(target, ctx[:-1])
+    h = causal_hidden(target, ctx[:-1], HiddenCapture((), final=True))
     got = m.draft([DraftRequest(ctx, h)], 3)[0]
     w = target.model.embed_tokens.weight if target.lm_head is None else target.lm_head.weight
     for k, lin in enumerate(m.heads):
@@ -233,7 +235,7 @@ def test_bad_input(target) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match="num_heads"):
         MedusaDrafter.for_target(target, num_heads=0)
     with pytest.raises(ConfigError, match="layers"):
-        target.capture_hidden((0, 3))
+        target.check_capture(HiddenCapture((0, 3)))
     d = block(target, 4)
     with pytest.raises(DraftError, match="block_size"):
         SpeculativeGenerator(target, d, strategy="chain", depth=5).generate([1, 2], 4)
@@ -255,7 +257,7 @@ def test_bad_input(target) -> None:  # type: ignore[no-untyped-def]
         def __call__(self, *a: Any) -> torch.Tensor:
             return torch.as_tensor(target(*a))
 
-    with pytest.raises(ConfigError, match="exposes none"):
+    with pytest.raises(ConfigError, match="keeps none"):
         SpeculativeGenerator(NoHidden(), d)  # type: ignore[arg-type]
 
 
@@ -393,10 +395,10 @@ def test_packed_drafter_layers_match_plain(kind) -> None:  # type: ignore[no-unt
     ps = [p for p in prompts(6, 6) if len(p) > 1]
     hs = []
     for p in ps:
-        t.capture_hidden(d.hidden_layers, final=d.hidden_final)
-        causal_hidden(t, p)
-        assert t.last_hidden_states is not None
-        hs.append(t.last_hidden_states[:-1] if kind == "block" else t.last_hidden_states)
+        cap = hidden_capture(d)
+        assert cap is not None
+        states = causal_hidden(t, p, cap)
+        hs.append(states[:-1] if kind == "block" else states)
     out = {}
     for packed in (False, True):
         d.packed_linear = packed

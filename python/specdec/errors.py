@@ -77,7 +77,14 @@ class GrammarError(SpecdecError, ValueError):
 
 
 class NoAllowedTokens(GrammarError):
-    """A constraint state allows no token at all (never softmax over all -inf)."""
+    """A constraint state allows no token at all (never softmax over all -inf). ``row``: the
+    batch row (request) whose state it is, where a batched step raised it; else None."""
+
+    row: int | None = None
+
+    def __init__(self, *args: object, row: int | None = None) -> None:
+        super().__init__(*args)
+        self.row = row
 
 
 class DraftError(SpecdecError, ValueError):

@@ -37,6 +37,7 @@ __all__ = [
     "TreeShape",
     "KVCache",
     "Constraint",
+    "HiddenCapture",
 ]
 
 
@@ -129,6 +130,29 @@ class Constraint(Protocol):
     def is_terminated(self) -> bool: ...
 
     def fill_next_token_bitmask(self, bitmask: np.ndarray | torch.Tensor, row: int = 0) -> None: ...
+
+
+@dataclass
+class HiddenCapture:
+    """Which hidden states one target forward keeps, passed per call (``hidden=``) so one
+    model serves any number of callers: the outputs of the decoder ``layers`` (0-based,
+    increasing) and, with ``final``, the final-norm state the LM head reads. After the
+    forward, ``states`` holds them concatenated in that order: ``[T, width]`` (``[R, T,
+    width]`` for a batch), ``width = (len(layers) + final) * hidden_size``; ``None`` when
+    nothing is kept. Block drafters and Medusa heads read them, so drafting costs no extra
+    target pass. A target that supports it has ``captures_hidden = True``."""
+
+    layers: tuple[int, ...] = ()
+    final: bool = False
+    states: torch.Tensor | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.layers) or self.final
+
+    def width(self, hidden_size: int) -> int:
+        """Width of a row of :attr:`states` for a model of ``hidden_size``."""
+        return (len(self.layers) + self.final) * hidden_size
 
 
 # -- verify ----------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from ..errors import VerifyError
 
 __all__ = ["GenerationResult", "RequestOutput", "FinishReason", "emit", "prompt_ids"]
 
-FinishReason = Literal["length", "stop", "context", "cancelled"]
+FinishReason = Literal["length", "stop", "context", "cancelled", "error"]
 
 
 @dataclass
@@ -24,9 +24,12 @@ class GenerationResult:
     drafted nodes verified per step; ``timings``: seconds per stage summed over its steps
     (a batched step's stage time counts for every request in it); ``finish_reason``:
     ``"length"`` (``max_new_tokens``), ``"stop"`` (a stop token, included in ``tokens``),
-    ``"context"`` (the model's maximum positions) or ``"cancelled"``; ``prefix_hit``: prompt
-    tokens whose K/V came from the prefix cache; ``seconds``: submit to finish;
-    ``first_token_seconds``: submit to the first streamed token."""
+    ``"context"`` (the model's maximum positions), ``"cancelled"`` or ``"error"`` (then
+    ``error`` is the exception that ended it: refused at admission, its grammar allowed no
+    token, its drafter raised...; only that request failed); ``prefix_hit``: prompt tokens
+    whose K/V came from the prefix cache; ``seconds``: submit to finish;
+    ``first_token_seconds``: submit to the first streamed token; ``preemptions``: times its
+    KV blocks were taken back for other requests (it resumed from its committed tokens)."""
 
     tokens: list[int]
     steps: int = 0
@@ -39,6 +42,8 @@ class GenerationResult:
     prefix_hit: int = 0
     seconds: float = 0.0
     first_token_seconds: float | None = None
+    error: BaseException | None = None
+    preemptions: int = 0
 
     @property
     def tokens_per_step(self) -> float:

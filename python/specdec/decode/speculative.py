@@ -12,6 +12,18 @@ pipeline it is, for every running request at once::
 Requests join (:meth:`SpeculativeGenerator.submit`) and leave between steps; a paged cache
 starts each from its longest cached prefix. Only committed tokens are streamed.
 
+Threads: one thread owns the loop and calls :meth:`~SpeculativeGenerator.step` (the first
+thread that does; any other gets a ``ConfigError``). :meth:`~SpeculativeGenerator.submit`
+and :meth:`~SpeculativeGenerator.cancel` are safe from any thread: they queue commands that
+the owner applies at the start of its next step, so nothing a step is using changes under
+it.
+
+Every request ends in exactly one :class:`RequestOutput` with ``finished=True``, whatever
+ended it (a stop token, its length, a cancel, a refusal or a failure of its own), and the
+generator forgets it once that output is handed over. A failure (its grammar allows no
+token, its drafter raised, its prefill failed) ends that request alone with
+``finish_reason="error"``; the rest of the batch goes on.
+
 Cache invariant between steps: a request's cache holds every token of its context except the
 last one (the root of its next tree, fed with it).
 """
@@ -19,32 +31,46 @@ last one (the root of its next tree, fed with it).
 from __future__ import annotations
 
 import itertools
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 
 from .._arrays import check_int
+from ..draft.base import hidden_capture
 from ..draft.combined import CombinedDrafter
 from ..errors import ConfigError, KVCacheError, SpecdecTypeError, VerifyError
-from ..protocols import Constraint, Drafter, DraftRequest, KVCache, Target, TreeDrafter, TreeShape
+from ..protocols import (
+    Constraint,
+    Drafter,
+    DraftRequest,
+    HiddenCapture,
+    KVCache,
+    RequestLifecycle,
+    Target,
+    TreeDrafter,
+    TreeShape,
+)
 from ..tree import DDTreeShape, DraftTree, tree_shape
 from ..verify import STAGES, DecodingRule, StepResult, Verifier
 from .budget import AdaptiveBudget, CostModel
-from .common import GenerationResult, RequestOutput, emit, prompt_ids
+from .common import FinishReason, GenerationResult, RequestOutput, emit, prompt_ids
 from .progress import ProgressBar
 
 __all__ = ["SpeculativeGenerator", "Strategy"]
 
 Strategy = Literal["ddtree", "chain", "ar"]
 StepCallback = Callable[[list[int], KVCache, StepResult], None]
+_T = TypeVar("_T")
 
 
-@dataclass
+@dataclass(eq=False)
 class _Request:
-    """A running or waiting request: its context, cache, grammar state and result."""
+    """A waiting or running request: its context, cache, grammar state and result."""
 
     rid: int
     prompt: list[int]
@@ -57,9 +83,10 @@ class _Request:
     matcher: Constraint | None = None
     cache_salt: bytes | str | None = None
     on_step: StepCallback | None = None
-    blocks: int = 0  # paged blocks set aside for it at admission
     hidden: torch.Tensor | None = None  # the target's hidden states of the last commit
     seed: int | None = None  # seeded sampling keyed by position (None: the shared generator)
+    in_drafter: bool = False  # the drafter holds state for it (add_request was called)
+    admitted: bool = False  # it has run (its prefix hit is recorded)
 
     @property
     def context(self) -> list[int]:
@@ -72,9 +99,11 @@ class SpeculativeGenerator:
 
     ``drafter``: a :class:`~specdec.protocols.TreeDrafter` (suffix, n-gram lookup: proposes
     whole trees) or a :class:`~specdec.protocols.Drafter` (per-depth logits, e.g. a block
-    drafter); ``None`` = :class:`~specdec.draft.SuffixDrafter` (needs no model).
+    drafter); ``None`` = :class:`~specdec.draft.SuffixDrafter` (needs no model). A drafter
+    with per-request state (:class:`~specdec.protocols.RequestLifecycle`) is told when each
+    request joins and ends.
     ``strategy``: ``"ddtree"`` (best-first tree of ``budget`` drafted nodes; a TreeDrafter's
-    own tree), ``"chain"`` (one path of ``depth`` tokens: the drafter's argmax path, or a
+    own tree), ``"chain"`` (one path of ``max_depth`` tokens: the drafter's argmax path, or a
     scored tree's likeliest path), ``"ar"`` (no drafting: one token per step, the same code
     path), or any :class:`~specdec.protocols.TreeShape`.
     ``budget``: most drafted nodes per tree, or ``"auto"``: per step the size that maximises
@@ -82,7 +111,11 @@ class SpeculativeGenerator:
     measured at the first step), up to ``max_budget``.
     ``cache``: ``"dense"`` (one contiguous cache per request) or ``"paged"`` (one block pool,
     ``kv_tokens`` tokens of ``block_size``, with prefix caching: a request starts from its
-    longest cached prefix); requests wait until the pool can hold their whole generation.
+    longest cached prefix). A paged request is admitted when the pool holds its context and
+    one step; when the running requests outgrow the pool, the latest admitted is preempted
+    (its blocks freed, it waits at the head of the queue and resumes from its committed
+    tokens, mostly from the prefix cache). A request that could not fit the whole pool alone
+    is refused by :meth:`submit`.
     ``constraint``: a grammar (``vocab.regex(...)``) or matcher every request follows (each
     gets its own matcher; :meth:`submit` takes one per request too).
     ``max_batch``: most requests verified together. ``pad_to_budget``: every tree padded to
@@ -101,7 +134,7 @@ class SpeculativeGenerator:
         *,
         strategy: Strategy | TreeShape = "ddtree",
         budget: int | Literal["auto"] = 16,
-        depth: int = 8,
+        max_depth: int = 8,
         rule: DecodingRule | None = None,
         cache: Literal["dense", "paged"] = "dense",
         constraint: Any = None,
@@ -117,14 +150,14 @@ class SpeculativeGenerator:
         if not callable(target) or not hasattr(target, "new_cache"):
             raise SpecdecTypeError(f"target must follow specdec.protocols.Target, got {target!r}")
         self.target = target
-        self.depth = check_int(depth, "depth", 1, ConfigError)
+        self.max_depth = check_int(max_depth, "max_depth", 1, ConfigError)
         self.max_batch = check_int(max_batch, "max_batch", 1, ConfigError)
         if strategy == "ar":
             drafter = None
         elif drafter is None:
             from ..draft import SuffixDrafter
 
-            drafter = SuffixDrafter(max_depth=self.depth)
+            drafter = SuffixDrafter(max_depth=self.max_depth)
         self.strategy = strategy
         self.drafter = drafter
         self.tree_drafter = drafter if isinstance(drafter, TreeDrafter) else None
@@ -133,23 +166,24 @@ class SpeculativeGenerator:
                 "drafter must follow specdec.protocols.Drafter or TreeDrafter, got "
                 f"{type(drafter).__name__}"
             )
+        self._lifecycle = drafter if isinstance(drafter, RequestLifecycle) else None
         # A drafter that reads the target's hidden states (block drafter, Medusa heads) says
-        # which (``hidden_layers``, ``hidden_final``); the target keeps them from each forward.
+        # which (``hidden_layers``, ``hidden_final``); every forward of this generator keeps
+        # them in its own capture (the model keeps nothing: it may serve other generators).
         self.reads_hidden = strategy != "ar" and hasattr(drafter, "hidden_layers")
+        self._capture: HiddenCapture | None = None
         if self.reads_hidden:
-            capture = getattr(target, "capture_hidden", None)
-            if capture is None:
+            if not getattr(target, "captures_hidden", False):
                 raise ConfigError(
                     f"{type(drafter).__name__} reads the target's hidden states; "
-                    f"{type(target).__name__} exposes none (it needs capture_hidden)"
+                    f"{type(target).__name__} keeps none (it needs captures_hidden)"
                 )
+            self._capture = hidden_capture(drafter)
+            assert self._capture is not None
+            target.check_capture(self._capture)  # type: ignore[attr-defined]
             check = getattr(drafter, "check_target", None)
             if callable(check):
                 check(target)
-        self._capture = (
-            tuple(getattr(drafter, "hidden_layers", ())) if self.reads_hidden else (),
-            bool(getattr(drafter, "hidden_final", False)) if self.reads_hidden else False,
-        )
         vocab = getattr(drafter, "vocab_size", None)
         if isinstance(vocab, int) and vocab != target.vocab_size:
             raise ConfigError(
@@ -169,7 +203,7 @@ class SpeculativeGenerator:
             self.shape: TreeShape | None = None
             self.budget = 0
         else:
-            shape = tree_shape(strategy, budget=self.max_budget, depth=self.depth)
+            shape = tree_shape(strategy, budget=self.max_budget, depth=self.max_depth)
             if not isinstance(shape, TreeShape):
                 raise SpecdecTypeError(f"strategy must be a name or a TreeShape, got {strategy!r}")
             self.shape = shape
@@ -188,10 +222,17 @@ class SpeculativeGenerator:
         self.verifier = Verifier(target, rule, generator=generator)
         self.seed = None if seed is None else check_int(seed, "seed", None, ConfigError)
         self.pad_to_budget = bool(pad_to_budget)
+        # Commands from any thread (submit, cancel), applied by the owner between steps.
+        self._lock = threading.Lock()
         self._ids = itertools.count()
-        self._waiting: list[_Request] = []
+        self._incoming: deque[_Request] = deque()
+        self._cancels: list[int] = []
+        self._live: set[int] = set()  # submitted, final output not yet produced
+        self._owner: int | None = None  # the thread that runs step()
+        # The owner's state.
+        self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
-        self._finished: dict[int, GenerationResult] = {}
+        self._stash: list[RequestOutput] = []  # other requests' outputs seen by generate()
         self.last_trees: list[DraftTree] = []  # what the last step verified, batch order
 
     @property
@@ -200,15 +241,16 @@ class SpeculativeGenerator:
 
     # -- one sequence: the pipeline's stages, callable on their own -----------------------------
     def draft(self, context: Sequence[int]) -> torch.Tensor:
-        """The drafter's per-depth logits ``[depth, V]`` for the tokens after ``context``."""
+        """The drafter's per-depth logits ``[max_depth, V]`` for the tokens after
+        ``context``."""
         if self.drafter is None or self.tree_drafter is not None:
             raise ConfigError("only a Drafter (per-depth logits) drafts logits: use draft_tree")
         assert isinstance(self.drafter, Drafter)
-        return self.drafter.draft([DraftRequest(context)], self.depth)[0]
+        return self.drafter.draft([DraftRequest(context)], self.max_depth)[0]
 
     def propose(self, context: Sequence[int]) -> DraftTree:
         """A TreeDrafter's tree for the tokens after ``context``."""
-        return self._pad(self._trees([list(context)], [None], candidates=False)[0][0])
+        return self._pad(self._trees([list(context)], [None], [None], candidates=False)[0][0])
 
     def build(self, logits: torch.Tensor, root_token: int) -> DraftTree:
         """The tree from one request's draft logits (padded when ``pad_to_budget``)."""
@@ -226,7 +268,7 @@ class SpeculativeGenerator:
             return tree.padded(self.budget)
         return tree
 
-    # -- serving loop ------------------------------------------------------------------------
+    # -- commands: safe from any thread ----------------------------------------------------
     def submit(
         self,
         prompt: Sequence[int] | torch.Tensor,
@@ -239,11 +281,13 @@ class SpeculativeGenerator:
         on_step: StepCallback | None = None,
         seed: int | None = None,
     ) -> int:
-        """Queue a request; returns its id. It joins the running batch at the next
+        """Queue a request; returns its id. It joins the running batch at a later
         :meth:`step` with room (``cache``: run it in this cache, which may already hold a
-        prefix of the prompt; ``cache_salt``: its prefix-cache namespace in a paged pool;
-        ``constraint``: its grammar, else the generator's; ``seed``: its sampling seed, else
-        the generator's ``seed``)."""
+        prefix of the prompt; ``cache_salt``: its prefix-cache and drafter-corpus
+        namespace; ``constraint``: its grammar, else the generator's; ``seed``: its sampling
+        seed, else the generator's ``seed``). Safe from any thread. A request that can never
+        run (past the model's positions, or larger than the whole KV pool) is refused here,
+        with nothing queued."""
         ids = prompt_ids(prompt)
         max_new = check_int(max_new_tokens, "max_new_tokens", 0, ConfigError)
         if len(ids) + max_new > self.target.max_positions:
@@ -266,38 +310,50 @@ class SpeculativeGenerator:
                     f"the cache holds {cache.committed_len} tokens: a request's cache may hold "
                     f"at most the prompt minus its last token ({len(ids) - 1})"
                 )
-        rid = next(self._ids)
-        req = _Request(
-            rid,
-            ids,
-            max_new,
-            stop,
-            GenerationResult([], request_id=rid, prompt_len=len(ids)),
-            time.perf_counter(),
-            cache=cache,
-            own_cache=cache is None,
-            matcher=self._matcher(constraint if constraint is not None else self.constraint),
-            cache_salt=cache_salt,
-            on_step=on_step,
-            seed=seed,
-        )
-        req.result.timings = dict.fromkeys(("prefill", "draft", *STAGES), 0.0)
-        if max_new == 0:
-            req.result.finish_reason = "length"
-            self._finished[rid] = req.result
-        else:
-            self._waiting.append(req)
+        elif self.cache_kind == "paged":
+            blocks = self._blocks(len(ids) + max_new + self.budget + 1)
+            if blocks > self._pool_blocks():
+                raise KVCacheError(
+                    f"the request needs {blocks} KV blocks of {self.block_size} tokens (prompt "
+                    f"{len(ids)} + max_new_tokens {max_new} + one tree), the pool has "
+                    f"{self._pool_blocks()}: raise kv_tokens"
+                )
+        matcher = self._matcher(constraint if constraint is not None else self.constraint)
+        result = GenerationResult([], prompt_len=len(ids))
+        result.timings = dict.fromkeys(("prefill", "draft", *STAGES), 0.0)
+        with self._lock:
+            rid = next(self._ids)
+            result.request_id = rid
+            req = _Request(
+                rid,
+                ids,
+                max_new,
+                stop,
+                result,
+                time.perf_counter(),
+                cache=cache,
+                own_cache=cache is None,
+                matcher=matcher,
+                cache_salt=cache_salt,
+                on_step=on_step,
+                seed=seed,
+            )
+            self._live.add(rid)
+            self._incoming.append(req)
         return rid
 
-    def cancel(self, request_id: int) -> GenerationResult:
-        """Stop a request (waiting or running); returns what it generated so far."""
-        for queue in (self._waiting, self._running):
-            for req in queue:
-                if req.rid == request_id:
-                    queue.remove(req)
-                    self._release(req, "cancelled")
-                    return self._finished.pop(request_id)
-        raise ConfigError(f"no waiting or running request with id {request_id}")
+    def cancel(self, request_id: int) -> bool:
+        """Cancel a request, from any thread. True when it had not ended yet: it then ends
+        at the start of the next :meth:`step`, whose outputs report it with
+        ``finish_reason="cancelled"`` and what it generated so far (unless the step running
+        meanwhile finishes it first: it then ends as that step says). False for an id that
+        already ended or was never submitted: nothing to do."""
+        rid = check_int(request_id, "request_id", None, ConfigError)
+        with self._lock:
+            if rid not in self._live:
+                return False
+            self._cancels.append(rid)
+            return True
 
     @property
     def num_running(self) -> int:
@@ -305,30 +361,44 @@ class SpeculativeGenerator:
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        with self._lock:
+            return len(self._waiting) + len(self._incoming)
 
     def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._running)
+        """Whether any request has not been reported finished yet (safe from any thread)."""
+        with self._lock:
+            return bool(self._live) or bool(self._stash)
 
+    # -- the loop: one owner thread ---------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Admit waiting requests, then one speculative step for every running request (one
-        target forward). Returns what each request committed in it; a finished request's
-        output carries its result."""
-        self._sync_capture()
-        outputs = self._admit()
+        """Apply the queued commands, admit waiting requests, then one speculative step for
+        every running request (one target forward). Returns what each request committed in
+        it; every request that ended in it (finished, stopped, cancelled, failed) has one
+        output with ``finished=True`` and its result, handed over once. Only the thread
+        that first called it may call it."""
+        self._claim()
+        outputs, self._stash = self._stash, []
+        self._apply_commands(outputs)
+        self._admit(outputs)
         if not self._running:
             return outputs
+        self._make_room()
         reqs = list(self._running)
         timings = dict.fromkeys(("draft", *STAGES), 0.0)
         t0 = time.perf_counter()
-        contexts = [r.context for r in reqs]
         # The adaptive budget skips the drafter while its trees have not been paying.
         drafting = not self.auto or self._adaptive().draft_now(len(reqs))
         if drafting:
-            cands = self._trees(contexts, [r.hidden for r in reqs])
+            reqs, cands = self._isolated(
+                reqs,
+                lambda rs: self._trees([r.context for r in rs], [r.hidden for r in rs], rs),
+                outputs,
+            )
+            if not reqs:
+                return outputs
         else:
             self._adaptive().skip()
-            cands = _root_trees(contexts)
+            cands = _root_trees([r.context for r in reqs])
         t1 = time.perf_counter()
         # No node deeper than the request still needs (accepted + bonus <= what is left).
         cands = [
@@ -346,35 +416,35 @@ class SpeculativeGenerator:
         most = max(t.num_nodes for t in trees) - 1
         pad = self.budget if self.pad_to_budget else most
         trees = [t.padded(pad) if t.num_nodes < pad + 1 else t for t in trees]
-        self.last_trees = trees
         t2 = time.perf_counter()
         timings["draft"], timings["build"] = t1 - t0, t2 - t1
-        caches = [r.cache for r in reqs]
-        matchers = [r.matcher for r in reqs]
-        if len(reqs) == 1 or not hasattr(self.target, "forward_batch"):
-            steps = []
-            for r, t, c, m in zip(reqs, trees, caches, matchers, strict=True):
-                steps.append(self.verifier.step(t, c, constraint=m, seed=r.seed))  # type: ignore[arg-type]
-                r.hidden = self._next_hidden(r, self._hidden_rows(steps[-1].kept_nodes()), drafting)
+        tree_of = {r.rid: t for r, t in zip(reqs, trees, strict=True)}
+        cand_of = {r.rid: c for r, c in zip(reqs, cands, strict=True)}
+        if len(reqs) > 1 and hasattr(self.target, "forward_batch"):
+            reqs, steps = self._isolated(
+                reqs,
+                lambda rs: self._verify_batch(rs, [tree_of[r.rid] for r in rs], drafting),
+                outputs,
+                one=lambda r: self._verify_one(r, tree_of[r.rid], drafting),
+            )
+        else:  # one forward per request: each stands alone
+            reqs, steps = self._each(
+                reqs, lambda r: self._verify_one(r, tree_of[r.rid], drafting), outputs
+            )
             for s in steps[1:]:  # separate forwards: sum their stage times
                 for k, v in s.timings.items():
                     steps[0].timings[k] += v
-        else:
-            seeds = [r.seed for r in reqs]
-            steps = self.verifier.step_batch(trees, caches, matchers, seeds)  # type: ignore[arg-type]
-            if self.reads_hidden:
-                rows = self._hidden_rows(None)
-                for i, (r, s) in enumerate(zip(reqs, steps, strict=True)):
-                    new = None if rows is None else rows[i][torch.from_numpy(s.kept_nodes())]
-                    r.hidden = self._next_hidden(r, new, drafting)
+        if not reqs:
+            return outputs
+        trees = [tree_of[r.rid] for r in reqs]
+        self.last_trees = trees
         timings.update({k: v for k, v in steps[0].timings.items() if k != "build"})
         if self.adaptive is not None:
             host = sum(timings.values()) - timings["forward"]
-            accepted = [s.accepted for s in steps]
             fwd = timings["forward"]
             self.adaptive.observe(
                 trees,
-                accepted,
+                [s.accepted for s in steps],
                 host,
                 draft=timings["draft"],
                 drafted=drafting,
@@ -384,8 +454,8 @@ class SpeculativeGenerator:
             if self.auto and drafting:
                 # The rule's choices along the committed path decide the candidates' nodes,
                 # verified or not.
-                for ts, s in zip(cands, steps, strict=True):
-                    self.adaptive.learn(ts, s.tokens)
+                for r, s in zip(reqs, steps, strict=True):
+                    self.adaptive.learn(cand_of[r.rid], s.tokens)
         for req, tree, s in zip(reqs, trees, steps, strict=True):
             outputs.append(self._advance(req, tree, s, timings))
         return outputs
@@ -393,11 +463,11 @@ class SpeculativeGenerator:
     def stream(
         self,
         prompts: Sequence[Sequence[int] | torch.Tensor],
-        max_new_tokens: int,
         *,
+        max_new_tokens: int,
         stop_tokens: Collection[int] | int | None = None,
     ) -> Iterator[RequestOutput]:
-        """Submit ``prompts`` and yield every :class:`RequestOutput` until all are done
+        """Submit ``prompts`` and yield every :class:`RequestOutput` until none is left
         (other requests submitted meanwhile run too)."""
         self._submit_all(prompts, max_new_tokens, stop_tokens=stop_tokens)
         while self.has_unfinished():
@@ -406,10 +476,11 @@ class SpeculativeGenerator:
     def generate(
         self,
         prompts: Any,
-        max_new_tokens: int,
         *,
+        max_new_tokens: int,
         stop_tokens: Collection[int] | int | None = None,
         eos_token_id: int | None = None,
+        constraint: Any = None,
         cache: KVCache | None = None,
         on_step: StepCallback | None = None,
         progress: bool | None = None,
@@ -418,9 +489,12 @@ class SpeculativeGenerator:
         """Generate for one prompt (token ids: returns its :class:`GenerationResult`) or a
         batch of prompts (a list of them, or a 2-D tensor: returns a list, in order).
         ``stop_tokens`` (or ``eos_token_id``) end a request, included in its tokens;
-        ``cache``: for one prompt, the cache to run in; ``progress``: a progress bar on
-        stderr (default: when the batch asks for more than 1024 tokens); ``seed``: every
-        request's sampling seed (see :meth:`submit`)."""
+        ``constraint``: every prompt's grammar (else the generator's); ``cache``: for one
+        prompt, the cache to run in; ``progress``: a progress bar on stderr (default: when
+        the batch asks for more than 1024 tokens); ``seed``: every request's sampling seed
+        (see :meth:`submit`). Runs the loop on this thread until its requests end (other
+        requests' outputs wait for the next :meth:`step`). When one of them failed, its
+        error is raised once all have ended, with every result in ``error.results``."""
         single = _is_single_prompt(prompts)
         batch = [prompts] if single else list(prompts)
         if not single and cache is not None:
@@ -429,20 +503,164 @@ class SpeculativeGenerator:
         if eos_token_id is not None:
             stops.add(check_int(eos_token_id, "eos_token_id", 0))
         rids = self._submit_all(
-            batch, max_new_tokens, stop_tokens=stops, cache=cache, on_step=on_step, seed=seed
+            batch,
+            max_new_tokens,
+            stop_tokens=stops,
+            cache=cache,
+            on_step=on_step,
+            seed=seed,
+            constraint=constraint,
         )
         total = max_new_tokens * len(rids)
         bar = ProgressBar(total, enabled=total > 1024 if progress is None else progress)
-        done = 0
-        while any(rid not in self._finished for rid in rids):
+        mine = set(rids)
+        done: dict[int, GenerationResult] = {}
+        streamed = 0
+        while len(done) < len(rids):
+            others = []
             for o in self.step():
-                done += len(o.new_tokens)
-            bar.update(done, len(self._running))
-        bar.close(done)
-        results = [self._finished.pop(rid) for rid in rids]
+                if o.request_id not in mine:
+                    others.append(o)
+                    continue
+                streamed += len(o.new_tokens)
+                if o.finished:
+                    assert o.result is not None
+                    done[o.request_id] = o.result
+            self._stash.extend(others)
+            bar.update(streamed, len(self._running))
+        bar.close(streamed)
+        results = [done[rid] for rid in rids]
+        failed = [r.error for r in results if r.error is not None]
+        if failed:
+            err = failed[0]
+            err.results = results  # type: ignore[attr-defined]
+            raise err
         return results[0] if single else results
 
     # -- internals ---------------------------------------------------------------------------
+    def _claim(self) -> None:
+        me = threading.get_ident()
+        with self._lock:
+            if self._owner is None:
+                self._owner = me
+            elif self._owner != me:
+                raise ConfigError(
+                    f"step() runs on one thread: thread {self._owner} owns this generator, "
+                    f"thread {me} called it (submit() and cancel() are safe from any thread)"
+                )
+
+    def _apply_commands(self, outputs: list[RequestOutput]) -> None:
+        """New requests join the queue (a zero-token one ends at once) and cancels end
+        their requests, wherever they are."""
+        with self._lock:
+            incoming, self._incoming = list(self._incoming), deque()
+            cancels, self._cancels = self._cancels, []
+        for req in incoming:
+            if req.max_new == 0:
+                outputs.append(self._end(req, "length"))
+            else:
+                self._waiting.append(req)
+        for rid in cancels:
+            for queue in (self._waiting, self._running):
+                found = next((r for r in queue if r.rid == rid), None)
+                if found is not None:
+                    queue.remove(found)
+                    outputs.append(self._end(found, "cancelled"))
+                    break
+
+    def _end(
+        self,
+        req: _Request,
+        reason: FinishReason,
+        error: BaseException | None = None,
+        new: Sequence[int] = (),
+    ) -> RequestOutput:
+        """Release what the request holds and make its final output."""
+        res = req.result
+        res.finish_reason = reason
+        res.error = error
+        res.seconds = time.perf_counter() - req.t_submit
+        self._free(req)
+        with self._lock:
+            self._live.discard(req.rid)
+        return RequestOutput(req.rid, list(new), True, res)
+
+    def _free(self, req: _Request) -> None:
+        """Its cache (when made here) and its drafter state."""
+        cache = req.cache
+        if cache is not None and cache.pending:
+            cache.rollback()
+        if req.own_cache and cache is not None and hasattr(cache, "free"):
+            cache.free()
+        if req.own_cache:
+            req.cache = None
+        req.hidden = None
+        if req.in_drafter and self._lifecycle is not None:
+            req.in_drafter = False
+            done = req.result.finish_reason in ("stop", "length")
+            self._lifecycle.remove_request(req.rid, req.result.tokens if done else None)
+
+    def _isolated(
+        self,
+        reqs: list[_Request],
+        run_all: Callable[[list[_Request]], list[_T]],
+        outputs: list[RequestOutput],
+        one: Callable[[_Request], _T] | None = None,
+    ) -> tuple[list[_Request], list[_T]]:
+        """Run a batched stage (all or nothing); when it raises, run each request alone,
+        so only the requests that fail alone end (with ``finish_reason="error"``)."""
+        try:
+            return reqs, run_all(reqs)
+        except Exception as e:
+            if len(reqs) == 1:
+                self._running.remove(reqs[0])
+                outputs.append(self._end(reqs[0], "error", e))
+                return [], []
+        return self._each(reqs, one or (lambda r: run_all([r])[0]), outputs)
+
+    def _each(
+        self, reqs: list[_Request], run: Callable[[_Request], _T], outputs: list[RequestOutput]
+    ) -> tuple[list[_Request], list[_T]]:
+        kept: list[_Request] = []
+        values: list[_T] = []
+        for r in reqs:
+            try:
+                values.append(run(r))
+            except Exception as e:
+                self._running.remove(r)
+                outputs.append(self._end(r, "error", e))
+                continue
+            kept.append(r)
+        return kept, values
+
+    def _verify_batch(
+        self, reqs: list[_Request], trees: list[DraftTree], drafting: bool
+    ) -> list[StepResult]:
+        steps = self.verifier.step_batch(
+            trees,
+            [r.cache for r in reqs],  # type: ignore[misc]
+            [r.matcher for r in reqs],
+            [r.seed for r in reqs],
+            hidden=self._capture,
+        )
+        if self._capture is not None:
+            rows = self._capture.states
+            for i, (r, s) in enumerate(zip(reqs, steps, strict=True)):
+                new = None if rows is None else rows[i][torch.from_numpy(s.kept_nodes())]
+                r.hidden = self._next_hidden(r, new, drafting)
+        return steps
+
+    def _verify_one(self, r: _Request, tree: DraftTree, drafting: bool) -> StepResult:
+        assert r.cache is not None
+        s = self.verifier.step(
+            tree, r.cache, constraint=r.matcher, seed=r.seed, hidden=self._capture
+        )
+        if self._capture is not None:
+            rows = self._capture.states
+            new = None if rows is None else rows[torch.from_numpy(s.kept_nodes())]
+            r.hidden = self._next_hidden(r, new, drafting)
+        return s
+
     def _submit_all(self, prompts: Sequence[Any], max_new_tokens: int, **kw: Any) -> list[int]:
         """Submit every prompt or none: a bad one withdraws those queued before it."""
         rids: list[int] = []
@@ -450,11 +668,10 @@ class SpeculativeGenerator:
             for p in prompts:
                 rids.append(self.submit(p, max_new_tokens, **kw))
         except BaseException:
-            for rid in rids:
-                if rid in self._finished:
-                    del self._finished[rid]
-                else:
-                    self.cancel(rid)
+            with self._lock:
+                gone = set(rids)
+                self._incoming = deque(r for r in self._incoming if r.rid not in gone)
+                self._live -= gone
             raise
         return rids
 
@@ -473,18 +690,6 @@ class SpeculativeGenerator:
             f"{type(constraint).__name__}"
         )
 
-    def _sync_capture(self) -> None:
-        """The target keeps the hidden states this generator's drafter reads, and none
-        otherwise (another generator over the same target may have changed the setting)."""
-        capture = getattr(self.target, "capture_hidden", None)
-        layers, final = self._capture
-        have = (
-            tuple(getattr(self.target, "hidden_layers", ())),
-            bool(getattr(self.target, "hidden_final", False)),
-        )
-        if capture is not None and have != self._capture:
-            capture(layers, final=final)
-
     @staticmethod
     def _next_hidden(req: _Request, new: torch.Tensor | None, drafted: bool) -> torch.Tensor | None:
         """The hidden states the request's next draft reads: this step's, after those of
@@ -494,35 +699,33 @@ class SpeculativeGenerator:
             return new
         return torch.cat((req.hidden, new))
 
-    def _hidden_rows(self, rows: Any) -> torch.Tensor | None:
-        """The target's hidden states of its last forward (``rows`` of them, or all), when
-        the drafter reads them."""
-        if not self.reads_hidden:
-            return None
-        hs: torch.Tensor | None = getattr(self.target, "last_hidden_states", None)
-        if hs is None or rows is None:
-            return hs
-        return hs[torch.as_tensor(rows, device=hs.device)]
-
     def _trees(
         self,
         contexts: list[list[int]],
         hidden: Sequence[torch.Tensor | None],
+        reqs: Sequence[_Request | None],
         *,
         candidates: bool | None = None,
     ) -> list[list[DraftTree]]:
         """Per context its unpadded candidate trees, by the strategy (``hidden``: each
-        request's hidden states of its last commit, for drafters that read them): one,
+        request's hidden states of its last commit, for drafters that read them; ``reqs``:
+        the requests, whose ids a drafter with per-request state keys by, None for a
+        one-off draft): one,
         or with ``candidates`` (default: under the adaptive budget) a combined drafter's
         two, the model's and the suffix index's, for the budget to choose between."""
         if candidates is None:
             candidates = self.auto
         if self.drafter is None or self.shape is None:
             return _root_trees(contexts)
-        requests = [DraftRequest(c, h) for c, h in zip(contexts, hidden, strict=True)]
+        # Request ids only for a drafter that was told of the requests (RequestLifecycle);
+        # any other drafter serves each context as it comes.
+        rids = [r.rid if r is not None and r.in_drafter else None for r in reqs]
+        requests = [
+            DraftRequest(c, h, rid) for c, h, rid in zip(contexts, hidden, rids, strict=True)
+        ]
         # A best-first tree of B drafted nodes is at most B deep: deeper marginals (their LM
         # head rows above all) would go unread; the adaptive budget cuts deeper still.
-        depth, size, shape = self.depth, self.max_budget, self.shape
+        depth, size, shape = self.max_depth, self.max_budget, self.shape
         if self.auto:
             # No tree bigger than the budget can pick this step (the same first nodes).
             size = self._adaptive().size_bound()
@@ -542,7 +745,7 @@ class SpeculativeGenerator:
             else:
                 trees = td.propose(requests, size)
             if self.strategy == "chain":
-                trees = [t.best_path().pruned(self.depth) for t in trees]
+                trees = [t.best_path().pruned(self.max_depth) for t in trees]
             return [[t] for t in trees]
         assert isinstance(self.drafter, Drafter)
         logits = self.drafter.draft(requests, depth)
@@ -562,19 +765,27 @@ class SpeculativeGenerator:
             self.adaptive = AdaptiveBudget(cost, self.max_budget)
         return self.adaptive
 
+    # -- the paged pool: admission and preemption --------------------------------------------
+    def _pool_blocks(self) -> int:
+        # Default: room for the batch at 1024 tokens each, at most the model's context.
+        tokens = self.kv_tokens or self.max_batch * min(self.target.max_positions, 1024)
+        return -(-tokens // self.block_size)
+
+    def _blocks(self, tokens: int) -> int:
+        """Blocks a sequence of ``tokens`` may hold mid-step (+1: a copy-on-write)."""
+        return -(-tokens // self.block_size) + 1
+
     def _pool_for(self) -> Any:
         if self._pool is None:
             from ..cache.paged import PagedKVPool
 
             t = self.target
             c = t.new_cache(1)  # the layout of this target's K/V
-            # Default: room for the batch at 1024 tokens each, at most the model's context.
-            tokens = self.kv_tokens or self.max_batch * min(t.max_positions, 1024)
             self._pool = PagedKVPool(
                 c.num_layers,
                 c.num_kv_heads,
                 c.head_dim,
-                -(-tokens // self.block_size),
+                self._pool_blocks(),
                 self.block_size,
                 prefix_caching=True,
                 dtype=getattr(t, "dtype", torch.float32),
@@ -582,46 +793,77 @@ class SpeculativeGenerator:
             )
         return self._pool
 
-    def _admit(self) -> list[RequestOutput]:
-        """Move waiting requests into the batch while there is room, and prefill them."""
+    def _pooled(self, req: _Request) -> bool:
+        """Whether the request's cache is a sequence of this generator's pool."""
+        return self.cache_kind == "paged" and req.own_cache
+
+    def _growth(self, req: _Request) -> int:
+        """Blocks the request's next step may add (its context and a whole tree)."""
+        assert req.cache is not None
+        held = len(req.cache.block_table())  # type: ignore[attr-defined]
+        return max(0, self._blocks(req.cache.committed_len + self.budget + 1) - held)
+
+    def _admit(self, outputs: list[RequestOutput]) -> None:
+        """Move waiting requests into the batch while there is room, and prefill them. A
+        paged request waits (first come, first served) until the pool holds its context and
+        one step besides the running requests' next step."""
         while self._waiting and len(self._running) < self.max_batch:
             req = self._waiting[0]
-            need = len(req.prompt) + req.max_new + self.budget + 1
-            if req.cache is None:
-                if self.cache_kind == "dense":
-                    req.cache = self.target.new_cache(need)
-                else:
-                    pool = self._pool_for()
-                    blocks = -(-need // self.block_size) + 1  # +1: a copy-on-write
-                    if blocks > pool.num_blocks:
-                        self._waiting.pop(0)
-                        raise KVCacheError(
-                            f"request {req.rid} needs {blocks} blocks, the pool has "
-                            f"{pool.num_blocks}: raise kv_tokens"
-                        )
-                    if blocks > pool.num_blocks - sum(r.blocks for r in self._running):
-                        break  # waits for a running request to finish
-                    req.blocks = blocks
-                    req.cache = pool.sequence(req.prompt, cache_salt=req.cache_salt)
-            self._waiting.pop(0)
+            if req.cache is None and self.cache_kind == "dense":
+                req.cache = self.target.new_cache(len(req.prompt) + req.max_new + self.budget + 1)
+            elif req.cache is None:
+                pool = self._pool_for()
+                ctx = req.context
+                room = pool.manager.num_free_blocks() - sum(
+                    self._growth(r) for r in self._running if self._pooled(r)
+                )
+                if self._blocks(len(ctx) + self.budget + 1) > room:
+                    break  # waits for running requests to finish or for their blocks
+                req.cache = pool.sequence(ctx, cache_salt=req.cache_salt)
+            self._waiting.popleft()
             self._running.append(req)
-            t0 = time.perf_counter()
-            cache = req.cache
-            hit = cache.committed_len
+            try:
+                self._start(req)
+            except Exception as e:
+                self._running.remove(req)
+                outputs.append(self._end(req, "error", e))
+
+    def _start(self, req: _Request) -> None:
+        """The drafter learns of the request; the cache gets its context minus the root."""
+        cache = req.cache
+        assert cache is not None
+        ctx = req.context
+        if self._lifecycle is not None:
+            self._lifecycle.add_request(req.rid, ctx, cache_salt=req.cache_salt)
+            req.in_drafter = True
+        t0 = time.perf_counter()
+        hit = cache.committed_len
+        if not req.admitted:
             req.result.prefix_hit = hit
-            if len(req.prompt) - 1 > hit:
-                try:
-                    self.verifier.prefill(req.prompt[hit:-1], cache)
-                except BaseException:
-                    self._running.remove(req)
-                    self._release(req, "cancelled")
-                    raise
-                req.hidden = self._hidden_rows(None)
-            elif self.reads_hidden:  # nothing fed: no hidden states yet
-                width = int(getattr(self.target, "hidden_width", 0))
-                req.hidden = torch.zeros(0, width, device=self.target.device)
-            req.result.timings["prefill"] += time.perf_counter() - t0
-        return []
+            req.admitted = True
+        if len(ctx) - 1 > hit:
+            self.verifier.prefill(ctx[hit:-1], cache, hidden=self._capture)
+            req.hidden = None if self._capture is None else self._capture.states
+        elif self._capture is not None:  # nothing fed: no hidden states yet
+            width = self._capture.width(int(self.target.config.hidden_size))  # type: ignore[attr-defined]
+            req.hidden = torch.zeros(0, width, device=self.target.device)
+        req.result.timings["prefill"] += time.perf_counter() - t0
+
+    def _make_room(self) -> None:
+        """Preempt the latest admitted requests until the pool holds every running
+        request's next step. A preempted request frees its blocks (full ones stay in the
+        prefix cache) and waits at the head of the queue; it resumes from its context."""
+        if self._pool is None:
+            return
+        pooled = [r for r in self._running if self._pooled(r)]
+        need = sum(self._growth(r) for r in pooled)
+        while len(pooled) > 1 and need > self._pool.manager.num_free_blocks():
+            victim = pooled.pop()
+            self._running.remove(victim)
+            self._free(victim)
+            victim.result.preemptions += 1
+            self._waiting.appendleft(victim)
+            need = sum(self._growth(r) for r in pooled)
 
     def _advance(
         self, req: _Request, tree: DraftTree, s: StepResult, timings: dict[str, float]
@@ -637,30 +879,25 @@ class SpeculativeGenerator:
         new = res.tokens[before:]
         if new and res.first_token_seconds is None:
             res.first_token_seconds = time.perf_counter() - req.t_submit
-        if req.matcher is not None:
-            for t in new:
-                req.matcher.accept_token(t)
-            done = done or req.matcher.is_terminated()
-        if req.on_step is not None:
-            assert req.cache is not None
-            req.on_step(req.context, req.cache, s)
+        try:
+            if req.matcher is not None:
+                for t in new:
+                    if not req.matcher.accept_token(t):
+                        raise VerifyError(f"the grammar refused committed token {t}")
+                done = done or req.matcher.is_terminated()
+            if req.on_step is not None:
+                assert req.cache is not None
+                req.on_step(req.context, req.cache, s)
+        except Exception as e:
+            self._running.remove(req)
+            return self._end(req, "error", e, new)
         if done:
             self._running.remove(req)
             stopped = (new and new[-1] in req.stop) or (
                 req.matcher is not None and req.matcher.is_terminated()
             )
-            self._release(req, "stop" if stopped else "length")
-            return RequestOutput(req.rid, new, True, self._finished[req.rid])
+            return self._end(req, "stop" if stopped else "length", None, new)
         return RequestOutput(req.rid, new)
-
-    def _release(self, req: _Request, reason: str) -> None:
-        res = req.result
-        res.finish_reason = reason  # type: ignore[assignment]
-        res.seconds = time.perf_counter() - req.t_submit
-        if req.own_cache and req.cache is not None and hasattr(req.cache, "free"):
-            req.cache.free()
-        req.cache = None if req.own_cache else req.cache
-        self._finished[req.rid] = res
 
 
 def _stop_set(stop_tokens: Collection[int] | int | None) -> frozenset[int]:

@@ -9,9 +9,9 @@ import torch
 
 from .._arrays import check_int
 from ..errors import ConfigError, SpecdecTypeError
-from ..protocols import DraftRequest
+from ..protocols import DraftRequest, HiddenCapture
 
-__all__ = ["SequenceDrafter", "check_requests"]
+__all__ = ["SequenceDrafter", "check_requests", "hidden_capture"]
 
 
 class SequenceDrafter(ABC):
@@ -40,3 +40,13 @@ def check_requests(requests: Sequence[DraftRequest]) -> None:
             raise SpecdecTypeError(f"requests must be DraftRequest, got {type(r).__name__}")
         if len(r.context) == 0:
             raise ConfigError("a request's context needs at least one token")
+
+
+def hidden_capture(drafter: object) -> HiddenCapture | None:
+    """The target hidden states ``drafter`` reads (its ``hidden_layers`` and
+    ``hidden_final``), as a fresh capture to pass to the target's forwards; None for a
+    drafter that reads none."""
+    if not hasattr(drafter, "hidden_layers"):
+        return None
+    layers = tuple(int(i) for i in getattr(drafter, "hidden_layers", ()))
+    return HiddenCapture(layers, bool(getattr(drafter, "hidden_final", False)))

@@ -173,7 +173,8 @@ class BlockDrafter(SharedHead, nn.Module):
         # Linear layers (and the shared head) on oneDNN packed weights where that applies
         # (CPU float32, no autograd), as the target's decode steps; False: plain F.linear.
         self.packed_linear = True
-        self._requests: list[_Request] = []
+        self._requests: list[_Request] = []  # one-off calls (no request id), by context
+        self._by_id: dict[int, _Request] = {}  # RequestLifecycle: by request id
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -405,8 +406,8 @@ class BlockDrafter(SharedHead, nn.Module):
         check_requests(requests)
         used: list[_Request] = []
         for r in requests:
-            used.append(self._follow(r, used))
-        self._requests = used
+            used.append(self._follow(r, used) if r.request_id is None else self._keyed(r))
+        self._requests = [u for u in used if all(u is not k for k in self._by_id.values())]
         dev = self.fc.weight.device
         rows = []
         for r, st in zip(requests, used, strict=True):
@@ -422,6 +423,33 @@ class BlockDrafter(SharedHead, nn.Module):
             rows.append(self.logits(h).float())
         return torch.stack(rows)
 
+    # -- RequestLifecycle: per-request context K/V, freed when the request ends -------------
+    def add_request(
+        self, request_id: int, prompt: Sequence[int], *, cache_salt: bytes | str | None = None
+    ) -> None:
+        """Start holding state for ``request_id`` (its context K/V, built from the hidden
+        states its DraftRequests bring)."""
+        rid = check_int(request_id, "request_id", None, DraftError)
+        if rid in self._by_id:
+            raise DraftError(f"request {rid} was already added")
+        self._by_id[rid] = _Request([int(t) for t in prompt])
+
+    def remove_request(self, request_id: int, output: Sequence[int] | None = None) -> None:
+        """Free ``request_id``'s state."""
+        if self._by_id.pop(int(request_id), None) is None:
+            raise DraftError(f"no request {request_id} (never added, or already removed)")
+
+    @property
+    def num_requests(self) -> int:
+        """Requests whose state is held (by id, and one-off contexts of the last call)."""
+        return len(self._by_id) + len(self._requests)
+
+    def _keyed(self, r: DraftRequest) -> _Request:
+        st = self._by_id.get(int(r.request_id))  # type: ignore[arg-type]
+        if st is None:
+            raise DraftError(f"no request {r.request_id}: add_request first")
+        return self._extend(st, r)
+
     def _follow(self, r: DraftRequest, taken: list[_Request]) -> _Request:
         """The state of the request whose tokens ``r.context`` extends, with ``r``'s new
         hidden states (the positions just before the root) added."""
@@ -432,6 +460,12 @@ class BlockDrafter(SharedHead, nn.Module):
             if all(old is not t for t in taken) and n <= len(ctx) and ctx[:n] == old.seen:
                 st = old
                 break
+        return self._extend(st, r)
+
+    def _extend(self, st: _Request | None, r: DraftRequest) -> _Request:
+        """``st`` (None: a new state) brought up to ``r``: its context and new hidden
+        states."""
+        ctx = [int(t) for t in r.context]
         if r.hidden_states is None:
             if st is None:
                 raise DraftError(

@@ -24,7 +24,7 @@ from .._core import QuantMatrix
 from ..cache.dense import DenseKVCache
 from ..cache.paged import PagedDecodeStep, PagedKVCache
 from ..errors import CheckpointError, ConfigError, SpecdecTypeError, VerifyError
-from ..protocols import KVCache, Target
+from ..protocols import HiddenCapture, KVCache, Target
 from ..verify.attention import Backend, attend, check_bool_mask
 from .quant import (
     QuantBlocks,
@@ -452,38 +452,30 @@ class LlamaModel(nn.Module):
         # After release_plain_linears: (module, group, offset) for each freed weight.
         self._released: list[tuple[nn.Linear, int, int]] = []
         self._hooked = False
-        self.hidden_layers: tuple[int, ...] = ()
-        self.hidden_final = False
-        self.last_hidden_states: torch.Tensor | None = None
         self._rope_tab: tuple[Tensor, Tensor] | None = None  # see _rope_tables
 
     # -- hidden states -------------------------------------------------------------------
-    def capture_hidden(self, layers: Sequence[int] = (), *, final: bool = False) -> None:
-        """Keep, from every later :meth:`forward` / :meth:`forward_batch`, the outputs of the
-        decoder ``layers`` (0-based, increasing) and, with ``final``, the final-norm hidden
-        state (what the LM head reads) in :attr:`last_hidden_states`:
-        ``[T, (len(layers) + final) * H]`` (``[R, T, ...]`` for a batch), in that order.
-        Block drafters and Medusa heads read them, so drafting costs no extra target pass.
-        No layers and no ``final``: off."""
+    # Per call (``hidden=HiddenCapture(...)``), never per model: one model serves several
+    # generators, each with its own drafter's layers.
+    captures_hidden = True
+
+    def check_capture(self, hidden: HiddenCapture) -> None:
+        """Raise a ``ConfigError`` when ``hidden`` names layers this model lacks."""
         n = self.config.num_hidden_layers
-        ids = tuple(int(i) for i in layers)
+        ids = tuple(int(i) for i in hidden.layers)
         bad = [i for i in ids if not 0 <= i < n]
         if bad:
             raise ConfigError(f"hidden-state layers {bad} are not in [0, {n}) (the model's layers)")
         if list(ids) != sorted(set(ids)):
             raise ConfigError(f"hidden-state layers must be strictly increasing, got {list(ids)}")
-        self.hidden_layers, self.hidden_final = ids, bool(final)
-        self.last_hidden_states = None
 
-    @property
-    def hidden_width(self) -> int:
-        """Width of a :attr:`last_hidden_states` row."""
-        return (len(self.hidden_layers) + self.hidden_final) * self.config.hidden_size
-
-    def _keep_hidden(self, kept: list[torch.Tensor], x: torch.Tensor) -> None:
-        if self.hidden_final:
+    @staticmethod
+    def _keep_hidden(hidden: HiddenCapture | None, kept: list[torch.Tensor], x: Tensor) -> None:
+        if hidden is None:
+            return
+        if hidden.final:
             kept.append(x)
-        self.last_hidden_states = torch.cat(kept, -1) if kept else None
+        hidden.states = torch.cat(kept, -1) if kept else None
 
     # -- linear layers -------------------------------------------------------------------
     @staticmethod
@@ -724,14 +716,27 @@ class LlamaModel(nn.Module):
 
     @torch.no_grad()
     def forward(
-        self, input_ids: Tensor, position_ids: Tensor, cache: KVCache, mask: Tensor | None = None
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        cache: KVCache,
+        mask: Tensor | None = None,
+        *,
+        hidden: HiddenCapture | None = None,
     ) -> Tensor:
         """Tokens ``[T]`` at positions ``[T]`` attending to the cache's committed prefix plus
         this step's tokens under ``mask`` ``[T, committed + T]`` (bool, True = visible;
         ``None`` = causal). Returns logits ``[T, vocab]``; the step stays pending in
-        ``cache``."""
+        ``cache``. ``hidden``: hidden states to keep from this forward (its ``states``
+        ``[T, width]`` after the call)."""
         return self._step(
-            input_ids, position_ids, cache, mask, packed=self.packed_linear, last=False
+            input_ids,
+            position_ids,
+            cache,
+            mask,
+            packed=self.packed_linear,
+            last=False,
+            hidden=hidden,
         )
 
     @torch.no_grad()
@@ -751,9 +756,12 @@ class LlamaModel(nn.Module):
         *,
         packed: bool,
         last: bool,
+        hidden: HiddenCapture | None = None,
     ) -> Tensor:
         c = self.config
         check_step_inputs(self, input_ids, position_ids, mask, cache)
+        if hidden is not None:
+            self.check_capture(hidden)
         if (cache.num_layers, cache.num_kv_heads, cache.head_dim) != (
             c.num_hidden_layers,
             c.num_key_value_heads,
@@ -772,7 +780,7 @@ class LlamaModel(nn.Module):
             mask = None  # one token seeing everything: attention needs no mask
         cache.begin(t_new)
         try:
-            return self._run(input_ids, position_ids, cache, mask, packed, last)
+            return self._run(input_ids, position_ids, cache, mask, packed, last, hidden)
         except BaseException:
             cache.rollback()
             raise
@@ -810,10 +818,11 @@ class LlamaModel(nn.Module):
         mask: torch.Tensor | None,
         pk: bool,
         last: bool,
+        hidden: HiddenCapture | None,
     ) -> torch.Tensor:
         plan = self._linear_plan(pk, ids.shape[0])  # None: plain F.linear calls
         with _kernel_threads(plan):
-            return self._run_plan(ids, pos, cache, mask, plan, last)
+            return self._run_plan(ids, pos, cache, mask, plan, last, hidden)
 
     def _run_plan(
         self,
@@ -823,6 +832,7 @@ class LlamaModel(nn.Module):
         mask: torch.Tensor | None,
         plan: _Groups | None,
         last: bool,
+        hidden: HiddenCapture | None,
     ) -> torch.Tensor:
         c = self.config
         hd = c.head_dim or 0
@@ -831,7 +841,7 @@ class LlamaModel(nn.Module):
         cos, sin = self._rope_tables(pos, x.dtype)
         cos, sin = cos[:, None], sin[:, None]  # broadcast over heads: [T, 1, D]
         kept: list[torch.Tensor] = []
-        silu, keep = nn.functional.silu, self.hidden_layers
+        silu, keep = nn.functional.silu, () if hidden is None else hidden.layers
         hq, hkv = c.num_attention_heads, c.num_key_value_heads
         nqk = hq + hkv
         backend, inter = self.backend, c.intermediate_size
@@ -867,7 +877,7 @@ class LlamaModel(nn.Module):
             if i in keep:
                 kept.append(x)
         x = self.model.norm(x)
-        self._keep_hidden(kept, x)
+        self._keep_hidden(hidden, kept, x)
         return self._head(x[-1:] if last else x, plan)
 
     @torch.no_grad()
@@ -877,12 +887,17 @@ class LlamaModel(nn.Module):
         position_ids: torch.Tensor,
         caches: Sequence[KVCache],
         mask: torch.Tensor,
+        *,
+        hidden: HiddenCapture | None = None,
     ) -> torch.Tensor:
         """R sequences (one cache each) in one forward: ``input_ids``/``position_ids``
         ``[R, T]`` and ``mask`` ``[R, T, P_max + T]`` laid out as
         :func:`specdec.tree.batch_tree_inputs` does (row r's prefix in columns
         ``[0, committed_r)``, then the step's T tokens). Returns logits ``[R, T, vocab]``;
-        each cache's step stays pending."""
+        each cache's step stays pending. ``hidden``: as in :meth:`forward` (``states``
+        ``[R, T, width]``)."""
+        if hidden is not None:
+            self.check_capture(hidden)
         if not isinstance(input_ids, torch.Tensor) or not isinstance(position_ids, torch.Tensor):
             raise SpecdecTypeError("input_ids and position_ids must be torch.Tensors")
         if input_ids.dim() != 2 or position_ids.shape != input_ids.shape:
@@ -908,7 +923,7 @@ class LlamaModel(nn.Module):
             for cache in caches:
                 cache.begin(t_new)
                 begun.append(cache)
-            return self._run_batch(input_ids, position_ids, caches, mask, p_max)
+            return self._run_batch(input_ids, position_ids, caches, mask, p_max, hidden)
         except BaseException:
             for cache in begun:
                 cache.rollback()
@@ -921,10 +936,11 @@ class LlamaModel(nn.Module):
         caches: Sequence[KVCache],
         mask: torch.Tensor,
         p_max: int,
+        hidden: HiddenCapture | None,
     ) -> torch.Tensor:
         plan = self._linear_plan(self.packed_linear, ids.numel())  # None: F.linear calls
         with _kernel_threads(plan):
-            return self._run_batch_plan(ids, pos, caches, mask, p_max, plan)
+            return self._run_batch_plan(ids, pos, caches, mask, p_max, plan, hidden)
 
     def _run_batch_plan(
         self,
@@ -934,6 +950,7 @@ class LlamaModel(nn.Module):
         mask: torch.Tensor,
         p_max: int,
         plan: _Groups | None,
+        hidden: HiddenCapture | None,
     ) -> torch.Tensor:
         c = self.config
         hd = c.head_dim or 0
@@ -943,6 +960,7 @@ class LlamaModel(nn.Module):
         cos, sin = cos.view(r, 1, t_new, hd), sin.view(r, 1, t_new, hd)
         lens = [cache.committed_len for cache in caches]
         kept: list[torch.Tensor] = []
+        keep = () if hidden is None else hidden.layers
         for i, layer in enumerate(self.model.decoder_layers()):
             a = layer.self_attn
             h = layer.input_layernorm(x)
@@ -964,10 +982,10 @@ class LlamaModel(nn.Module):
             o = o.transpose(1, 2).reshape(r, t_new, a.h * hd)
             x = x + self._proj(o, plan, 4 * i + 1, a.o_proj)[0]
             x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), plan, i)
-            if i in self.hidden_layers:
+            if i in keep:
                 kept.append(x)
         x = self.model.norm(x)
-        self._keep_hidden(kept, x)
+        self._keep_hidden(hidden, kept, x)
         return self._head(x, plan)
 
     @torch.no_grad()

@@ -28,9 +28,11 @@ from typing import Any, Literal
 
 import torch
 
+from ..draft.base import hidden_capture
 from ..draft.block import BlockDrafter
 from ..draft.medusa import MedusaDrafter
 from ..errors import CheckpointError, ConfigError
+from ..protocols import HiddenCapture
 from .data import chunks
 
 __all__ = ["TrainConfig", "TrainResult", "train", "teacher_pass", "Kind"]
@@ -111,17 +113,19 @@ class TrainResult:
     held_out: list[dict[str, float]] = field(default_factory=list)
 
 
-def teacher_pass(target: Any, ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One causal target forward over ``ids``: (captured hidden states ``[T, W]``, the target's
-    next-token log-probabilities ``[T, V]``). The target's capture setting decides W."""
+def teacher_pass(
+    target: Any, ids: Sequence[int], capture: HiddenCapture
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One causal target forward over ``ids``: (the hidden states ``capture`` names, ``[T,
+    W]``, the target's next-token log-probabilities ``[T, V]``)."""
     dev = target.device
     t = torch.tensor(list(ids), dtype=torch.long, device=dev)
     cache = target.new_cache(len(ids))
-    logits = target(t, torch.arange(len(ids), device=dev), cache, None)
+    logits = target(t, torch.arange(len(ids), device=dev), cache, None, hidden=capture)
     cache.rollback()
-    hidden = target.last_hidden_states
+    hidden = capture.states
     if hidden is None:
-        raise ConfigError("the target captured no hidden states (capture_hidden first)")
+        raise ConfigError("the capture names no hidden states (no layers, not final)")
     return hidden.float(), torch.log_softmax(logits.float(), -1)
 
 
@@ -217,7 +221,8 @@ def train(
     want = "block" if isinstance(drafter, BlockDrafter) else "medusa"
     if cfg.kind != want:
         raise ConfigError(f"TrainConfig.kind is {cfg.kind!r} but the drafter is a {want} drafter")
-    target.capture_hidden(getattr(drafter, "hidden_layers", ()), final=drafter.hidden_final)
+    capture = hidden_capture(drafter)
+    assert capture is not None  # both kinds read hidden states
     for p in target.parameters():
         p.requires_grad_(False)
     torch.manual_seed(cfg.seed)
@@ -240,7 +245,7 @@ def train(
     if not held_ids:
         raise ConfigError("the held-out files give no chunk of seq_len tokens")
     with torch.no_grad():  # the target is frozen: its held-out passes are computed once
-        held = [(ids, *teacher_pass(target, ids)) for ids in held_ids]
+        held = [(ids, *teacher_pass(target, ids, capture)) for ids in held_ids]
     data = chunks(train_files, encode, cfg.seq_len)
     for _ in range(res.steps // cfg.reuse):  # resume: the chunks already trained on
         next(data, None)
@@ -275,7 +280,7 @@ def train(
                 if ids is None:
                     raise ConfigError("the training files give no chunk of seq_len tokens")
             with torch.no_grad():
-                current = (ids, *teacher_pass(target, ids))
+                current = (ids, *teacher_pass(target, ids, capture))
         ids, hidden, logp = current
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + res.steps)
         logits, where = _predict(drafter, cfg, ids, hidden, gen)

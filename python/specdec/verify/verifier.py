@@ -28,7 +28,7 @@ import torch
 
 from .._arrays import check_int, token_tensor
 from ..errors import NoAllowedTokens, SpecdecTypeError, VerifyError
-from ..protocols import Constraint, KVCache, Target
+from ..protocols import Constraint, HiddenCapture, KVCache, Target
 from ..tree import DraftTree, WalkResult, batch_tree_inputs, walk, walk_batch
 from .rules import DecodingRule, Greedy
 from .rules.base import apply_rule
@@ -64,7 +64,8 @@ def check_bonus_allowed(empty: np.ndarray, last_node: int, row: int = 0) -> None
     if empty[last_node]:
         raise NoAllowedTokens(
             f"the grammar allows no token after tree node {last_node} (request row {row}): "
-            "the constraint is finished or dead, and no stop token ended the request"
+            "the constraint is finished or dead, and no stop token ended the request",
+            row=row,
         )
 
 
@@ -135,17 +136,39 @@ class Verifier:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def prefill(self, tokens: Sequence[int] | torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def prefill(
+        self,
+        tokens: Sequence[int] | torch.Tensor,
+        cache: KVCache,
+        *,
+        hidden: HiddenCapture | None = None,
+    ) -> torch.Tensor:
         """Feed ``tokens`` causally after the committed prefix and commit them all. Returns
-        their logits."""
+        their logits. ``hidden``: hidden states to keep (a target with
+        ``captures_hidden``)."""
         ids = token_tensor(tokens, "prefill tokens", self.device)
         if ids.numel() == 0:
             raise VerifyError("prefill needs at least one token")
         start = cache.committed_len
         pos = torch.arange(start, start + ids.numel(), device=self.device)
-        logits = self.target(ids, pos, cache, None)
+        logits = self._forward(ids, pos, cache, None, hidden)
         cache.commit_fed(ids)
         return logits
+
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        cache: KVCache,
+        mask: torch.Tensor | None,
+        hidden: HiddenCapture | None,
+    ) -> torch.Tensor:
+        if hidden is None:
+            return self.target(ids, pos, cache, mask)
+        if not getattr(self.target, "captures_hidden", False):
+            raise VerifyError(f"{type(self.target).__name__} keeps no hidden states")
+        out: torch.Tensor = self.target(ids, pos, cache, mask, hidden=hidden)  # type: ignore[call-arg]
+        return out
 
     def step(
         self,
@@ -155,6 +178,7 @@ class Verifier:
         root_token: int | None = None,
         constraint: Constraint | None = None,
         seed: int | None = None,
+        hidden: HiddenCapture | None = None,
     ) -> StepResult:
         """Verify ``tree`` (root = the last emitted token, not yet in ``cache``) in one target
         forward, walk it with the rule's chosen tokens and commit root + accepted path.
@@ -162,7 +186,8 @@ class Verifier:
         node's logits are masked to what it allows, so the rule only picks valid tokens (the
         caller advances the matcher with the step's tokens). ``seed``: seeded sampling keyed
         by position (:func:`~specdec.verify.rules.sampling.keyed_uniforms`) instead of the
-        verifier's ``generator``."""
+        verifier's ``generator``. ``hidden``: hidden states to keep from the forward, one
+        row per tree node (a target with ``captures_hidden``)."""
         if not isinstance(tree, DraftTree):
             raise SpecdecTypeError(f"tree must be a DraftTree, got {type(tree).__name__}")
         if not isinstance(cache, KVCache):
@@ -185,7 +210,7 @@ class Verifier:
         mask = tt.attention_mask(prefix)
         t1 = self._now()
         timings["mask"] = t1 - t0
-        logits = self.target(tt.tokens, positions, cache, mask)
+        logits = self._forward(tt.tokens, positions, cache, mask, hidden)
         t2 = self._now()
         timings["forward"] = t2 - t1
         try:
@@ -217,6 +242,8 @@ class Verifier:
         caches: Sequence[KVCache],
         constraints: Sequence[Constraint | None] | None = None,
         seeds: Sequence[int | None] | None = None,
+        *,
+        hidden: HiddenCapture | None = None,
     ) -> list[StepResult]:
         """Verify R trees of R sequences in ONE target forward (trees padded to the largest,
         prefixes padded to the longest; needs a target with ``forward_batch``), then walk all
@@ -224,7 +251,8 @@ class Verifier:
         and checks its commit before any commits; on an error every cache is rolled back.
         Every result carries the batch's timings. ``constraints``: per sequence a matcher (or
         None), as in :meth:`step`; ``seeds``: per sequence a sampling seed (or None: the
-        verifier's ``generator``), as in :meth:`step`."""
+        verifier's ``generator``), as in :meth:`step`; ``hidden``: as in :meth:`step`, ``[R,
+        T, width]``."""
         fb = getattr(self.target, "forward_batch", None)
         if fb is None:
             raise SpecdecTypeError(f"{type(self.target).__name__} has no forward_batch: use step()")
@@ -254,7 +282,10 @@ class Verifier:
         batch = batch_tree_inputs(trees, prefix, device=self.device)
         t1 = self._now()
         timings["mask"] = t1 - t0
-        logits = fb(batch.tokens, batch.positions, caches, batch.mask)
+        if hidden is None:
+            logits = fb(batch.tokens, batch.positions, caches, batch.mask)
+        else:
+            logits = fb(batch.tokens, batch.positions, caches, batch.mask, hidden=hidden)
         t2 = self._now()
         timings["forward"] = t2 - t1
         try:
