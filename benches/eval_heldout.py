@@ -18,9 +18,9 @@ import json
 import torch
 
 from specdec.draft import BlockDrafter, MedusaDrafter
+from specdec.draft.base import hidden_capture
 from specdec.train import TrainConfig, split_files, stdlib_files
 from specdec.train.data import chunks
-from specdec.draft.base import hidden_capture
 from specdec.train.loop import _evaluate, _take, teacher_pass
 
 

@@ -25,7 +25,7 @@ from ..cache.dense import DenseKVCache
 from ..cache.paged import PagedDecodeStep, PagedKVCache
 from ..errors import CheckpointError, ConfigError, SpecdecTypeError, VerifyError
 from ..protocols import HiddenCapture, KVCache, Target
-from ..verify.attention import Backend, attend, check_bool_mask
+from ..verify.attention import Backend, FlexFallback, attend, check_bool_mask
 from .quant import (
     QuantBlocks,
     QuantizedLinears,
@@ -266,9 +266,12 @@ _plans: weakref.WeakKeyDictionary[nn.Module, _Plan] = weakref.WeakKeyDictionary(
 # Parameter and submodule (re)registrations anywhere in the process (assigning a new weight
 # or layer, ``load_state_dict(assign=True)``), counted by global nn.Module hooks: while the
 # count stands, a model's packed plan only needs its weights' version counters checked, not
-# a walk over its modules (a walk costs ~0.4 ms a step on SmolLM2-135M).
+# a walk over its modules (a walk costs ~0.4 ms a step on SmolLM2-135M). The hooks are
+# torch's only way to see such assignments; they are installed while some model has a plan
+# and removed with the last such model.
 _registrations = 0
-_hooks_on = False
+_hook_handles: list[Any] = []
+_watchers: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 def _count_registration(*_: object) -> None:
@@ -276,14 +279,29 @@ def _count_registration(*_: object) -> None:
     _registrations += 1
 
 
-def _watch_registrations() -> None:
-    global _hooks_on
-    if not _hooks_on:
+def _watch_registrations(model: nn.Module) -> None:
+    global _registrations
+    if model in _watchers:
+        return
+    if not _hook_handles:
         from torch.nn.modules import module as nn_module
 
-        nn_module.register_module_parameter_registration_hook(_count_registration)
-        nn_module.register_module_module_registration_hook(_count_registration)
-        _hooks_on = True
+        _hook_handles.append(
+            nn_module.register_module_parameter_registration_hook(_count_registration)
+        )
+        _hook_handles.append(
+            nn_module.register_module_module_registration_hook(_count_registration)
+        )
+        _registrations += 1  # unseen while unhooked: every plan checks its weights again
+    _watchers.add(model)
+    weakref.finalize(model, _unwatch)
+
+
+def _unwatch() -> None:
+    if not any(True for _ in _watchers):  # the last model with a plan is gone (live ones)
+        for h in _hook_handles:
+            h.remove()
+        _hook_handles.clear()
 
 
 def _restore_hook(module: LlamaModel, *_: object) -> None:
@@ -298,14 +316,12 @@ def _pointwise(x: Tensor, wb: tuple[Tensor | QuantMatrix, Tensor | None]) -> Ten
     return out
 
 
-def _kernel_threads(plan: _Groups | None) -> AbstractContextManager[None]:
-    """Around a forward on the quantized blocks: torch's own ops on one thread (they are
-    small at a few rows), so that its OpenMP workers, which spin for a while after every
-    parallel op, do not take the cores the kernel's threads run on (measured: the kernel's
-    share of a SmolLM2 step 12 ms with them spinning, 7 ms without)."""
-    if plan is None or not plan or not isinstance(plan[0][0], QuantMatrix):
+def _kernel_threads(plan: _Groups | None, threads: int | None) -> AbstractContextManager[None]:
+    """Around a forward on the quantized blocks: torch's own ops on ``threads`` threads
+    (``LlamaModel.kernel_torch_threads``)."""
+    if threads is None or plan is None or not plan or not isinstance(plan[0][0], QuantMatrix):
         return nullcontext()
-    return torch_threads(1)
+    return torch_threads(threads)
 
 
 class Attention(nn.Module):
@@ -436,6 +452,7 @@ class LlamaModel(nn.Module):
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.backend: Backend = backend
+        self._flex = FlexFallback()  # what backend="auto" learnt on this model
         # Every forward path (forward, forward_batch, forward_last, forward_paged) runs CPU
         # float32 linear layers through oneDNN on packed weights (see ``linears``): about 2x
         # faster than the BLAS at 1-65 rows; logits differ from ``F.linear``'s by ~1e-4 (another
@@ -449,6 +466,14 @@ class LlamaModel(nn.Module):
         self.quantized: QuantizedLinears | None = None
         self.quant_linear = True
         self.quant_max_rows = 48
+        # torch's intra-op threads while a step runs on the quantized blocks: 1, since its
+        # ops are small at a few rows and its OpenMP workers, which spin for a while after
+        # every parallel op, would take the cores the kernel's threads run on (measured on
+        # SmolLM2: the kernel's share of a step 12 ms with them spinning, 7 ms without;
+        # the whole 1-row step ~10x slower). torch's setting is process-wide, so it is set
+        # only inside such a step; None leaves it alone (a process whose other threads run
+        # torch work meanwhile).
+        self.kernel_torch_threads: int | None = 1
         # After release_plain_linears: (module, group, offset) for each freed weight.
         self._released: list[tuple[nn.Linear, int, int]] = []
         self._hooked = False
@@ -519,7 +544,7 @@ class LlamaModel(nn.Module):
             and plan[1] == [_version(t) for t in plan[0]]
         ):
             return plan[2]  # nothing registered anywhere since, no weight changed in place
-        _watch_registrations()
+        _watch_registrations(self)
         groups = self._linear_groups()
         held = [t for ws, bs in groups for t in (*ws, *bs) if t is not None]
         vers = [_version(t) for t in held]
@@ -565,7 +590,7 @@ class LlamaModel(nn.Module):
                 return False
             plan.append((stack(found), _cat_bias(ws, bs)))
             held += [*ws, *(b for b in bs if b is not None)]
-        _watch_registrations()
+        _watch_registrations(self)
         vers = [_version(t) for t in held]
         self.quantized = QuantizedLinears(plan, held, vers, _registrations)
         return True
@@ -821,7 +846,7 @@ class LlamaModel(nn.Module):
         hidden: HiddenCapture | None,
     ) -> torch.Tensor:
         plan = self._linear_plan(pk, ids.shape[0])  # None: plain F.linear calls
-        with _kernel_threads(plan):
+        with _kernel_threads(plan, self.kernel_torch_threads):
             return self._run_plan(ids, pos, cache, mask, plan, last, hidden)
 
     def _run_plan(
@@ -863,6 +888,7 @@ class LlamaModel(nn.Module):
                 mask,
                 backend=backend,
                 checked=i > 0,
+                fallback=self._flex,
             )
             o = o[0].transpose(0, 1).reshape(t_new, hq * hd)
             if plan is None:
@@ -939,7 +965,7 @@ class LlamaModel(nn.Module):
         hidden: HiddenCapture | None,
     ) -> torch.Tensor:
         plan = self._linear_plan(self.packed_linear, ids.numel())  # None: F.linear calls
-        with _kernel_threads(plan):
+        with _kernel_threads(plan, self.kernel_torch_threads):
             return self._run_batch_plan(ids, pos, caches, mask, p_max, plan, hidden)
 
     def _run_batch_plan(
@@ -978,7 +1004,7 @@ class LlamaModel(nn.Module):
                 n = lens[j]
                 kk[j, :, :n], kk[j, :, p_max:] = k_all[:, :n], k_all[:, n:]
                 vv[j, :, :n], vv[j, :, p_max:] = v_all[:, :n], v_all[:, n:]
-            o = attend(q, kk, vv, mask, backend=self.backend)
+            o = attend(q, kk, vv, mask, backend=self.backend, fallback=self._flex)
             o = o.transpose(1, 2).reshape(r, t_new, a.h * hd)
             x = x + self._proj(o, plan, 4 * i + 1, a.o_proj)[0]
             x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), plan, i)
@@ -1043,7 +1069,7 @@ class LlamaModel(nn.Module):
         step: PagedDecodeStep,
     ) -> Tensor:
         plan = self._linear_plan(self.packed_linear, ids.shape[0])  # None: F.linear calls
-        with _kernel_threads(plan):
+        with _kernel_threads(plan, self.kernel_torch_threads):
             return self._run_paged_plan(ids, pos, k_slots, v_slots, step, plan)
 
     def _run_paged_plan(
@@ -1087,7 +1113,7 @@ class LlamaModel(nn.Module):
             vv = vs.index_select(0, flat).view(r, -1, a.hkv, hd).transpose(1, 2)
             if kk.dtype != q.dtype:
                 kk, vv = kk.to(q.dtype), vv.to(q.dtype)
-            o = attend(q, kk, vv, mask, backend=self.backend, checked=i > 0)
+            o = attend(q, kk, vv, mask, backend=self.backend, checked=i > 0, fallback=self._flex)
             o = o.transpose(1, 2).reshape(r, 1, a.h * hd)
             if plan is None:
                 x = x + self._lin(o, a.o_proj, packed=False)[0]

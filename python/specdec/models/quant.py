@@ -13,6 +13,7 @@ product with the same float32 weights, up to summation order (as oneDNN's is).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -81,15 +82,27 @@ def kernel_available() -> bool:
     return bool(quant_simd_available())
 
 
+_threads_lock = threading.Lock()
+_threads_users = 0
+_threads_before = 0
+
+
 @contextmanager
 def torch_threads(n: int) -> Iterator[None]:
-    """torch's intra-op threads set to ``n`` inside the block, restored after."""
-    before = torch.get_num_threads()
-    if before == n:
-        yield
-        return
-    torch.set_num_threads(n)
+    """torch's intra-op threads set to ``n`` inside the block, restored after. torch's
+    setting is process-wide: blocks entered from several threads at once share one setting,
+    and the last to leave restores what the first found."""
+    global _threads_users, _threads_before
+    with _threads_lock:
+        if _threads_users == 0:
+            _threads_before = torch.get_num_threads()
+            if _threads_before != n:
+                torch.set_num_threads(n)
+        _threads_users += 1
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        with _threads_lock:
+            _threads_users -= 1
+            if _threads_users == 0 and torch.get_num_threads() != _threads_before:
+                torch.set_num_threads(_threads_before)

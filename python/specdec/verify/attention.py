@@ -33,6 +33,7 @@ from ..errors import SpecdecTypeError, VerifyError
 
 __all__ = [
     "Backend",
+    "FlexFallback",
     "attend",
     "tree_attention",
     "flex_available",
@@ -41,7 +42,15 @@ __all__ = [
 Backend = Literal["auto", "sdpa", "flex", "math"]
 
 _flex_fn: Any = None  # compiled flex_attention, built once on first CUDA use
-_flex_failed = False
+
+
+class FlexFallback:
+    """What ``backend="auto"`` learnt for one caller (a model): after flex attention failed
+    once (no kernel for a shape or build), its later calls go straight to SDPA. Kept per
+    object, so one model's failure never switches another off."""
+
+    def __init__(self) -> None:
+        self.flex_failed = False
 
 
 def flex_available() -> bool:
@@ -183,12 +192,14 @@ def attend(
     scale: float | None = None,
     backend: Backend = "auto",
     checked: bool = False,
+    fallback: FlexFallback | None = None,
 ) -> torch.Tensor:
     """Attention of ``q [B, Hq, N, D]`` over already concatenated ``k, v [B, Hkv, S, D]``
     with a bool ``mask`` ``[N, S]`` / ``[B, N, S]`` (True = visible) or ``None`` (all
     visible). GQA when ``Hkv < Hq``. Returns ``[B, Hq, N, D]``. ``checked=True`` skips the
-    argument checks (a model whose forward checked its inputs once, not per layer)."""
-    global _flex_failed
+    argument checks (a model whose forward checked its inputs once, not per layer).
+    ``fallback``: where ``"auto"`` remembers that flex attention failed (None: it tries
+    flex again on the next call)."""
     if not checked:
         _check_attend(q, k, v, mask)
     sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -200,11 +211,12 @@ def attend(
         return _flex(q, k, v, mask, sc)
     if backend != "auto":
         raise VerifyError(f"backend must be auto, sdpa, flex or math, got {backend!r}")
-    if q.is_cuda and not _flex_failed and flex_available():
+    if q.is_cuda and not (fallback is not None and fallback.flex_failed) and flex_available():
         try:
             return _flex(q, k, v, mask, sc)
         except Exception:  # compile/kernel unavailable for this shape or build: use SDPA
-            _flex_failed = True
+            if fallback is not None:
+                fallback.flex_failed = True
     return _sdpa(q, k, v, mask, sc)
 
 
