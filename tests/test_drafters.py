@@ -14,7 +14,7 @@ from specdec.decode import SpeculativeGenerator, autoregressive_generate
 from specdec.draft import NgramDrafter, SuffixDrafter
 from specdec.errors import ConfigError, DraftError, SpecdecError, SpecdecTypeError, TreeError
 from specdec.models import LlamaConfig, LlamaModel
-from specdec.protocols import Drafter, DraftRequest, TreeDrafter
+from specdec.protocols import Drafter, DraftRequest, RequestLifecycle, TreeDrafter
 from specdec.testing import reference_suffix_proposal
 
 
@@ -35,15 +35,18 @@ def test_suffix_index_matches_the_reference() -> None:
         live = [rng.randrange(vocab) for _ in range(rng.randrange(1, 16))]
         max_match, depth = rng.randrange(1, 5), rng.randrange(0, 6)
         budget, min_prob = rng.randrange(1, 14), rng.choice([0.0, 0.2, 0.5])
-        index = _core.SuffixIndex(max_match)
-        for c in corpus:
-            index.add_corpus(c)
+        index, shared = _core.SuffixIndex(max_match), _core.SuffixCorpus(max_match)
+        salts = [rng.choice([None, b"a"]) for _ in corpus]
+        for c, s in zip(corpus, salts, strict=True):
+            shared.add(c, s)
         index.extend(live[: len(live) // 2])
         index.extend(live[len(live) // 2 :])
         context = live if case % 2 else [rng.randrange(vocab) for _ in range(3)]
-        got = paths(index.propose(context, depth, budget, min_prob))
+        salt = rng.choice([None, "a", b"b"])  # "a" is b"a"; b"b" holds nothing
+        got = paths(index.propose(context, depth, budget, min_prob, shared, salt))
+        mine = [c for c, s in zip(corpus, salts, strict=True) if s == _bytes(salt)]
         want = reference_suffix_proposal(
-            [*corpus, live],
+            [*mine, live],
             context,
             max_match=max_match,
             max_depth=depth,
@@ -54,29 +57,37 @@ def test_suffix_index_matches_the_reference() -> None:
         np.testing.assert_allclose([lp for _, lp in got], [lp for _, lp in want], atol=1e-12)
 
 
+def _bytes(salt: str | bytes | None) -> bytes | None:
+    return salt.encode() if isinstance(salt, str) else salt
+
+
 def test_suffix_index_updates_and_corpus() -> None:
-    index = _core.SuffixIndex(2)
+    index, corpus = _core.SuffixIndex(2), _core.SuffixCorpus(2, 100)
     index.extend([5, 6])
     assert len(index.propose([5, 6], 3, 4).tokens) == 1  # nothing followed "5 6" yet
     index.extend([7, 5, 6])
     assert index.propose([5, 6], 3, 4).tokens.tolist() == [6, 7, 5, 6]
-    cid = index.add_corpus([5, 6, 9])
-    tree = index.propose([5, 6], 1, 4)
-    assert tree.tokens.tolist() == [6, 7, 9] and index.num_corpus == 1
+    cid = corpus.add([5, 6, 9])
+    tree = index.propose([5, 6], 1, 4, corpus=corpus)
+    assert tree.tokens.tolist() == [6, 9, 7] and len(corpus) == 1  # the corpus's first
     assert np.allclose(np.exp(tree.logprobs[1:]), [0.5, 0.5])
-    index.remove_corpus(cid)
-    assert index.propose([5, 6], 1, 4).tokens.tolist() == [6, 7]
-    assert len(index) == 5 and index.max_match == 2
+    corpus.remove(cid)
+    assert index.propose([5, 6], 1, 4, corpus=corpus).tokens.tolist() == [6, 7]
+    assert len(index) == 5 and index.max_match == 2 and corpus.num_tokens == 0
 
 
 def test_suffix_drafter_follows_the_context() -> None:
     d = SuffixDrafter(max_match=4, max_depth=3)
-    assert isinstance(d, TreeDrafter)
+    assert isinstance(d, TreeDrafter) and isinstance(d, RequestLifecycle)
     tree = d.propose_tree([1, 2, 3, 4, 1, 2], budget=4)
     assert tree.tokens.tolist() == [2, 3, 4, 1]
-    # The same request one step later: the index appends, it does not start over.
-    tree = d.propose_tree([1, 2, 3, 4, 1, 2, 3, 4, 1], budget=2)
+    # A request's index appends each step's new tokens, as the one-off path reindexes.
+    d.add_request(5, [1, 2, 3, 4])
+    for ctx in ([1, 2, 3, 4, 1, 2], [1, 2, 3, 4, 1, 2, 3, 4, 1]):
+        tree = d.propose([DraftRequest(ctx, request_id=5)], budget=2)[0]
+        assert tree.tokens.tolist() == d.propose_tree(ctx, budget=2).tokens.tolist()
     assert tree.tokens.tolist() == [1, 2, 3]
+    d.remove_request(5)
     # A corpus output is matched by every request, old and new.
     cid = d.add_corpus([7, 8, 9])
     assert d.propose_tree([0, 7], budget=2).tokens.tolist() == [7, 8, 9]
@@ -88,10 +99,13 @@ def test_suffix_drafter_follows_the_context() -> None:
 
 def test_suffix_drafter_remembers_outputs() -> None:
     d = SuffixDrafter(remember_outputs=True)
-    d.propose_tree([3, 4, 5, 6], budget=4)
-    # A different request: the first one's tokens joined the corpus.
-    assert d.propose_tree([9, 4], budget=2).tokens.tolist() == [4, 5, 6]
-    assert d.num_corpus == 1
+    d.add_request(0, [3, 4])
+    d.propose([DraftRequest([3, 4, 5], request_id=0)], budget=4)
+    d.remove_request(0, output=[5, 6])
+    # A different request: the first one's output (not its prompt) joined the corpus.
+    assert d.propose_tree([9, 5], budget=2).tokens.tolist() == [5, 6]
+    assert d.propose_tree([9, 3], budget=2).num_drafted == 0
+    assert d.num_corpus == 1 and d.num_corpus_tokens == 2 and d.num_requests == 0
 
 
 def test_ngram_lookup() -> None:
@@ -109,7 +123,7 @@ def test_ngram_lookup() -> None:
 
 
 def test_bad_input_raises_specdec_errors() -> None:
-    index = _core.SuffixIndex(2)
+    index, corpus = _core.SuffixIndex(2), _core.SuffixCorpus(2, 4)
     cases = [
         (lambda: _core.SuffixIndex(0), DraftError),
         (lambda: index.propose([1], 2, 0), TreeError),
@@ -119,9 +133,13 @@ def test_bad_input_raises_specdec_errors() -> None:
         (lambda: index.propose([1], 2, 1, float("nan")), DraftError),
         (lambda: index.extend([-3]), TreeError),
         (lambda: index.extend("ab"), SpecdecTypeError),
-        (lambda: index.add_corpus([2**40]), TreeError),
-        (lambda: index.remove_corpus(7), DraftError),
-        (lambda: index.remove_corpus(-1), DraftError),
+        (lambda: corpus.add([2**40]), TreeError),
+        (lambda: corpus.add([1, 2, 3, 4, 5]), DraftError),  # longer than the bound
+        (lambda: corpus.add([1], cache_salt=3), SpecdecTypeError),  # type: ignore[arg-type]
+        (lambda: corpus.remove(7), DraftError),
+        (lambda: corpus.remove(-1), DraftError),
+        (lambda: _core.SuffixCorpus(0), DraftError),
+        (lambda: index.propose([1], 2, 1, 0.0, _core.SuffixCorpus(3)), DraftError),
         (lambda: SuffixDrafter(max_match=0), DraftError),
         (lambda: SuffixDrafter(min_prob=2.0), DraftError),
         (lambda: SuffixDrafter().propose_tree([1, 2], 0), DraftError),
@@ -137,7 +155,7 @@ def test_bad_input_raises_specdec_errors() -> None:
         with pytest.raises(cls) as info:
             call()
         assert isinstance(info.value, SpecdecError), i
-    assert len(index) == 0 and index.num_corpus == 0  # refused calls changed nothing
+    assert len(index) == 0 and len(corpus) == 0  # refused calls changed nothing
 
 
 @pytest.fixture(scope="module")

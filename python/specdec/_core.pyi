@@ -131,30 +131,63 @@ def walk_batch(trees: list[TreeArrays], chosen: npt.NDArray[np.int64]) -> list[W
 # ---- draft --------------------------------------------------------------------------------
 @final
 class SuffixIndex:
-    """A suffix index over the request's own tokens and a corpus of earlier outputs: for each
-    context length up to ``max_match``, the occurrences of every m-gram. Bad input raises
-    ``DraftError`` (``TreeError`` for budgets and token ids) and changes nothing."""
+    """A suffix index over one request's own tokens: for each context length up to
+    ``max_match``, the occurrences of every m-gram. Safe to share between threads (a second
+    caller waits). Bad input raises ``DraftError`` (``TreeError`` for budgets and token ids)
+    and changes nothing."""
 
     def __new__(cls, max_match: int = 8) -> Self: ...
     @property
     def max_match(self) -> int: ...
-    @property
-    def num_corpus(self) -> int: ...
     def __len__(self) -> int: ...
     def extend(self, tokens: Sequence[int]) -> None:
         """Append tokens to the request's own sequence."""
 
-    def add_corpus(self, tokens: Sequence[int]) -> int:
-        """Add an earlier output to the corpus; returns its id."""
-
-    def remove_corpus(self, id: int) -> None:
-        """Drop a corpus sequence."""
-
     def propose(
-        self, context: Sequence[int], max_depth: int, budget: int, min_prob: float = 0.0
+        self,
+        context: Sequence[int],
+        max_depth: int,
+        budget: int,
+        min_prob: float = 0.0,
+        corpus: SuffixCorpus | None = None,
+        cache_salt: bytes | str | None = None,
     ) -> TreeArrays:
         """The tree of the ``budget`` most frequent continuations of ``context`` (root: its last
-        token), best-first by path probability, ``logprobs`` = log path probabilities."""
+        token), best-first by path probability, ``logprobs`` = log path probabilities; pooled
+        over this index and the ``cache_salt`` partition of ``corpus`` (same ``max_match``),
+        whose sequences drafted from become its most recently used."""
+
+@final
+class SuffixCorpus:
+    """Earlier outputs shared by requests: one partition per cache salt (``None`` is its own,
+    a str salt is its UTF-8), at most ``max_tokens`` tokens over all of them; past the bound,
+    least recently used sequences leave first (used: added, or drafted from). Safe to share
+    between threads."""
+
+    def __new__(cls, max_match: int = 8, max_tokens: int = 262144) -> Self: ...
+    @property
+    def max_match(self) -> int: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def num_tokens(self) -> int:
+        """Tokens held over every partition."""
+
+    @property
+    def num_partitions(self) -> int:
+        """Salts that hold at least one sequence."""
+
+    def __len__(self) -> int: ...
+    def __contains__(self, key: object, /) -> bool: ...
+    def ids_by_use(self) -> list[int]:
+        """The held sequence ids, least recently used first."""
+
+    def add(self, tokens: Sequence[int], cache_salt: bytes | str | None = None) -> int:
+        """Add an earlier output under ``cache_salt``, evicting least recently used sequences
+        until it fits (``DraftError`` when longer than the whole bound); returns its id."""
+
+    def remove(self, id: int) -> None:
+        """Drop a held sequence (``DraftError`` when it is not held)."""
 
 # ---- decode -------------------------------------------------------------------------------
 CALIBRATION_BIN_EDGES: list[float]

@@ -199,9 +199,8 @@ def reference_suffix_proposal(
     """What :meth:`specdec._core.SuffixIndex.propose` drafts, from scratch: the drafted paths
     (root excluded) in node order with their log path probabilities.
 
-    ``sequences`` are the indexed sequences in the order their tokens entered the index (a
-    corpus added, then the request's own tokens, ...; valid as long as no two sequences grew
-    interleaved). The longest suffix of ``context`` (at most ``max_match`` tokens) that
+    ``sequences`` are the pooled sequences in the order a proposal reads them: the corpus
+    partition's in the order they were added, then the request's own tokens. The longest suffix of ``context`` (at most ``max_match`` tokens) that
     occurs somewhere with a token after it is matched; every such occurrence, in order,
     contributes its next ``max_depth`` tokens. Each distinct prefix of those continuations
     is counted and scored count / occurrences; the first ``budget`` prefixes of probability

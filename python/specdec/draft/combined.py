@@ -22,7 +22,8 @@ class CombinedDrafter:
     """A :class:`~specdec.protocols.TreeDrafter` over a per-depth ``model`` drafter (e.g.
     :class:`~specdec.draft.BlockDrafter`, drafting ``depth`` tokens) and a ``suffix``
     drafter. The model drafts every step (it keeps its per-request state) and reads the
-    target's hidden states when it does."""
+    target's hidden states when it does. :meth:`add_request` and :meth:`remove_request` go
+    to both (to the model when it has them)."""
 
     def __init__(self, model: Drafter, suffix: SuffixDrafter | None = None, *, depth: int = 8):
         if not isinstance(model, Drafter):
@@ -39,6 +40,31 @@ class CombinedDrafter:
         if name in ("hidden_layers", "hidden_final", "vocab_size", "check_target"):
             return getattr(self.model, name)
         raise AttributeError(name)
+
+    # -- requests (RequestLifecycle): the suffix drafter's, and the model's when it has any --
+    def add_request(
+        self, request_id: int, prompt: Sequence[int], *, cache_salt: bytes | str | None = None
+    ) -> None:
+        self.suffix.add_request(request_id, prompt, cache_salt=cache_salt)
+        add = getattr(self.model, "add_request", None)
+        if add is not None:
+            try:
+                add(request_id, prompt, cache_salt=cache_salt)
+            except BaseException:
+                self.suffix.remove_request(request_id)  # both hold the request, or neither
+                raise
+
+    def remove_request(self, request_id: int, output: Sequence[int] | None = None) -> None:
+        remove = getattr(self.model, "remove_request", None)
+        try:
+            self.suffix.remove_request(request_id, output)
+        finally:  # the model's state is freed even when the suffix drafter refused
+            if remove is not None:
+                remove(request_id, output)
+
+    @property
+    def num_requests(self) -> int:
+        return self.suffix.num_requests
 
     def propose(
         self, requests: Sequence[DraftRequest], budget: int, *, depth: int | None = None

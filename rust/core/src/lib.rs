@@ -18,7 +18,8 @@
 //!    released.
 //!
 //! A drafter that needs no model can also hand over a whole tree: [`draft::SuffixIndex`]
-//! proposes the most frequent continuations of the context as a scored tree.
+//! proposes the most frequent continuations of the context as a scored tree, pooled with a
+//! [`draft::SuffixCorpus`] of earlier outputs.
 //!
 //! The `testing` module (cargo feature `testing`, on for this crate's own tests, benches and
 //! examples) holds the seeded generator and brute-force oracles they share.
@@ -88,15 +89,23 @@
 //! ## Draft a tree without a model: the suffix index
 //!
 //! ```
-//! use specdec_core::draft::SuffixIndex;
+//! use specdec_core::draft::{SuffixCorpus, SuffixIndex};
 //!
 //! let mut index = SuffixIndex::new(4).unwrap(); // match suffixes of up to 4 tokens
 //! index.extend(&[1, 2, 3, 1, 2, 4, 1, 2]).unwrap(); // the request's own tokens
-//! let built = index.propose(&[1, 2], 2, 3, 0.0).unwrap();
+//! let built = index.propose(&[1, 2], None, 2, 3, 0.0).unwrap().built;
 //! // "1 2" was followed by "3 1" and "4 1": each once, in order of appearance.
 //! assert_eq!(built.tree.tokens, [2, 3, 1, 4]);
 //! assert_eq!(built.tree.parents, [-1, 0, 1, 0]);
 //! assert!((built.tree.logprobs[1].exp() - 0.5).abs() < 1e-12);
+//!
+//! // Earlier outputs of the same tenant (cache salt), at most 1000 tokens in all.
+//! let mut corpus = SuffixCorpus::new(4, 1000).unwrap();
+//! let id = corpus.add(Some(b"tenant-a"), &[1, 2, 3, 5]).unwrap();
+//! let p = index.propose(&[1, 2], Some(corpus.part(Some(b"tenant-a"))), 1, 3, 0.0).unwrap();
+//! assert_eq!(p.built.tree.tokens, [2, 3, 4]); // "3" twice in three occurrences, "4" once
+//! assert_eq!(p.matched, [id]);
+//! corpus.touch(&p.matched); // drafted from: the last to be evicted
 //! ```
 //!
 //! ## Walk the verifier's choices

@@ -104,14 +104,19 @@ pub struct SeqLength {
 }
 
 /// `#[pyo3(from_py_with = salt_arg)]`: a per-request cache salt as bytes: `None` (no salt,
-/// the same as `b""`), `bytes`, or `str` (its UTF-8). Anything else is a `SpecdecTypeError`:
-/// silently hashing, say, `repr(obj)` could make two tenants' salts equal.
+/// the same as `b""` for block hashes), `bytes`, or `str` (its UTF-8). Anything else is a
+/// `SpecdecTypeError`: silently hashing, say, `repr(obj)` could make two tenants' salts equal.
 fn salt_arg(ob: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u8>>> {
+    salt_of(ob, Class::KvCache)
+}
+
+/// [`salt_arg`] reporting a str without UTF-8 as `value`.
+pub(crate) fn salt_of(ob: &Bound<'_, PyAny>, value: Class) -> PyResult<Option<Vec<u8>>> {
     if let Ok(s) = ob.cast::<PyString>() {
         // A str with lone surrogates has no UTF-8: a bad value, not a bad type.
         let s = s.to_str().map_err(|e| {
             raise(
-                Class::KvCache,
+                value,
                 format!("cache_salt is not valid UTF-8: {}", e.value(ob.py())),
             )
         })?;

@@ -1,10 +1,13 @@
-//! Drafters that need no training and run in Rust: [`SuffixIndex`], a suffix index over
-//! token sequences (the request's own tokens and a corpus of earlier outputs) that proposes
-//! a scored draft tree of likely continuations.
+//! Drafters that need no training and run in Rust: [`SuffixIndex`], a suffix index over a
+//! request's own tokens that proposes a scored draft tree of likely continuations, pooled
+//! with a [`SuffixCorpus`] of earlier outputs shared across requests (one partition per
+//! cache salt, bounded, least recently used sequences evicted first).
 
+mod corpus;
 mod suffix;
 
-pub use suffix::{CorpusId, SuffixIndex};
+pub use corpus::{CorpusPart, SuffixCorpus};
+pub use suffix::{CorpusId, Proposal, SuffixIndex};
 
 use thiserror::Error;
 
@@ -20,8 +23,14 @@ pub enum DraftError {
     MaxMatch(usize),
     #[error("min_prob must be in [0, 1], got {0}")]
     MinProb(f64),
-    #[error("no corpus sequence with id {0} (never added, or already removed)")]
+    #[error("no corpus sequence with id {0} (never added, removed, or evicted past the bound)")]
     UnknownCorpus(u64),
+    #[error("a corpus sequence of {len} tokens cannot fit a corpus bound of {max} tokens")]
+    CorpusTooLong { len: usize, max: usize },
+    #[error(
+        "the corpus matches suffixes of up to {corpus} tokens, the index {index}: they must agree"
+    )]
+    MaxMatchMismatch { index: usize, corpus: usize },
     #[error("propose needs a context of at least one token (its last token is the root)")]
     EmptyContext,
 }

@@ -3,30 +3,36 @@
 //!
 //! # Structure
 //!
-//! For every context length `m` in `1..=max_match`, a hash map from each `m`-gram seen to
-//! its occurrences (sequence, end position), in the order they entered the index. This is
-//! simpler than a suffix tree and does what a drafter needs:
+//! Two indexes take part in a proposal: the request's own [`SuffixIndex`] (its prompt and
+//! what it generated so far) and, optionally, one partition of a shared
+//! [`SuffixCorpus`](super::SuffixCorpus) (earlier outputs under the request's cache salt).
+//! Both are [`Grams`]: for every context length `m` in `1..=max_match`, a hash map from each
+//! `m`-gram seen to its occurrences (sequence, end position), in the order they entered the
+//! index. This is simpler than a suffix tree and does what a drafter needs:
 //!
 //! - appending a token to a sequence adds `max_match` occurrences (one per `m`), so a request
-//!   can extend its own sequence as it generates at O(`max_match`) map updates per token;
-//! - an earlier output (a corpus sequence) is added the same way and removed by dropping its
-//!   occurrences from the lists of its own `m`-grams (no rebuild);
+//!   extends its own index as it generates at O(`max_match`) map updates per token, and a
+//!   corpus sequence is added the same way, touching nothing else;
+//! - a corpus sequence leaves by marking its occurrences dead; a list is compacted once more
+//!   than half of it is dead, so removal is amortised O(`max_match`) per token;
 //! - a proposal looks up the longest suffix of the context that occurred with at least one
-//!   token after it, and reads the continuations straight from the stored sequences.
+//!   token after it, in either index, and reads the continuations from the stored sequences.
 //!
 //! Memory is O(total tokens x `max_match`) occurrences; a suffix tree would be O(total
 //! tokens) but harder to update in place when a corpus sequence leaves.
 //!
 //! # Proposals
 //!
-//! The continuations (up to `max_depth` tokens after each occurrence) form a trie whose node
-//! counts are how many occurrences continue with that path. A node's path probability is the
-//! product of the conditional frequencies `child_count / parent_count` from the root, which
-//! telescopes to `count / root_count`. The tree holds the `budget` trie prefixes of highest
-//! path probability, chosen best-first with a heap in which a child enters only once its
-//! parent is chosen (so the tree is prefix-closed) and emitted in pop order. Ties go to the
-//! prefix that appeared first: trie nodes are numbered as they are created, walking the
-//! occurrences in index order and each continuation from its first token, and the lower
+//! The occurrences of the longest matching suffix are pooled: the corpus partition's first
+//! (in the order its sequences were added), then the request's own. Their continuations (up
+//! to `max_depth` tokens after each occurrence) form a trie whose node counts are how many
+//! occurrences continue with that path. A node's path probability is the product of the
+//! conditional frequencies `child_count / parent_count` from the root, which telescopes to
+//! `count / root_count`. The tree holds the `budget` trie prefixes of highest path
+//! probability, chosen best-first with a heap in which a child enters only once its parent
+//! is chosen (so the tree is prefix-closed) and emitted in pop order. Ties go to the prefix
+//! that appeared first: trie nodes are numbered as they are created, walking the
+//! occurrences in pooled order and each continuation from its first token, and the lower
 //! number wins. Counts are integers, so the order is exact; a parent's count is at least its
 //! child's and its number lower, so the selection equals sorting every trie prefix by
 //! (count descending, number ascending) and keeping the first `budget`.
@@ -36,32 +42,114 @@ use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
 
+use super::corpus::CorpusPart;
 use super::DraftError;
 use crate::tree::build::check_token;
 use crate::tree::{check_tree_size, BuiltTree, DraftTree, TreeError};
 
-/// The id of a corpus sequence (an earlier output) in a [`SuffixIndex`].
+/// The id of a corpus sequence (an earlier output) in a [`SuffixCorpus`](super::SuffixCorpus).
 pub type CorpusId = u64;
-
-/// The request's own sequence (the prompt and what it generated so far).
-const LIVE: u64 = 0;
 
 /// One occurrence of an `m`-gram: it ends just before `tokens[end]` of sequence `seq`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Occurrence {
-    seq: u64,
-    end: usize,
+pub(super) struct Occurrence {
+    pub seq: u64,
+    pub end: usize,
 }
 
-/// A suffix index over the request's own tokens and a corpus of earlier outputs.
+/// The occurrences of one gram, oldest first, and how many of them belong to sequences that
+/// have left the index (skipped by lookups until the list is compacted).
+#[derive(Debug, Clone, Default)]
+struct OccList {
+    occ: Vec<Occurrence>,
+    dead: usize,
+}
+
+/// Every `m`-gram (`1 <= m <= max_match`) of a set of sequences -> its occurrences.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Grams {
+    map: FxHashMap<Box<[i64]>, OccList>,
+}
+
+/// `(end, m)` for every gram of `tokens` ending after position `from`.
+fn gram_ends(len: usize, from: usize, max_match: usize) -> impl Iterator<Item = (usize, usize)> {
+    (from + 1..=len).flat_map(move |end| (1..=max_match.min(end)).map(move |m| (end, m)))
+}
+
+impl Grams {
+    /// Index the grams of sequence `seq` (its tokens `tokens`) that end after position `from`.
+    pub fn insert(&mut self, seq: u64, tokens: &[i64], from: usize, max_match: usize) {
+        for (end, m) in gram_ends(tokens.len(), from, max_match) {
+            let key = &tokens[end - m..end];
+            let occ = Occurrence { seq, end };
+            match self.map.get_mut(key) {
+                Some(list) => list.occ.push(occ),
+                None => {
+                    let list = OccList {
+                        occ: vec![occ],
+                        dead: 0,
+                    };
+                    self.map.insert(key.into(), list);
+                }
+            }
+        }
+    }
+
+    /// Mark the occurrences of a sequence that left (its tokens were `tokens`) dead and
+    /// compact the lists more than half dead; `alive` tells the sequences still indexed.
+    pub fn remove(&mut self, tokens: &[i64], max_match: usize, alive: impl Fn(u64) -> bool) {
+        // Every (end, m) is one occurrence of the sequence in the list of its gram. Counting first
+        // and compacting after keeps the counts exact: a list compacted early would lose
+        // occurrences of the sequence that a later (end, m) still counts.
+        for (end, m) in gram_ends(tokens.len(), 0, max_match) {
+            if let Some(list) = self.map.get_mut(&tokens[end - m..end]) {
+                list.dead += 1;
+            }
+        }
+        for (end, m) in gram_ends(tokens.len(), 0, max_match) {
+            let key = &tokens[end - m..end];
+            let Some(list) = self.map.get_mut(key) else {
+                continue;
+            };
+            if 2 * list.dead > list.occ.len() {
+                list.occ.retain(|o| alive(o.seq));
+                list.dead = 0;
+                if list.occ.is_empty() {
+                    self.map.remove(key);
+                }
+            }
+        }
+    }
+
+    /// The occurrences of `gram`, oldest first (dead ones included).
+    pub fn get(&self, gram: &[i64]) -> &[Occurrence] {
+        self.map.get(gram).map_or(&[], |l| &l.occ)
+    }
+
+    #[cfg(test)]
+    pub fn num_lists(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// The request's own sequence id in its [`Grams`].
+const LIVE: u64 = 0;
+
+/// The suffix index of one request's own tokens (its prompt, then each step's accepted
+/// tokens), which it extends as it generates.
 #[derive(Debug, Clone)]
 pub struct SuffixIndex {
     max_match: usize,
-    /// Sequence id -> its tokens; [`LIVE`] is the request's own sequence.
-    seqs: FxHashMap<u64, Vec<i64>>,
-    next_id: u64,
-    /// Every `m`-gram (`1 <= m <= max_match`) -> its occurrences, oldest first.
-    grams: FxHashMap<Box<[i64]>, Vec<Occurrence>>,
+    tokens: Vec<i64>,
+    grams: Grams,
+}
+
+/// A proposed tree and the corpus sequences whose occurrences it was drafted from (ascending
+/// id), for the caller to mark as used ([`SuffixCorpus::touch`](super::SuffixCorpus::touch)).
+#[derive(Debug, Clone)]
+pub struct Proposal {
+    pub built: BuiltTree,
+    pub matched: Vec<CorpusId>,
 }
 
 /// A node of the continuation trie built for one proposal.
@@ -78,13 +166,10 @@ impl SuffixIndex {
         if max_match == 0 {
             return Err(DraftError::MaxMatch(max_match));
         }
-        let mut seqs = FxHashMap::default();
-        seqs.insert(LIVE, Vec::new());
         Ok(SuffixIndex {
             max_match,
-            seqs,
-            next_id: LIVE + 1,
-            grams: FxHashMap::default(),
+            tokens: Vec::new(),
+            grams: Grams::default(),
         })
     }
 
@@ -94,125 +179,65 @@ impl SuffixIndex {
 
     /// Tokens of the request's own sequence so far.
     pub fn len(&self) -> usize {
-        self.seqs[&LIVE].len()
+        self.tokens.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.tokens.is_empty()
     }
 
-    /// Number of corpus sequences held.
-    pub fn num_corpus(&self) -> usize {
-        self.seqs.len() - 1
+    pub fn tokens(&self) -> &[i64] {
+        &self.tokens
     }
 
     /// Append tokens to the request's own sequence (the prompt, then each step's accepted
     /// tokens). All are checked before any is added.
     pub fn extend(&mut self, tokens: &[i64]) -> Result<(), DraftError> {
         check_tokens(tokens, "extend")?;
-        let live = self
-            .seqs
-            .get_mut(&LIVE)
-            .expect("the live sequence is always present");
-        let from = live.len();
-        live.extend_from_slice(tokens);
-        self.index_tail(LIVE, from);
+        let from = self.tokens.len();
+        self.tokens.extend_from_slice(tokens);
+        self.grams.insert(LIVE, &self.tokens, from, self.max_match);
         Ok(())
-    }
-
-    /// Add an earlier output to the corpus; returns its id for [`SuffixIndex::remove_corpus`].
-    pub fn add_corpus(&mut self, tokens: &[i64]) -> Result<CorpusId, DraftError> {
-        check_tokens(tokens, "add_corpus")?;
-        let id = self.next_id;
-        self.next_id += 1;
-        self.seqs.insert(id, tokens.to_vec());
-        self.index_tail(id, 0);
-        Ok(id)
-    }
-
-    /// Drop a corpus sequence and its occurrences.
-    pub fn remove_corpus(&mut self, id: CorpusId) -> Result<(), DraftError> {
-        if id == LIVE {
-            return Err(DraftError::UnknownCorpus(id));
-        }
-        let tokens = self.seqs.remove(&id).ok_or(DraftError::UnknownCorpus(id))?;
-        for end in 1..=tokens.len() {
-            for m in 1..=self.max_match.min(end) {
-                let key = &tokens[end - m..end];
-                if let Some(list) = self.grams.get_mut(key) {
-                    list.retain(|o| o.seq != id);
-                    if list.is_empty() {
-                        self.grams.remove(key);
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Index the `m`-grams of sequence `seq` that end after position `from`.
-    fn index_tail(&mut self, seq: u64, from: usize) {
-        let tokens = &self.seqs[&seq];
-        for end in from + 1..=tokens.len() {
-            for m in 1..=self.max_match.min(end) {
-                let key = &tokens[end - m..end];
-                let occ = Occurrence { seq, end };
-                match self.grams.get_mut(key) {
-                    Some(list) => list.push(occ),
-                    None => {
-                        self.grams.insert(key.into(), vec![occ]);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The occurrences of the longest suffix of `context` (at most `max_match` tokens) that
-    /// occurred with at least one token after it, oldest first; empty when none did.
-    fn longest_match(&self, context: &[i64]) -> Vec<Occurrence> {
-        for m in (1..=self.max_match.min(context.len())).rev() {
-            let Some(list) = self.grams.get(&context[context.len() - m..]) else {
-                continue;
-            };
-            let found: Vec<Occurrence> = list
-                .iter()
-                .copied()
-                .filter(|o| self.seqs[&o.seq].len() > o.end)
-                .collect();
-            if !found.is_empty() {
-                return found;
-            }
-        }
-        Vec::new()
     }
 
     /// The draft tree of the `budget` most frequent continuations of `context` (at most
     /// `max_depth` tokens deep, each of path probability at least `min_prob`) under the root
-    /// `context[-1]`; `logprobs` are log path probabilities. No match gives the root alone.
+    /// `context[-1]`, pooled over this index and `corpus` (a salt's partition of a shared
+    /// corpus, built with the same `max_match`); `logprobs` are log path probabilities. No
+    /// match gives the root alone. Only the last `max_match` tokens of `context` are read.
     pub fn propose(
         &self,
         context: &[i64],
+        corpus: Option<CorpusPart<'_>>,
         max_depth: usize,
         budget: i64,
         min_prob: f64,
-    ) -> Result<BuiltTree, DraftError> {
+    ) -> Result<Proposal, DraftError> {
         if budget < 1 {
             return Err(TreeError::Budget(budget).into());
         }
         if !(0.0..=1.0).contains(&min_prob) {
             return Err(DraftError::MinProb(min_prob));
         }
+        if let Some(c) = &corpus {
+            if c.max_match() != self.max_match {
+                return Err(DraftError::MaxMatchMismatch {
+                    index: self.max_match,
+                    corpus: c.max_match(),
+                });
+            }
+        }
         check_tokens(context, "context")?;
         let &root_token = context.last().ok_or(DraftError::EmptyContext)?;
         let budget = usize::try_from(budget).unwrap_or(usize::MAX);
 
-        let occurrences = if max_depth == 0 {
-            Vec::new()
+        let (continuations, matched) = if max_depth == 0 {
+            (Vec::new(), Vec::new())
         } else {
-            self.longest_match(context)
+            self.longest_match(context, corpus.as_ref(), max_depth)
         };
-        let trie = self.trie(&occurrences, max_depth);
-        let total = occurrences.len() as f64;
+        let trie = trie(&continuations);
+        let total = continuations.len() as f64;
         let kept = |count: u64| count as f64 >= min_prob * total;
 
         let n = budget.min(trie.len() - 1) + 1;
@@ -237,49 +262,89 @@ impl SuffixIndex {
             tree.push(t.token, parent as i32, t.depth, logprob);
             push_children(&mut heap, node, tree.len() - 1);
         }
-        Ok(BuiltTree::from_tree(tree))
+        Ok(Proposal {
+            built: BuiltTree::from_tree(tree),
+            matched,
+        })
     }
 
-    /// The continuation trie of `occurrences`, `max_depth` tokens deep; node 0 is the root.
-    fn trie(&self, occurrences: &[Occurrence], max_depth: usize) -> Vec<TrieNode> {
-        let mut trie = vec![TrieNode {
-            token: -1,
-            depth: 0,
-            count: occurrences.len() as u64,
-            children: Vec::new(),
-        }];
-        for o in occurrences {
-            let seq = &self.seqs[&o.seq];
-            let mut node = 0;
-            for &tok in seq[o.end..].iter().take(max_depth) {
-                let found = trie[node]
-                    .children
-                    .iter()
-                    .copied()
-                    .find(|&c| trie[c].token == tok);
-                node = match found {
-                    Some(c) => c,
-                    None => {
-                        let c = trie.len();
-                        let depth = trie[node].depth + 1;
-                        trie.push(TrieNode {
-                            token: tok,
-                            depth,
-                            count: 0,
-                            children: Vec::new(),
-                        });
-                        trie[node].children.push(c);
-                        c
+    /// The continuations (at most `max_depth` tokens) of every occurrence of the longest
+    /// suffix of `context` (at most `max_match` tokens) that occurred with at least one token
+    /// after it, the corpus's first, and the corpus sequences they came from; empty when no
+    /// suffix did.
+    fn longest_match<'a>(
+        &'a self,
+        context: &[i64],
+        corpus: Option<&CorpusPart<'a>>,
+        max_depth: usize,
+    ) -> (Vec<&'a [i64]>, Vec<CorpusId>) {
+        let cont = |s: &'a [i64], end: usize| &s[end..(end + max_depth).min(s.len())];
+        for m in (1..=self.max_match.min(context.len())).rev() {
+            let gram = &context[context.len() - m..];
+            let mut found = Vec::new();
+            let mut matched: Vec<CorpusId> = Vec::new();
+            if let Some(c) = corpus {
+                for (id, seq, end) in c.occurrences(gram) {
+                    if seq.len() > end {
+                        found.push(cont(seq, end));
+                        // Occurrences come by ascending sequence id: duplicates are adjacent.
+                        if matched.last() != Some(&id) {
+                            matched.push(id);
+                        }
                     }
-                };
-                trie[node].count += 1;
+                }
+            }
+            let own = self.grams.get(gram).iter();
+            found.extend(
+                own.filter(|o| self.tokens.len() > o.end)
+                    .map(|o| cont(&self.tokens, o.end)),
+            );
+            if !found.is_empty() {
+                return (found, matched);
             }
         }
-        trie
+        (Vec::new(), Vec::new())
     }
 }
 
-fn check_tokens(tokens: &[i64], what: &str) -> Result<(), DraftError> {
+/// The continuation trie of `continuations`; node 0 is the root.
+fn trie(continuations: &[&[i64]]) -> Vec<TrieNode> {
+    let mut trie = vec![TrieNode {
+        token: -1,
+        depth: 0,
+        count: continuations.len() as u64,
+        children: Vec::new(),
+    }];
+    for cont in continuations {
+        let mut node = 0;
+        for &tok in cont.iter() {
+            let found = trie[node]
+                .children
+                .iter()
+                .copied()
+                .find(|&c| trie[c].token == tok);
+            node = match found {
+                Some(c) => c,
+                None => {
+                    let c = trie.len();
+                    let depth = trie[node].depth + 1;
+                    trie.push(TrieNode {
+                        token: tok,
+                        depth,
+                        count: 0,
+                        children: Vec::new(),
+                    });
+                    trie[node].children.push(c);
+                    c
+                }
+            };
+            trie[node].count += 1;
+        }
+    }
+    trie
+}
+
+pub(super) fn check_tokens(tokens: &[i64], what: &str) -> Result<(), DraftError> {
     for (i, &t) in tokens.iter().enumerate() {
         check_token(t, || format!("{what}[{i}]"))?;
     }
@@ -288,64 +353,111 @@ fn check_tokens(tokens: &[i64], what: &str) -> Result<(), DraftError> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::SuffixCorpus;
     use super::*;
     use proptest::prelude::*;
 
-    /// The brute-force model: every sequence with the order in which its positions entered
-    /// the index, each proposal recomputed from scratch.
-    #[derive(Default)]
+    /// The brute-force model: the request's own tokens and the corpus sequences with their
+    /// salts and order of use, each proposal recomputed from scratch.
     struct Naive {
-        seqs: Vec<(u64, Vec<i64>, bool)>,
-        /// (sequence, end) in the order they were indexed.
-        events: Vec<(u64, usize)>,
+        live: Vec<i64>,
+        max_tokens: usize,
+        /// (id, salt, tokens) of the held corpus sequences, in the order they were added.
+        corpus: Vec<(u64, Option<Vec<u8>>, Vec<i64>)>,
+        /// Held ids, least recently used first.
+        lru: Vec<u64>,
+        next_id: u64,
     }
 
     impl Naive {
+        fn new(max_tokens: usize) -> Self {
+            Naive {
+                live: Vec::new(),
+                max_tokens,
+                corpus: Vec::new(),
+                lru: Vec::new(),
+                next_id: 0,
+            }
+        }
+
         fn extend(&mut self, tokens: &[i64]) {
-            if self.seqs.is_empty() {
-                self.seqs.push((LIVE, Vec::new(), true));
+            self.live.extend_from_slice(tokens);
+        }
+
+        fn num_tokens(&self) -> usize {
+            self.corpus.iter().map(|c| c.2.len()).sum()
+        }
+
+        /// Add a corpus sequence, evicting the least recently used until it fits; `None`
+        /// when it is longer than the whole bound.
+        fn add(&mut self, salt: Option<&[u8]>, tokens: &[i64]) -> Option<u64> {
+            if tokens.len() > self.max_tokens {
+                return None;
             }
-            let live = &mut self.seqs[0].1;
-            for &t in tokens {
-                live.push(t);
-                self.events.push((LIVE, live.len()));
+            while self.num_tokens() + tokens.len() > self.max_tokens {
+                let oldest = self.lru[0];
+                self.remove(oldest);
+            }
+            let id = self.next_id;
+            self.next_id += 1;
+            self.corpus
+                .push((id, salt.map(<[u8]>::to_vec), tokens.to_vec()));
+            self.lru.push(id);
+            Some(id)
+        }
+
+        fn remove(&mut self, id: u64) -> bool {
+            let held = self.lru.contains(&id);
+            self.corpus.retain(|c| c.0 != id);
+            self.lru.retain(|&i| i != id);
+            held
+        }
+
+        fn touch(&mut self, ids: &[u64]) {
+            for id in ids {
+                if self.lru.contains(id) {
+                    self.lru.retain(|i| i != id);
+                    self.lru.push(*id);
+                }
             }
         }
 
-        fn add(&mut self, id: u64, tokens: &[i64]) {
-            if self.seqs.is_empty() {
-                self.seqs.push((LIVE, Vec::new(), true));
-            }
-            self.seqs.push((id, tokens.to_vec(), true));
-            self.events.extend((1..=tokens.len()).map(|e| (id, e)));
-        }
-
-        fn remove(&mut self, id: u64) {
-            self.seqs.iter_mut().find(|s| s.0 == id).unwrap().2 = false;
-        }
-
-        fn seq(&self, id: u64) -> Option<&Vec<i64>> {
-            self.seqs.iter().find(|s| s.0 == id && s.2).map(|s| &s.1)
-        }
-
-        /// Every trie prefix (path, count) sorted by count descending, then first appearance.
+        /// Every trie prefix (path, count) sorted by count descending, then first appearance,
+        /// the number of occurrences, and the corpus sequences they came from. `salt`: the
+        /// corpus partition pooled with the request's own tokens (`None`: no corpus).
+        #[allow(clippy::type_complexity)]
         fn ranked(
             &self,
             context: &[i64],
+            salt: Option<Option<&[u8]>>,
             max_match: usize,
             depth: usize,
-        ) -> (Vec<(Vec<i64>, u64)>, u64) {
+        ) -> (Vec<(Vec<i64>, u64)>, u64, Vec<u64>) {
+            // The corpus sequences of the salt in the order added, then the request's own.
+            let mut seqs: Vec<(Option<u64>, &[i64])> = match salt {
+                None => Vec::new(),
+                Some(s) => self
+                    .corpus
+                    .iter()
+                    .filter(|c| c.1.as_deref() == s)
+                    .map(|c| (Some(c.0), &c.2[..]))
+                    .collect(),
+            };
+            seqs.push((None, &self.live));
             for m in (1..=max_match.min(context.len())).rev() {
                 let suffix = &context[context.len() - m..];
-                let conts: Vec<&[i64]> = self
-                    .events
-                    .iter()
-                    .filter_map(|&(id, end)| {
-                        let s = self.seq(id)?;
-                        (end >= m && &s[end - m..end] == suffix && s.len() > end)
-                            .then(|| &s[end..(end + depth).min(s.len())])
-                    })
-                    .collect();
+                let mut matched = Vec::new();
+                let mut conts: Vec<&[i64]> = Vec::new();
+                for &(id, s) in &seqs {
+                    for end in m..s.len() {
+                        if &s[end - m..end] == suffix {
+                            conts.push(&s[end..(end + depth).min(s.len())]);
+                            if let Some(id) = id.filter(|id| !matched.contains(id)) {
+                                matched.push(id);
+                            }
+                        }
+                    }
+                }
                 if conts.is_empty() || depth == 0 {
                     continue;
                 }
@@ -363,9 +475,10 @@ mod tests {
                 return (
                     paths.into_iter().map(|p| (p.0, p.1)).collect(),
                     conts.len() as u64,
+                    matched,
                 );
             }
-            (Vec::new(), 0)
+            (Vec::new(), 0, Vec::new())
         }
     }
 
@@ -384,26 +497,34 @@ mod tests {
             .collect()
     }
 
+    /// One proposal of the index (pooled with `corpus`'s partition of `salt` when given)
+    /// against the model's; both then mark the matched sequences used.
+    #[allow(clippy::too_many_arguments)]
     fn check_against_naive(
         idx: &SuffixIndex,
-        naive: &Naive,
+        corpus: &mut SuffixCorpus,
+        naive: &mut Naive,
         context: &[i64],
+        salt: Option<Option<&[u8]>>,
         depth: usize,
         budget: usize,
         min_prob: f64,
     ) {
-        let built = idx
-            .propose(context, depth, budget as i64, min_prob)
+        let part = salt.map(|s| corpus.part(s));
+        let p = idx
+            .propose(context, part, depth, budget as i64, min_prob)
             .unwrap();
+        let built = &p.built;
         DraftTree::validate_structure(&built.tree.parents, &built.tree.depths).unwrap();
         assert_eq!(built.tree.tokens[0], *context.last().unwrap());
-        let (ranked, total) = naive.ranked(context, idx.max_match(), depth);
+        let (ranked, total, matched) = naive.ranked(context, salt, idx.max_match(), depth);
+        assert_eq!(p.matched, matched);
         let want: Vec<(Vec<i64>, u64)> = ranked
             .into_iter()
             .filter(|p| p.1 as f64 >= min_prob * total as f64)
             .take(budget)
             .collect();
-        let got = paths(&built);
+        let got = paths(built);
         assert_eq!(got.len(), want.len(), "got {got:?}, want {want:?}");
         for ((gp, glp), (wp, wc)) in got.iter().zip(&want) {
             assert_eq!(gp, wp);
@@ -411,6 +532,12 @@ mod tests {
             // Prefix-closed: every proper prefix is in the tree (parents precede children).
             assert!(gp.len() == 1 || got.iter().any(|(p, _)| p[..] == gp[..gp.len() - 1]));
         }
+        corpus.touch(&p.matched);
+        naive.touch(&matched);
+    }
+
+    fn tokens_of(p: &Proposal) -> Vec<i64> {
+        p.built.tree.tokens.clone()
     }
 
     #[test]
@@ -419,7 +546,7 @@ mod tests {
         // "1 2 3" twice, "1 2 4" once, then the context ends in "1 2".
         idx.extend(&[1, 2, 3, 9, 1, 2, 3, 8, 1, 2, 4, 7, 1, 2])
             .unwrap();
-        let b = idx.propose(&[1, 2], 2, 3, 0.0).unwrap();
+        let b = idx.propose(&[1, 2], None, 2, 3, 0.0).unwrap().built;
         // "3" (2 of 3), then the once-seen "3 9", "3 8" and "4" in order of appearance.
         assert_eq!(b.tree.tokens, [2, 3, 9, 8]);
         assert_eq!(b.tree.parents, [-1, 0, 1, 1]);
@@ -427,120 +554,188 @@ mod tests {
         let lp: Vec<f64> = b.tree.logprobs.iter().map(|x| x.exp()).collect();
         assert!((lp[1] - 2.0 / 3.0).abs() < 1e-12 && (lp[2] - 1.0 / 3.0).abs() < 1e-12);
         // min_prob drops the once-seen paths.
-        let b = idx.propose(&[1, 2], 2, 8, 0.5).unwrap();
-        assert_eq!(b.tree.tokens, [2, 3]);
+        let b = idx.propose(&[1, 2], None, 2, 8, 0.5).unwrap();
+        assert_eq!(tokens_of(&b), [2, 3]);
     }
 
     #[test]
     fn appending_updates_proposals() {
         let mut idx = SuffixIndex::new(2).unwrap();
         idx.extend(&[5, 6]).unwrap();
-        assert_eq!(idx.propose(&[5, 6], 3, 4, 0.0).unwrap().tree.len(), 1);
+        assert_eq!(
+            idx.propose(&[5, 6], None, 3, 4, 0.0)
+                .unwrap()
+                .built
+                .tree
+                .len(),
+            1
+        );
         idx.extend(&[7, 5, 6]).unwrap();
         // "5 6" was followed by "7 5 6"; the newest "5 6" ends the sequence.
-        assert_eq!(
-            idx.propose(&[5, 6], 3, 4, 0.0).unwrap().tree.tokens,
-            [6, 7, 5, 6]
-        );
+        let p = idx.propose(&[5, 6], None, 3, 4, 0.0).unwrap();
+        assert_eq!(tokens_of(&p), [6, 7, 5, 6]);
         idx.extend(&[8]).unwrap();
-        let b = idx.propose(&[5, 6], 1, 4, 0.0).unwrap();
-        assert_eq!(b.tree.tokens, [6, 7, 8]);
+        assert_eq!(
+            tokens_of(&idx.propose(&[5, 6], None, 1, 4, 0.0).unwrap()),
+            [6, 7, 8]
+        );
+        assert_eq!(idx.tokens(), [5, 6, 7, 5, 6, 8]);
     }
 
     #[test]
-    fn corpus_add_and_remove() {
+    fn corpus_add_remove_and_salts() {
         let mut idx = SuffixIndex::new(2).unwrap();
         idx.extend(&[1, 2]).unwrap();
-        let a = idx.add_corpus(&[1, 2, 3, 4]).unwrap();
+        let mut corpus = SuffixCorpus::new(2, 100).unwrap();
+        let a = corpus.add(Some(b"a"), &[1, 2, 3, 4]).unwrap();
+        let p = idx
+            .propose(&[1, 2], Some(corpus.part(Some(b"a"))), 2, 4, 0.0)
+            .unwrap();
+        assert_eq!((tokens_of(&p), p.matched), (vec![2, 3, 4], vec![a]));
+        // Another salt, no salt, or no corpus: the root alone.
+        for part in [Some(corpus.part(Some(b"b"))), Some(corpus.part(None)), None] {
+            let p = idx.propose(&[1, 2], part, 2, 4, 0.0).unwrap();
+            assert_eq!((tokens_of(&p), p.matched.len()), (vec![2], 0));
+        }
+        assert_eq!((corpus.num_partitions(), corpus.num_tokens()), (1, 4));
+        corpus.remove(a).unwrap();
+        let p = idx
+            .propose(&[1, 2], Some(corpus.part(Some(b"a"))), 2, 4, 0.0)
+            .unwrap();
+        assert_eq!(tokens_of(&p), [2]);
+        assert_eq!(corpus.remove(a), Err(DraftError::UnknownCorpus(a)));
+        assert!(corpus.is_empty() && corpus.num_partitions() == 0 && corpus.num_lists() == 0);
+    }
+
+    #[test]
+    fn the_corpus_evicts_the_least_recently_used() {
+        let idx = SuffixIndex::new(1).unwrap();
+        let mut corpus = SuffixCorpus::new(1, 6).unwrap();
+        let a = corpus.add(None, &[1, 10]).unwrap();
+        let b = corpus.add(None, &[2, 20]).unwrap();
+        let c = corpus.add(None, &[3, 30]).unwrap();
+        // A proposal drafts from `a`: `b` is now the least recently used.
+        let p = idx
+            .propose(&[1], Some(corpus.part(None)), 1, 1, 0.0)
+            .unwrap();
+        assert_eq!(p.matched, [a]);
+        corpus.touch(&p.matched);
+        assert_eq!(corpus.ids_by_use(), [b, c, a]);
+        let d = corpus.add(None, &[4, 40, 41]).unwrap(); // 3 tokens: `b` and `c` leave
+        assert_eq!(corpus.ids_by_use(), [a, d]);
+        assert_eq!(corpus.num_tokens(), 5);
+        corpus.touch(&[b, a]); // `b` left: skipped
+        assert_eq!(corpus.ids_by_use(), [d, a]);
         assert_eq!(
-            idx.propose(&[1, 2], 2, 4, 0.0).unwrap().tree.tokens,
-            [2, 3, 4]
+            corpus.add(None, &[0; 7]),
+            Err(DraftError::CorpusTooLong { len: 7, max: 6 })
         );
-        idx.remove_corpus(a).unwrap();
-        assert_eq!(idx.propose(&[1, 2], 2, 4, 0.0).unwrap().tree.tokens, [2]);
-        assert_eq!(idx.remove_corpus(a), Err(DraftError::UnknownCorpus(a)));
-        assert_eq!(
-            idx.remove_corpus(LIVE),
-            Err(DraftError::UnknownCorpus(LIVE))
-        );
-        assert_eq!(idx.num_corpus(), 0);
+        assert_eq!(corpus.len(), 2);
     }
 
     #[test]
     fn empty_and_no_match_give_the_root() {
         let idx = SuffixIndex::new(4).unwrap();
-        let b = idx.propose(&[3], 4, 4, 0.0).unwrap();
+        let b = idx.propose(&[3], None, 4, 4, 0.0).unwrap().built;
         assert_eq!(
             (b.tree.tokens.clone(), b.tree.parents.clone()),
             (vec![3], vec![-1])
         );
         let mut idx = SuffixIndex::new(4).unwrap();
         idx.extend(&[1, 2, 3]).unwrap();
-        assert_eq!(idx.propose(&[9], 4, 4, 0.0).unwrap().tree.len(), 1);
-        assert_eq!(idx.propose(&[1], 0, 4, 0.0).unwrap().tree.len(), 1);
+        assert_eq!(
+            idx.propose(&[9], None, 4, 4, 0.0).unwrap().built.tree.len(),
+            1
+        );
+        assert_eq!(
+            idx.propose(&[1], None, 0, 4, 0.0).unwrap().built.tree.len(),
+            1
+        );
     }
 
     #[test]
     fn bad_input_is_refused() {
         assert_eq!(SuffixIndex::new(0).unwrap_err(), DraftError::MaxMatch(0));
-        let mut idx = SuffixIndex::new(2).unwrap();
         assert_eq!(
-            idx.propose(&[1], 2, 0, 0.0).unwrap_err(),
+            SuffixCorpus::new(0, 9).unwrap_err(),
+            DraftError::MaxMatch(0)
+        );
+        let mut idx = SuffixIndex::new(2).unwrap();
+        let mut corpus = SuffixCorpus::new(3, 9).unwrap();
+        assert_eq!(
+            idx.propose(&[1], None, 2, 0, 0.0).unwrap_err(),
             DraftError::Tree(TreeError::Budget(0))
         );
         assert!(matches!(
-            idx.propose(&[1, -1], 2, 1, 0.0),
+            idx.propose(&[1, -1], None, 2, 1, 0.0),
             Err(DraftError::Tree(TreeError::TokenOutOfRange {
                 token: -1,
                 ..
             }))
         ));
         assert_eq!(
-            idx.propose(&[], 2, 1, 0.0).unwrap_err(),
+            idx.propose(&[], None, 2, 1, 0.0).unwrap_err(),
             DraftError::EmptyContext
         );
         assert!(matches!(
-            idx.propose(&[1], 2, 1, f64::NAN),
+            idx.propose(&[1], None, 2, 1, f64::NAN),
             Err(DraftError::MinProb(_))
         ));
         assert!(matches!(
-            idx.propose(&[1], 2, 1, 1.5),
+            idx.propose(&[1], None, 2, 1, 1.5),
             Err(DraftError::MinProb(_))
         ));
+        assert_eq!(
+            idx.propose(&[1], Some(corpus.part(None)), 2, 1, 0.0)
+                .unwrap_err(),
+            DraftError::MaxMatchMismatch {
+                index: 2,
+                corpus: 3
+            }
+        );
         // A refused extend or add changes nothing.
         assert!(idx.extend(&[1, 2, -3]).is_err());
-        assert!(idx.add_corpus(&[1 << 40]).is_err());
-        assert!(idx.is_empty() && idx.num_corpus() == 0);
+        assert!(corpus.add(None, &[1 << 40]).is_err());
+        assert_eq!(corpus.remove(0), Err(DraftError::UnknownCorpus(0)));
+        assert!(idx.is_empty() && corpus.is_empty() && corpus.num_lists() == 0);
     }
+
+    /// `None`, the empty salt and a salt: three distinct partitions.
+    const SALTS: [Option<&[u8]>; 3] = [None, Some(b""), Some(b"a")];
 
     #[derive(Debug, Clone)]
     enum Op {
         Extend(Vec<i64>),
-        Add(Vec<i64>),
+        Add(usize, Vec<i64>),
         Remove(usize),
+        /// A proposal for this context under `SALTS[i]`, or with no corpus for 3.
+        Propose(Vec<i64>, usize),
     }
 
     fn op() -> impl Strategy<Value = Op> {
         let toks = || prop::collection::vec(0i64..3, 0..8);
         prop_oneof![
             3 => toks().prop_map(Op::Extend),
-            2 => toks().prop_map(Op::Add),
-            1 => (0usize..4).prop_map(Op::Remove),
+            3 => (0usize..3, toks()).prop_map(|(s, t)| Op::Add(s, t)),
+            1 => (0usize..6).prop_map(Op::Remove),
+            3 => (prop::collection::vec(0i64..3, 1..5), 0usize..4)
+                .prop_map(|(c, s)| Op::Propose(c, s)),
         ]
     }
 
     proptest! {
         #[test]
         fn selection_equals_brute_force(
-            ops in prop::collection::vec(op(), 1..8),
-            context in prop::collection::vec(0i64..3, 1..5),
+            ops in prop::collection::vec(op(), 1..14),
             max_match in 1usize..4,
+            max_tokens in 0usize..24,
             depth in 0usize..5,
             budget in 1usize..12,
             min_prob in prop_oneof![Just(0.0), 0.0f64..=1.0],
         ) {
             let mut idx = SuffixIndex::new(max_match).unwrap();
-            let mut naive = Naive::default();
+            let mut corpus = SuffixCorpus::new(max_match, max_tokens).unwrap();
+            let mut naive = Naive::new(max_tokens);
             let mut ids = Vec::new();
             for op in &ops {
                 match op {
@@ -548,23 +743,36 @@ mod tests {
                         idx.extend(t).unwrap();
                         naive.extend(t);
                     }
-                    Op::Add(t) => {
-                        let id = idx.add_corpus(t).unwrap();
-                        naive.add(id, t);
-                        ids.push(id);
+                    Op::Add(s, t) => {
+                        let got = corpus.add(SALTS[*s], t).ok();
+                        prop_assert_eq!(got, naive.add(SALTS[*s], t));
+                        ids.extend(got);
                     }
                     Op::Remove(i) => {
                         if let Some(&id) = ids.get(*i) {
-                            let first = naive.seq(id).is_some();
-                            prop_assert_eq!(idx.remove_corpus(id).is_ok(), first);
-                            if first {
-                                naive.remove(id);
-                            }
+                            prop_assert_eq!(corpus.remove(id).is_ok(), naive.remove(id));
                         }
                     }
+                    Op::Propose(context, s) => {
+                        let salt = SALTS.get(*s).copied();
+                        check_against_naive(
+                            &idx, &mut corpus, &mut naive, context, salt, depth, budget, min_prob,
+                        );
+                    }
                 }
-                check_against_naive(&idx, &naive, &context, depth, budget, min_prob);
+                prop_assert_eq!(corpus.ids_by_use(), naive.lru.clone());
+                prop_assert_eq!(corpus.num_tokens(), naive.num_tokens());
+                prop_assert!(corpus.num_tokens() <= max_tokens);
+                let salts = naive.corpus.iter().map(|c| c.1.clone());
+                let partitions: std::collections::HashSet<_> = salts.collect();
+                prop_assert_eq!(corpus.num_partitions(), partitions.len());
             }
+            // Nothing is left behind once every sequence leaves.
+            for id in corpus.ids_by_use() {
+                corpus.remove(id).unwrap();
+            }
+            prop_assert!(corpus.num_tokens() == 0 && corpus.num_partitions() == 0);
+            prop_assert_eq!(corpus.num_lists(), 0);
         }
     }
 }
