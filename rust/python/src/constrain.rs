@@ -20,6 +20,7 @@ use specdec_core::tree::{
 
 use crate::arrays::{as_slice, read, vec1};
 use crate::errors::OrRaise;
+use crate::locked::Locked;
 use crate::tree::{check_single_build, TreeArrays};
 
 #[pyclass(module = "specdec._core", frozen)]
@@ -433,8 +434,26 @@ impl AnyMatcher {
     }
 }
 
-#[pyclass(module = "specdec._core")]
-pub struct Matcher(pub AnyMatcher);
+/// Shared across threads: the grammar state sits behind a lock (see [`Locked`]), taken with
+/// the GIL released for a mask that needs a trie walk, otherwise, when free, with the GIL
+/// held. No critical section touches a Python object. The vocabulary's sizes never change
+/// and are read without it.
+#[pyclass(module = "specdec._core", frozen)]
+pub struct Matcher {
+    state: Locked<AnyMatcher>,
+    words: usize,
+    vocab_size: usize,
+}
+
+impl Matcher {
+    fn from_any(m: AnyMatcher) -> Self {
+        Matcher {
+            words: m.words(),
+            vocab_size: m.vocab_size(),
+            state: Locked::new(m),
+        }
+    }
+}
 
 fn row_slice(
     buf: &mut [i32],
@@ -509,12 +528,12 @@ impl Matcher {
     #[new]
     fn new(grammar: &Bound<'_, PyAny>) -> PyResult<Self> {
         if let Ok(g) = grammar.cast::<RegexGrammar>() {
-            return Ok(Matcher(AnyMatcher::Regex(core::Matcher::new(
+            return Ok(Matcher::from_any(AnyMatcher::Regex(core::Matcher::new(
                 g.get().0.clone(),
             ))));
         }
         if let Ok(g) = grammar.cast::<CfgGrammar>() {
-            return Ok(Matcher(AnyMatcher::Cfg(core::Matcher::new(
+            return Ok(Matcher::from_any(AnyMatcher::Cfg(core::Matcher::new(
                 g.get().0.clone(),
             ))));
         }
@@ -527,51 +546,65 @@ impl Matcher {
         ))
     }
 
-    fn accept_token(&mut self, token: i64) -> PyResult<bool> {
-        let r = with_matcher!(&mut self.0, m => m.accept_token(token)).or_raise()?;
-        self.0.check_limits().or_raise()?;
-        Ok(r)
+    fn accept_token(&self, py: Python<'_>, token: i64) -> PyResult<bool> {
+        self.state
+            .with(py, |m| {
+                let r = with_matcher!(&mut *m, m => m.accept_token(token))?;
+                m.check_limits()?;
+                Ok::<_, GrammarError>(r)
+            })
+            .or_raise()
     }
 
-    fn accept_tokens(&mut self, tokens: Vec<i64>) -> PyResult<usize> {
-        let r = with_matcher!(&mut self.0, m => m.accept_tokens(&tokens)).or_raise()?;
-        self.0.check_limits().or_raise()?;
-        Ok(r)
+    fn accept_tokens(&self, py: Python<'_>, tokens: Vec<i64>) -> PyResult<usize> {
+        self.state
+            .with(py, |m| {
+                let r = with_matcher!(&mut *m, m => m.accept_tokens(&tokens))?;
+                m.check_limits()?;
+                Ok::<_, GrammarError>(r)
+            })
+            .or_raise()
     }
 
-    fn is_terminated(&self) -> bool {
-        with_matcher!(&self.0, m => m.is_terminated())
+    fn is_terminated(&self, py: Python<'_>) -> bool {
+        self.state
+            .with(py, |m| with_matcher!(&*m, m => m.is_terminated()))
     }
 
-    fn is_accepting(&self) -> bool {
-        with_matcher!(&self.0, m => m.is_accepting())
+    fn is_accepting(&self, py: Python<'_>) -> bool {
+        self.state
+            .with(py, |m| with_matcher!(&*m, m => m.is_accepting()))
     }
 
     #[getter]
-    fn num_accepted(&self) -> usize {
-        with_matcher!(&self.0, m => m.num_accepted())
+    fn num_accepted(&self, py: Python<'_>) -> usize {
+        self.state
+            .with(py, |m| with_matcher!(&*m, m => m.num_accepted()))
     }
 
     #[getter]
-    fn state(&self) -> u32 {
-        with_matcher!(&self.0, m => m.state().into())
+    fn state(&self, py: Python<'_>) -> u32 {
+        self.state
+            .with(py, |m| with_matcher!(&*m, m => m.state().into()))
     }
 
     #[getter]
     fn vocab_size(&self) -> usize {
-        self.0.vocab_size()
+        self.vocab_size
     }
 
-    fn rollback(&mut self, n: usize) -> PyResult<()> {
-        with_matcher!(&mut self.0, m => m.rollback(n)).or_raise()
+    fn rollback(&self, py: Python<'_>, n: usize) -> PyResult<()> {
+        self.state
+            .with(py, |m| with_matcher!(m, m => m.rollback(n)))
+            .or_raise()
     }
 
-    fn reset(&mut self) {
-        with_matcher!(&mut self.0, m => m.reset())
+    fn reset(&self, py: Python<'_>) {
+        self.state.with(py, |m| with_matcher!(m, m => m.reset()))
     }
 
-    fn fork(&self) -> Matcher {
-        Matcher(self.0.clone())
+    fn fork(&self, py: Python<'_>) -> Matcher {
+        Matcher::from_any(self.state.with(py, |m| m.clone()))
     }
 
     /// Fill row `row` of an int32 `[B, >= ceil(V/32)]` numpy buffer (the GIL is released
@@ -583,17 +616,19 @@ impl Matcher {
         bitmask: &Bound<'_, PyAny>,
         row: i64,
     ) -> PyResult<()> {
-        let words = self.0.words();
-        let m = &self.0;
-        with_buffer(bitmask, words, |mut buf| {
-            buf.release &= !m.is_cheap(); // a cached mask is a copy: not worth a GIL round trip
+        with_buffer(bitmask, self.words, |buf| {
             let out = row_slice(buf.words, buf.rows, buf.cols, row).or_raise()?;
-            if buf.release {
-                py.detach(|| m.fill_bitmask(out)).or_raise()?;
+            let fill =
+                move |m: &mut AnyMatcher| m.fill_bitmask(out).and_then(|()| m.check_limits());
+            if !buf.release {
+                self.state.holding_gil(py, fill)
+            } else if self.state.with(py, |m| m.is_cheap()) {
+                // A cached mask is a copy: not worth a GIL round trip.
+                self.state.with(py, fill)
             } else {
-                m.fill_bitmask(out).or_raise()?;
+                self.state.detached(py, fill)
             }
-            m.check_limits().or_raise()
+            .or_raise()
         })
     }
 }
@@ -607,7 +642,11 @@ fn fill_next_token_bitmask_batch(
     bitmask: &Bound<'_, PyAny>,
     rows: Option<Vec<i64>>,
 ) -> PyResult<()> {
-    let ms: Vec<AnyMatcher> = matchers.iter().map(|m| m.0.clone()).collect();
+    // Copies, each taken under its own lock (one matcher may come twice).
+    let ms: Vec<AnyMatcher> = matchers
+        .iter()
+        .map(|m| m.state.with(py, |a| a.clone()))
+        .collect();
     let targets: Vec<i64> = rows.unwrap_or_else(|| (0..ms.len() as i64).collect());
     if targets.len() != ms.len() {
         return Err(GrammarError::Shape(format!(
@@ -675,9 +714,8 @@ fn fill_tree_bitmask<'py>(
     let (tokens, parents) = (read(tree.tokens(py))?, read(tree.parents(py))?);
     let (n, real) = (tokens.len(), tree.num_real());
     let (tokens, parents) = (&as_slice(&tokens)[..real], &as_slice(&parents)[..real]);
-    let words = matcher.0.words();
-    let m = &matcher.0;
-    let mut valid = with_buffer(bitmask, words, |buf| {
+    let state = &matcher.state;
+    let mut valid = with_buffer(bitmask, matcher.words, |buf| {
         let end = row_offset.checked_add(n).filter(|&e| e <= buf.rows);
         let Some(end) = end else {
             return Err(GrammarError::Shape(format!(
@@ -691,8 +729,13 @@ fn fill_tree_bitmask<'py>(
         let rows = as_u32(&mut buf.words[row_offset * cols..end * cols]);
         let (real_rows, pad_rows) = rows.split_at_mut(real * cols);
         pad_rows.fill(0);
-        let mut fill = move || with_matcher!(m, m => core::fill_tree_bitmask(m, tokens, parents, real_rows, cols));
-        if release { py.detach(fill) } else { fill() }.or_raise()
+        let fill = move |m: &mut AnyMatcher| with_matcher!(&*m, m => core::fill_tree_bitmask(m, tokens, parents, real_rows, cols));
+        if release {
+            state.detached(py, fill)
+        } else {
+            state.holding_gil(py, fill)
+        }
+        .or_raise()
     })?;
     valid.resize(n, false);
     Ok(vec1(py, valid).into_any())
@@ -714,16 +757,16 @@ fn build_ddtree_constrained<'py>(
 ) -> PyResult<TreeArrays> {
     let (l, k) = check_single_build(&logprobs, &token_ids, root_token, min_logprob).or_raise()?;
     let (lp, ids) = (as_slice(&logprobs), as_slice(&token_ids));
-    let m = &matcher.0;
-    let built = py
-        .detach(|| {
+    let built = matcher
+        .state
+        .detached(py, |m| {
             if budget <= 0 {
                 return Err(TreeError::Budget(budget));
             }
             let marg = Marginals::all_columns(&lp, &ids, l, k)?;
             let cap = max_nodes(budget as usize, l, k);
             check_tree_size(cap)?;
-            let built = with_matcher!(m, m => {
+            let built = with_matcher!(&*m, m => {
                 let mut filter = GrammarFilter::new(m, cap);
                 build_ddtree_filtered(&marg, budget as usize, root_token, min_logprob, &mut filter)
             });

@@ -10,6 +10,7 @@ use specdec_core::decode::{self as core, Accepted, BudgetParams, Pick, TreeView,
 
 use crate::arrays::{as_slice, read, vec1, vec2_typed};
 use crate::errors::{Class, OrRaise};
+use crate::locked::Locked;
 use crate::tree::TreeArrays;
 
 /// A tree's arrays, borrowed for one call.
@@ -75,18 +76,20 @@ fn with_view<R>(
     f(&slices.view())
 }
 
-/// Rows of different lengths as one 2-D array, zero-padded.
-fn padded<'py, 'a>(
-    py: Python<'py>,
-    rows: impl Iterator<Item = &'a [f64]>,
-) -> PyResult<Bound<'py, PyArray2<f64>>> {
+/// Rows of different lengths as one row-major `(data, rows, cols)`, zero-padded.
+fn padded<'a>(rows: impl Iterator<Item = &'a [f64]>) -> (Vec<f64>, usize, usize) {
     let rows: Vec<&[f64]> = rows.collect();
     let cols = rows.iter().map(|r| r.len()).max().unwrap_or(0);
     let mut flat = vec![0.0; rows.len() * cols];
     for (r, row) in rows.iter().enumerate() {
         flat[r * cols..r * cols + row.len()].copy_from_slice(row);
     }
-    vec2_typed(py, flat, rows.len(), cols)
+    (flat, rows.len(), cols)
+}
+
+/// `[2, bins]` per-depth-class sums as one row-major vector.
+fn flat_bins(a: &[[f64; BINS]; 2]) -> Vec<f64> {
+    a.iter().flatten().copied().collect()
 }
 
 fn params(prior: f64, prior_weight: f64, band_optimism: f64) -> PyResult<BudgetParams> {
@@ -111,15 +114,18 @@ pub struct BudgetGains {
 
 /// What the adaptive budget has learnt from verified steps (see `specdec.decode.budget`).
 /// The shrinkage settings come with each call.
-#[pyclass(module = "specdec._core", name = "BudgetStats")]
-#[derive(Default)]
-pub struct BudgetStats(core::BudgetStats);
+///
+/// Shared across threads: every call takes the statistics' lock (see [`Locked`]), with the
+/// GIL held when it is free (the calls are short). No critical section touches a Python
+/// object: trees are borrowed and arguments converted before, arrays made after.
+#[pyclass(frozen, module = "specdec._core", name = "BudgetStats")]
+pub struct BudgetStats(Locked<core::BudgetStats>);
 
 #[pymethods]
 impl BudgetStats {
     #[new]
     fn new() -> Self {
-        Self::default()
+        BudgetStats(Locked::new(core::BudgetStats::default()))
     }
 
     /// `[2, bins]`: per depth class (depth 1, deeper) and probability bin, the calibration
@@ -133,8 +139,8 @@ impl BudgetStats {
         band_optimism: f64,
     ) -> PyResult<Bound<'py, PyArray2<f64>>> {
         let p = params(prior, prior_weight, band_optimism)?;
-        let cal = self.0.calibration(&p);
-        vec2_typed(py, cal.iter().flatten().copied().collect(), 2, BINS)
+        let cal = self.0.with(py, |s| flat_bins(&s.calibration(&p)));
+        vec2_typed(py, cal, 2, BINS)
     }
 
     /// `[bands]`: per rank band of `source`'s trees (a request's candidate position), the
@@ -150,7 +156,8 @@ impl BudgetStats {
         source: usize,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let p = params(prior, prior_weight, band_optimism)?;
-        Ok(vec1(py, self.0.band_factors(&p, source, bands)))
+        let f = self.0.with(py, |s| s.band_factors(&p, source, bands));
+        Ok(vec1(py, f))
     }
 
     /// Each drafted node's expected contribution to the acceptance length (`[num_real -
@@ -168,15 +175,18 @@ impl BudgetStats {
         source: usize,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let p = params(prior, prior_weight, band_optimism)?;
-        let cal = self.0.calibration(&p);
         let mut out = Vec::new();
         with_view(py, &tree, |view| {
-            if sized {
-                self.0.node_values(&p, view, source, &cal, &mut out)
-            } else {
-                self.0.path_values(view, &cal, &mut out)
-            }
-            .or_raise()
+            self.0
+                .with(py, |s| {
+                    let cal = s.calibration(&p);
+                    if sized {
+                        s.node_values(&p, view, source, &cal, &mut out)
+                    } else {
+                        s.path_values(view, &cal, &mut out)
+                    }
+                })
+                .or_raise()
         })?;
         Ok(vec1(py, out))
     }
@@ -224,7 +234,10 @@ impl BudgetStats {
             .iter()
             .map(|trees| views.by_ref().take(trees.len()).collect())
             .collect();
-        let c = self.0.choose(&p, &reqs, most, pick).or_raise()?;
+        let c = self
+            .0
+            .with(py, |s| s.choose(&p, &reqs, most, pick))
+            .or_raise()?;
         let picks = c.picks.into_iter().map(|x| x as i64).collect();
         Ok(BudgetGains {
             gains: vec1(py, c.gains).unbind(),
@@ -238,7 +251,7 @@ impl BudgetStats {
     #[pyo3(signature = (tree, accepted, *, prior, prior_weight, band_optimism, source = 0))]
     #[allow(clippy::too_many_arguments)]
     fn observe(
-        &mut self,
+        &self,
         py: Python<'_>,
         tree: PyRef<'_, TreeArrays>,
         accepted: &Bound<'_, PyAny>,
@@ -255,7 +268,9 @@ impl BudgetStats {
             None => Accepted::Count(crate::errors::config_arg::<usize>(accepted)?),
         };
         with_view(py, &tree, |view| {
-            self.0.observe(&p, view, source, acc).or_raise()
+            self.0
+                .with(py, |s| s.observe(&p, view, source, acc))
+                .or_raise()
         })
     }
 
@@ -266,7 +281,7 @@ impl BudgetStats {
     #[pyo3(signature = (tree, path, *, prior, prior_weight, band_optimism, source = 0))]
     #[allow(clippy::too_many_arguments)]
     fn observe_path(
-        &mut self,
+        &self,
         py: Python<'_>,
         tree: PyRef<'_, TreeArrays>,
         path: PyReadonlyArray1<'_, i64>,
@@ -283,21 +298,23 @@ impl BudgetStats {
             path: &path,
         };
         with_view(py, &tree, |view| {
-            self.0.observe(&p, view, source, acc).or_raise()
+            self.0
+                .with(py, |s| s.observe(&p, view, source, acc))
+                .or_raise()
         })
     }
 
     /// `[2, bins]` predicted (conditional probabilities summed) of tried nodes.
     #[getter]
     fn predicted<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        let flat = self.0.predicted.iter().flatten().copied().collect();
+        let flat = self.0.with(py, |s| flat_bins(&s.predicted));
         vec2_typed(py, flat, 2, BINS)
     }
 
     /// `[2, bins]` accepted tried nodes.
     #[getter]
     fn realised<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        let flat = self.0.realised.iter().flatten().copied().collect();
+        let flat = self.0.with(py, |s| flat_bins(&s.realised));
         vec2_typed(py, flat, 2, BINS)
     }
 
@@ -305,25 +322,31 @@ impl BudgetStats {
     /// past a source's last band).
     #[getter]
     fn band_predicted<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        padded(py, self.0.sources.iter().map(|s| &s.band_predicted[..]))
+        let (flat, rows, cols) = self.0.with(py, |s| {
+            padded(s.sources.iter().map(|x| &x.band_predicted[..]))
+        });
+        vec2_typed(py, flat, rows, cols)
     }
 
     /// `[sources, bands]`: per source and rank band, observed nodes accepted.
     #[getter]
     fn band_realised<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        padded(py, self.0.sources.iter().map(|s| &s.band_realised[..]))
+        let (flat, rows, cols) = self.0.with(py, |s| {
+            padded(s.sources.iter().map(|x| &x.band_realised[..]))
+        });
+        vec2_typed(py, flat, rows, cols)
     }
 
     /// Per depth: verified trees that reached it.
     #[getter]
     fn tried<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f64>> {
-        vec1(py, self.0.tried.clone())
+        vec1(py, self.0.with(py, |s| s.tried.clone()))
     }
 
     /// Per depth: steps that accepted that deep.
     #[getter]
     fn reached<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f64>> {
-        vec1(py, self.0.reached.clone())
+        vec1(py, self.0.with(py, |s| s.reached.clone()))
     }
 }
 

@@ -9,6 +9,7 @@ use specdec_core::kv::{self as core, KvError};
 
 use crate::arrays::{as_slice, vec1, LazyArray};
 use crate::errors::{kv_arg, raise, Class, OrRaise};
+use crate::locked::Locked;
 
 type Arr<'py> = Bound<'py, PyAny>;
 
@@ -192,8 +193,13 @@ fn to_counts(v: &[i64], what: &str) -> Result<Vec<usize>, KvError> {
 /// Paged KV bookkeeping: a pool of `num_blocks` blocks of `block_size` slots with refcounts,
 /// an LRU free queue, per-sequence block tables, tentative tree slots, beams and (optionally)
 /// a prefix cache. A refused operation raises a `KVCacheError` subclass and changes nothing.
-#[pyclass(name = "BlockManager", module = "specdec._core")]
-pub struct BlockManager(core::BlockManager);
+///
+/// Shared across threads: every call takes the manager's lock (see [`Locked`]); the batched
+/// calls take it with the GIL released, the others, short, with the GIL held when it is free.
+/// No critical section touches a Python object: arguments are converted before, errors and
+/// arrays made after.
+#[pyclass(frozen, name = "BlockManager", module = "specdec._core")]
+pub struct BlockManager(Locked<core::BlockManager>);
 
 type BatchReserve =
     fn(&mut core::BlockManager, &[u64], &[usize]) -> Result<core::ReserveBatch, KvError>;
@@ -201,7 +207,7 @@ type BatchReserve =
 impl BlockManager {
     /// A batched reservation (tree slots or appended slots) with the GIL released.
     fn reserve_batch(
-        &mut self,
+        &self,
         py: Python<'_>,
         seqs: PyReadonlyArray1<'_, u64>,
         counts: PyReadonlyArray1<'_, i64>,
@@ -210,8 +216,7 @@ impl BlockManager {
     ) -> PyResult<Reservation> {
         let (seqs, c) = (as_slice(&seqs), as_slice(&counts));
         let c = to_counts(&c, what).or_raise()?;
-        let m = &mut self.0;
-        let b = py.detach(|| reserve(m, &seqs, &c)).or_raise()?;
+        let b = self.0.detached(py, |m| reserve(m, &seqs, &c)).or_raise()?;
         Ok(Reservation::from_batch(b))
     }
 }
@@ -225,46 +230,54 @@ impl BlockManager {
         #[pyo3(from_py_with = kv_arg)] block_size: usize,
         #[pyo3(from_py_with = kv_arg)] prefix_caching: bool,
     ) -> PyResult<Self> {
-        Ok(BlockManager(
+        Ok(BlockManager(Locked::new(
             core::BlockManager::new(num_blocks, block_size, prefix_caching).or_raise()?,
-        ))
+        )))
     }
 
     #[getter]
-    fn block_size(&self) -> usize {
-        self.0.block_size()
+    fn block_size(&self, py: Python<'_>) -> usize {
+        self.0.with(py, |m| m.block_size())
     }
     #[getter]
-    fn num_blocks(&self) -> usize {
-        self.0.num_blocks()
+    fn num_blocks(&self, py: Python<'_>) -> usize {
+        self.0.with(py, |m| m.num_blocks())
     }
     #[getter]
-    fn prefix_caching(&self) -> bool {
-        self.0.prefix_caching()
+    fn prefix_caching(&self, py: Python<'_>) -> bool {
+        self.0.with(py, |m| m.prefix_caching())
     }
-    fn num_free_blocks(&self) -> usize {
-        self.0.num_free_blocks()
+    fn num_free_blocks(&self, py: Python<'_>) -> usize {
+        self.0.with(py, |m| m.num_free_blocks())
     }
-    fn num_cached_blocks(&self) -> usize {
-        self.0.num_cached_blocks()
+    fn num_cached_blocks(&self, py: Python<'_>) -> usize {
+        self.0.with(py, |m| m.num_cached_blocks())
     }
-    fn can_allocate(&self, #[pyo3(from_py_with = kv_arg)] num_tokens: usize) -> bool {
-        self.0.can_allocate(num_tokens)
+    fn can_allocate(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = kv_arg)] num_tokens: usize,
+    ) -> bool {
+        self.0.with(py, |m| m.can_allocate(num_tokens))
     }
-    fn __len__(&self) -> usize {
-        self.0.num_sequences()
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.0.with(py, |m| m.num_sequences())
     }
-    fn __contains__(&self, #[pyo3(from_py_with = kv_arg)] seq: u64) -> bool {
-        self.0.contains(seq)
+    fn __contains__(&self, py: Python<'_>, #[pyo3(from_py_with = kv_arg)] seq: u64) -> bool {
+        self.0.with(py, |m| m.contains(seq))
     }
-    fn sequences(&self) -> Vec<u64> {
-        let mut s = self.0.sequences();
+    fn sequences(&self, py: Python<'_>) -> Vec<u64> {
+        let mut s = self.0.with(py, |m| m.sequences());
         s.sort_unstable();
         s
     }
     /// Committed and tentative token counts.
-    fn seq_len(&self, #[pyo3(from_py_with = kv_arg)] seq: u64) -> PyResult<SeqLength> {
-        let (committed, tentative) = self.0.seq_len(seq).or_raise()?;
+    fn seq_len(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = kv_arg)] seq: u64,
+    ) -> PyResult<SeqLength> {
+        let (committed, tentative) = self.0.with(py, |m| m.seq_len(seq)).or_raise()?;
         Ok(SeqLength {
             committed,
             tentative,
@@ -275,7 +288,11 @@ impl BlockManager {
         py: Python<'py>,
         #[pyo3(from_py_with = kv_arg)] seq: u64,
     ) -> PyResult<Arr<'py>> {
-        Ok(vec1(py, i32s(&self.0.block_table(seq).or_raise()?)).into_any())
+        let t = self
+            .0
+            .with(py, |m| m.block_table(seq).map(|t| i32s(&t)))
+            .or_raise()?;
+        Ok(vec1(py, t).into_any())
     }
     fn slot_mapping<'py>(
         &self,
@@ -284,49 +301,51 @@ impl BlockManager {
         #[pyo3(from_py_with = kv_arg)] start: usize,
         #[pyo3(from_py_with = kv_arg)] n: usize,
     ) -> PyResult<Arr<'py>> {
-        Ok(vec1(py, self.0.slot_mapping(seq, start, n).or_raise()?).into_any())
+        let s = self
+            .0
+            .with(py, |m| m.slot_mapping(seq, start, n))
+            .or_raise()?;
+        Ok(vec1(py, s).into_any())
     }
     /// Refcount of every block (int32 `[num_blocks]`).
     fn refcounts<'py>(&self, py: Python<'py>) -> Arr<'py> {
-        vec1(py, i32s(self.0.refcounts())).into_any()
+        vec1(py, self.0.with(py, |m| i32s(m.refcounts()))).into_any()
     }
     /// Free blocks, least recently freed (next evicted) first.
     fn free_queue<'py>(&self, py: Python<'py>) -> Arr<'py> {
-        vec1(py, i32s(&self.0.free_queue())).into_any()
+        vec1(py, self.0.with(py, |m| i32s(&m.free_queue()))).into_any()
     }
     /// Recompute every structural invariant; raises `KVCacheError` naming the first broken.
-    fn check_invariants(&self) -> PyResult<()> {
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         self.0
-            .check_invariants()
+            .with(py, |m| m.check_invariants())
             .map_err(KvError::Invalid)
             .or_raise()
     }
 
     fn allocate(
-        &mut self,
+        &self,
+        py: Python<'_>,
         #[pyo3(from_py_with = kv_arg)] seq: u64,
         #[pyo3(from_py_with = kv_arg)] num_tokens: usize,
     ) -> PyResult<()> {
-        self.0.allocate(seq, num_tokens).or_raise()
+        self.0.with(py, |m| m.allocate(seq, num_tokens)).or_raise()
     }
     /// Start `seq` with these token ids, reusing cached full blocks of the same
     /// `cache_salt` and `extra_key`; returns the number of leading tokens whose K/V is
     /// already stored. The rest enter the cache after `mark_computed` (or a commit).
     #[pyo3(signature = (seq, tokens, extra_key=0, cache_salt=None))]
     fn allocate_tokens(
-        &mut self,
+        &self,
+        py: Python<'_>,
         #[pyo3(from_py_with = kv_arg)] seq: u64,
         #[pyo3(from_py_with = kv_arg)] tokens: PyReadonlyArray1<'_, i64>,
         #[pyo3(from_py_with = kv_arg)] extra_key: u64,
         #[pyo3(from_py_with = salt_arg)] cache_salt: Option<Vec<u8>>,
     ) -> PyResult<usize> {
+        let (tokens, salt) = (as_slice(&tokens), cache_salt.unwrap_or_default());
         self.0
-            .allocate_tokens(
-                seq,
-                &as_slice(&tokens),
-                cache_salt.as_deref().unwrap_or_default(),
-                extra_key,
-            )
+            .with(py, |m| m.allocate_tokens(seq, &tokens, &salt, extra_key))
             .or_raise()
     }
     /// Start `seq` with only the cached prefix of `tokens` (whole blocks, at most
@@ -334,96 +353,102 @@ impl BlockManager {
     /// its token ids.
     #[pyo3(signature = (seq, tokens, extra_key=0, cache_salt=None))]
     fn allocate_cached_prefix(
-        &mut self,
+        &self,
+        py: Python<'_>,
         #[pyo3(from_py_with = kv_arg)] seq: u64,
         #[pyo3(from_py_with = kv_arg)] tokens: PyReadonlyArray1<'_, i64>,
         #[pyo3(from_py_with = kv_arg)] extra_key: u64,
         #[pyo3(from_py_with = salt_arg)] cache_salt: Option<Vec<u8>>,
     ) -> PyResult<usize> {
+        let (tokens, salt) = (as_slice(&tokens), cache_salt.unwrap_or_default());
         self.0
-            .allocate_cached_prefix(
-                seq,
-                &as_slice(&tokens),
-                cache_salt.as_deref().unwrap_or_default(),
-                extra_key,
-            )
+            .with(py, |m| {
+                m.allocate_cached_prefix(seq, &tokens, &salt, extra_key)
+            })
             .or_raise()
     }
     /// The K/V of the first `num_tokens` committed tokens is written: their full blocks may
     /// enter the prefix cache.
     fn mark_computed(
-        &mut self,
+        &self,
+        py: Python<'_>,
         #[pyo3(from_py_with = kv_arg)] seq: u64,
         #[pyo3(from_py_with = kv_arg)] num_tokens: usize,
     ) -> PyResult<()> {
-        self.0.mark_computed(seq, num_tokens).or_raise()
+        self.0
+            .with(py, |m| m.mark_computed(seq, num_tokens))
+            .or_raise()
     }
     /// Append `n` committed slots (their K/V is written after the call, so `tokens` are
     /// recorded but cached only after `mark_computed` or the next commit).
     #[pyo3(signature = (seq, n, tokens=None))]
     fn append_slots<'py>(
-        &mut self,
+        &self,
+        py: Python<'py>,
         #[pyo3(from_py_with = kv_arg)] seq: u64,
         #[pyo3(from_py_with = kv_arg)] n: usize,
         #[pyo3(from_py_with = kv_arg)] tokens: Option<PyReadonlyArray1<'py, i64>>,
     ) -> PyResult<Reservation> {
         let t = tokens.as_ref().map(as_slice);
-        let a = self.0.append_slots(seq, n, t.as_deref()).or_raise()?;
+        let t = t.as_deref();
+        let a = self.0.with(py, |m| m.append_slots(seq, n, t)).or_raise()?;
         Ok(Reservation::single(a))
     }
     /// Keep only the first `length` committed tokens (outside a step).
     fn truncate(
-        &mut self,
+        &self,
+        py: Python<'_>,
         #[pyo3(from_py_with = kv_arg)] seq: u64,
         #[pyo3(from_py_with = kv_arg)] length: usize,
     ) -> PyResult<()> {
-        self.0.truncate_seq(seq, length).or_raise()
+        self.0.with(py, |m| m.truncate_seq(seq, length)).or_raise()
     }
     /// Whether block `block` is registered in the prefix cache.
-    fn is_cached(&self, #[pyo3(from_py_with = kv_arg)] block: u32) -> bool {
-        self.0.is_cached(block)
+    fn is_cached(&self, py: Python<'_>, #[pyo3(from_py_with = kv_arg)] block: u32) -> bool {
+        self.0.with(py, |m| m.is_cached(block))
     }
     fn fork(
-        &mut self,
+        &self,
+        py: Python<'_>,
         #[pyo3(from_py_with = kv_arg)] parent: u64,
         #[pyo3(from_py_with = kv_arg)] child: u64,
     ) -> PyResult<()> {
-        self.0.fork(parent, child).or_raise()
+        self.0.with(py, |m| m.fork(parent, child)).or_raise()
     }
-    fn free(&mut self, #[pyo3(from_py_with = kv_arg)] seq: u64) -> PyResult<()> {
-        self.0.free(seq).or_raise()
+    fn free(&self, py: Python<'_>, #[pyo3(from_py_with = kv_arg)] seq: u64) -> PyResult<()> {
+        self.0.with(py, |m| m.free(seq)).or_raise()
     }
     /// Reserve `n` tentative slots for a tree's nodes.
     fn reserve_tree(
-        &mut self,
+        &self,
+        py: Python<'_>,
         #[pyo3(from_py_with = kv_arg)] seq: u64,
         #[pyo3(from_py_with = kv_arg)] n: usize,
     ) -> PyResult<Reservation> {
-        let a = self.0.reserve_tree(seq, n).or_raise()?;
+        let a = self.0.with(py, |m| m.reserve_tree(seq, n)).or_raise()?;
         Ok(Reservation::single(a))
     }
     /// Keep the accepted nodes (indices into the step's nodes); returns the slot moves.
     #[pyo3(signature = (seq, accepted, tokens=None))]
     fn commit<'py>(
-        &mut self,
+        &self,
+        py: Python<'py>,
         #[pyo3(from_py_with = kv_arg)] seq: u64,
         #[pyo3(from_py_with = kv_arg)] accepted: PyReadonlyArray1<'py, i64>,
         #[pyo3(from_py_with = kv_arg)] tokens: Option<PyReadonlyArray1<'py, i64>>,
     ) -> PyResult<CommitMoves> {
         let t = tokens.as_ref().map(as_slice);
-        let moves = self
-            .0
-            .commit(seq, &as_slice(&accepted), t.as_deref())
-            .or_raise()?;
+        let (t, acc) = (t.as_deref(), as_slice(&accepted));
+        let moves = self.0.with(py, |m| m.commit(seq, &acc, t)).or_raise()?;
         let (src, dst) = moves.into_iter().unzip();
         Ok(CommitMoves::new(core::CommitBatch { src, dst }))
     }
-    fn rollback(&mut self, #[pyo3(from_py_with = kv_arg)] seq: u64) -> PyResult<()> {
-        self.0.rollback(seq).or_raise()
+    fn rollback(&self, py: Python<'_>, #[pyo3(from_py_with = kv_arg)] seq: u64) -> PyResult<()> {
+        self.0.with(py, |m| m.rollback(seq)).or_raise()
     }
     /// One decode step's reservations; all or nothing.
     fn reserve_tree_batch<'py>(
-        &mut self,
+        &self,
         py: Python<'py>,
         #[pyo3(from_py_with = kv_arg)] seqs: PyReadonlyArray1<'py, u64>,
         #[pyo3(from_py_with = kv_arg)] counts: PyReadonlyArray1<'py, i64>,
@@ -440,7 +465,7 @@ impl BlockManager {
     /// all or nothing.
     #[pyo3(signature = (seqs, accepted, offsets, tokens=None))]
     fn commit_batch<'py>(
-        &mut self,
+        &self,
         py: Python<'py>,
         #[pyo3(from_py_with = kv_arg)] seqs: PyReadonlyArray1<'py, u64>,
         #[pyo3(from_py_with = kv_arg)] accepted: PyReadonlyArray1<'py, i64>,
@@ -451,15 +476,15 @@ impl BlockManager {
         let off = to_counts(&off, "offsets").or_raise()?;
         let t = tokens.as_ref().map(as_slice);
         let t = t.as_deref();
-        let m = &mut self.0;
-        let b = py
-            .detach(|| m.commit_batch(&seqs, &acc, &off, t))
+        let b = self
+            .0
+            .detached(py, |m| m.commit_batch(&seqs, &acc, &off, t))
             .or_raise()?;
         Ok(CommitMoves::new(b))
     }
     /// `append_slots` for many sequences; all or nothing.
     fn append_slots_batch<'py>(
-        &mut self,
+        &self,
         py: Python<'py>,
         #[pyo3(from_py_with = kv_arg)] seqs: PyReadonlyArray1<'py, u64>,
         #[pyo3(from_py_with = kv_arg)] counts: PyReadonlyArray1<'py, i64>,
@@ -474,38 +499,43 @@ impl BlockManager {
     }
     /// `allocate` for many new sequences; all or nothing.
     fn allocate_batch(
-        &mut self,
+        &self,
+        py: Python<'_>,
         #[pyo3(from_py_with = kv_arg)] seqs: PyReadonlyArray1<'_, u64>,
         #[pyo3(from_py_with = kv_arg)] counts: PyReadonlyArray1<'_, i64>,
     ) -> PyResult<()> {
         let c = to_counts(&as_slice(&counts), "token counts").or_raise()?;
-        self.0.allocate_batch(&as_slice(&seqs), &c).or_raise()
+        let seqs = as_slice(&seqs);
+        self.0.with(py, |m| m.allocate_batch(&seqs, &c)).or_raise()
     }
     /// `fork(parents[i], children[i])` for all `i`; all or nothing.
     fn fork_batch(
-        &mut self,
+        &self,
+        py: Python<'_>,
         #[pyo3(from_py_with = kv_arg)] parents: PyReadonlyArray1<'_, u64>,
         #[pyo3(from_py_with = kv_arg)] children: PyReadonlyArray1<'_, u64>,
     ) -> PyResult<()> {
-        self.0
-            .fork_batch(&as_slice(&parents), &as_slice(&children))
-            .or_raise()
+        let (p, c) = (as_slice(&parents), as_slice(&children));
+        self.0.with(py, |m| m.fork_batch(&p, &c)).or_raise()
     }
     /// `free` for many sequences; all or nothing.
     fn free_batch(
-        &mut self,
+        &self,
+        py: Python<'_>,
         #[pyo3(from_py_with = kv_arg)] seqs: PyReadonlyArray1<'_, u64>,
     ) -> PyResult<()> {
-        self.0.free_batch(&as_slice(&seqs)).or_raise()
+        let seqs = as_slice(&seqs);
+        self.0.with(py, |m| m.free_batch(&seqs)).or_raise()
     }
     /// Beam `beams[i]` continues `beams[parents[i]]` (shared blocks, no copy).
     fn reorder(
-        &mut self,
+        &self,
+        py: Python<'_>,
         #[pyo3(from_py_with = kv_arg)] beams: Vec<u64>,
         #[pyo3(from_py_with = kv_arg)] parents: Vec<i64>,
     ) -> PyResult<()> {
         let p = to_counts(&parents, "parent indices").or_raise()?;
-        self.0.reorder(&beams, &p).or_raise()
+        self.0.with(py, |m| m.reorder(&beams, &p)).or_raise()
     }
 }
 

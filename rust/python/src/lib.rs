@@ -12,6 +12,7 @@ mod draft;
 mod errors;
 mod kv;
 mod linear;
+mod locked;
 mod tree;
 
 #[pymodule]
