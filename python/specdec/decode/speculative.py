@@ -33,7 +33,14 @@ from ..protocols import Constraint, Drafter, DraftRequest, KVCache, Target, Tree
 from ..tree import DDTreeShape, DraftTree, tree_shape
 from ..verify import STAGES, DecodingRule, StepResult, Verifier
 from .budget import AdaptiveBudget, CostModel
-from .common import GenerationResult, RequestOutput, emit, prompt_ids
+from .common import (
+    GenerationResult,
+    RequestOutput,
+    check_max_new_tokens,
+    emit,
+    prompt_ids,
+    stop_set,
+)
 from .progress import ProgressBar
 
 __all__ = ["SpeculativeGenerator", "Strategy"]
@@ -74,7 +81,7 @@ class SpeculativeGenerator:
     whole trees) or a :class:`~specdec.protocols.Drafter` (per-depth logits, e.g. a block
     drafter); ``None`` = :class:`~specdec.draft.SuffixDrafter` (needs no model).
     ``strategy``: ``"ddtree"`` (best-first tree of ``budget`` drafted nodes; a TreeDrafter's
-    own tree), ``"chain"`` (one path of ``depth`` tokens: the drafter's argmax path, or a
+    own tree), ``"chain"`` (one path of ``max_depth`` tokens: the drafter's argmax path, or a
     scored tree's likeliest path), ``"ar"`` (no drafting: one token per step, the same code
     path), or any :class:`~specdec.protocols.TreeShape`.
     ``budget``: most drafted nodes per tree, or ``"auto"``: per step the size that maximises
@@ -101,7 +108,7 @@ class SpeculativeGenerator:
         *,
         strategy: Strategy | TreeShape = "ddtree",
         budget: int | Literal["auto"] = 16,
-        depth: int = 8,
+        max_depth: int = 8,
         rule: DecodingRule | None = None,
         cache: Literal["dense", "paged"] = "dense",
         constraint: Any = None,
@@ -117,14 +124,14 @@ class SpeculativeGenerator:
         if not callable(target) or not hasattr(target, "new_cache"):
             raise SpecdecTypeError(f"target must follow specdec.protocols.Target, got {target!r}")
         self.target = target
-        self.depth = check_int(depth, "depth", 1, ConfigError)
+        self.max_depth = check_int(max_depth, "max_depth", 1, ConfigError)
         self.max_batch = check_int(max_batch, "max_batch", 1, ConfigError)
         if strategy == "ar":
             drafter = None
         elif drafter is None:
             from ..draft import SuffixDrafter
 
-            drafter = SuffixDrafter(max_depth=self.depth)
+            drafter = SuffixDrafter(max_depth=self.max_depth)
         self.strategy = strategy
         self.drafter = drafter
         self.tree_drafter = drafter if isinstance(drafter, TreeDrafter) else None
@@ -169,7 +176,7 @@ class SpeculativeGenerator:
             self.shape: TreeShape | None = None
             self.budget = 0
         else:
-            shape = tree_shape(strategy, budget=self.max_budget, depth=self.depth)
+            shape = tree_shape(strategy, budget=self.max_budget, depth=self.max_depth)
             if not isinstance(shape, TreeShape):
                 raise SpecdecTypeError(f"strategy must be a name or a TreeShape, got {strategy!r}")
             self.shape = shape
@@ -200,11 +207,12 @@ class SpeculativeGenerator:
 
     # -- one sequence: the pipeline's stages, callable on their own -----------------------------
     def draft(self, context: Sequence[int]) -> torch.Tensor:
-        """The drafter's per-depth logits ``[depth, V]`` for the tokens after ``context``."""
+        """The drafter's per-depth logits ``[max_depth, V]`` for the tokens after
+        ``context``."""
         if self.drafter is None or self.tree_drafter is not None:
             raise ConfigError("only a Drafter (per-depth logits) drafts logits: use draft_tree")
         assert isinstance(self.drafter, Drafter)
-        return self.drafter.draft([DraftRequest(context)], self.depth)[0]
+        return self.drafter.draft([DraftRequest(context)], self.max_depth)[0]
 
     def propose(self, context: Sequence[int]) -> DraftTree:
         """A TreeDrafter's tree for the tokens after ``context``."""
@@ -245,7 +253,7 @@ class SpeculativeGenerator:
         ``constraint``: its grammar, else the generator's; ``seed``: its sampling seed, else
         the generator's ``seed``)."""
         ids = prompt_ids(prompt)
-        max_new = check_int(max_new_tokens, "max_new_tokens", 0, ConfigError)
+        max_new = check_max_new_tokens(max_new_tokens)
         if len(ids) + max_new > self.target.max_positions:
             raise VerifyError(
                 f"the prompt ({len(ids)} tokens) and max_new_tokens ({max_new}) do not fit the "
@@ -256,7 +264,7 @@ class SpeculativeGenerator:
             raise VerifyError(
                 f"prompt token ids must be in [0, {vocab}), got {min(ids)}..{max(ids)}"
             )
-        stop = _stop_set(stop_tokens)
+        stop = stop_set(stop_tokens, vocab_size=vocab)
         seed = self.seed if seed is None else check_int(seed, "seed", None, ConfigError)
         if cache is not None:
             if not isinstance(cache, KVCache):
@@ -406,10 +414,11 @@ class SpeculativeGenerator:
     def generate(
         self,
         prompts: Any,
-        max_new_tokens: int,
         *,
+        max_new_tokens: int,
         stop_tokens: Collection[int] | int | None = None,
-        eos_token_id: int | None = None,
+        eos_token_id: Collection[int] | int | None = None,
+        constraint: Any = None,
         cache: KVCache | None = None,
         on_step: StepCallback | None = None,
         progress: bool | None = None,
@@ -417,19 +426,24 @@ class SpeculativeGenerator:
     ) -> Any:
         """Generate for one prompt (token ids: returns its :class:`GenerationResult`) or a
         batch of prompts (a list of them, or a 2-D tensor: returns a list, in order).
-        ``stop_tokens`` (or ``eos_token_id``) end a request, included in its tokens;
-        ``cache``: for one prompt, the cache to run in; ``progress``: a progress bar on
-        stderr (default: when the batch asks for more than 1024 tokens); ``seed``: every
-        request's sampling seed (see :meth:`submit`)."""
+        ``stop_tokens`` (and ``eos_token_id``, one more stop token) end a request, included
+        in its tokens; ``constraint``: every request's grammar or matcher, else the
+        generator's; ``cache``: for one prompt, the cache to run in; ``progress``: a progress
+        bar on stderr (default: when the batch asks for more than 1024 tokens); ``seed``:
+        every request's sampling seed (see :meth:`submit`)."""
         single = _is_single_prompt(prompts)
         batch = [prompts] if single else list(prompts)
         if not single and cache is not None:
             raise ConfigError("cache= is for one prompt; a batch gets caches from the generator")
-        stops = set(_stop_set(stop_tokens))
-        if eos_token_id is not None:
-            stops.add(check_int(eos_token_id, "eos_token_id", 0))
+        stops = stop_set(stop_tokens, eos_token_id, self.target.vocab_size)
         rids = self._submit_all(
-            batch, max_new_tokens, stop_tokens=stops, cache=cache, on_step=on_step, seed=seed
+            batch,
+            max_new_tokens,
+            stop_tokens=stops,
+            cache=cache,
+            constraint=constraint,
+            on_step=on_step,
+            seed=seed,
         )
         total = max_new_tokens * len(rids)
         bar = ProgressBar(total, enabled=total > 1024 if progress is None else progress)
@@ -522,12 +536,12 @@ class SpeculativeGenerator:
         requests = [DraftRequest(c, h) for c, h in zip(contexts, hidden, strict=True)]
         # A best-first tree of B drafted nodes is at most B deep: deeper marginals (their LM
         # head rows above all) would go unread; the adaptive budget cuts deeper still.
-        depth, size, shape = self.depth, self.max_budget, self.shape
+        depth, size, shape = self.max_depth, self.max_budget, self.shape
         if self.auto:
             # No tree bigger than the budget can pick this step (the same first nodes).
             size = self._adaptive().size_bound()
             if isinstance(shape, DDTreeShape):
-                shape = DDTreeShape(size, shape.min_logprob)
+                shape = DDTreeShape(size, shape.min_prob)
         if isinstance(shape, DDTreeShape):
             depth = min(depth, shape.budget)
         if self.auto:
@@ -535,14 +549,14 @@ class SpeculativeGenerator:
         if self.tree_drafter is not None:
             td = self.tree_drafter
             if isinstance(td, CombinedDrafter) and candidates and self.strategy == "ddtree":
-                pairs = td.candidates(requests, size, depth=depth)
+                pairs = td.candidates(requests, size, max_depth=depth)
                 return [list(p) for p in pairs]
             if isinstance(td, CombinedDrafter):
-                trees = td.propose(requests, size, depth=depth)
+                trees = td.propose(requests, size, max_depth=depth)
             else:
                 trees = td.propose(requests, size)
             if self.strategy == "chain":
-                trees = [t.best_path().pruned(self.depth) for t in trees]
+                trees = [t.best_path().pruned(self.max_depth) for t in trees]
             return [[t] for t in trees]
         assert isinstance(self.drafter, Drafter)
         logits = self.drafter.draft(requests, depth)
@@ -661,16 +675,6 @@ class SpeculativeGenerator:
             req.cache.free()
         req.cache = None if req.own_cache else req.cache
         self._finished[req.rid] = res
-
-
-def _stop_set(stop_tokens: Collection[int] | int | None) -> frozenset[int]:
-    if stop_tokens is None:
-        return frozenset()
-    if isinstance(stop_tokens, int):
-        stop_tokens = [stop_tokens]
-    if isinstance(stop_tokens, (str, bytes)) or not isinstance(stop_tokens, Collection):
-        raise SpecdecTypeError(f"stop_tokens must be token ids, got {type(stop_tokens).__name__}")
-    return frozenset(check_int(t, "stop token", 0) for t in stop_tokens)
 
 
 def _is_single_prompt(prompts: Any) -> bool:
