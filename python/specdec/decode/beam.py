@@ -382,14 +382,16 @@ def beam_search(
         None if prompt_matchers is None else [m.fork() for m in prompt_matchers for _ in range(n)]
     )
     timings = dict.fromkeys(("prefill", "forward", "select", "reorder"), 0.0)
+    t0 = time.perf_counter()
     beams = _Beams(target, rows, cfg, block_size, share)
     state = _State.start(bsz, n, new)
     t = 0
     try:
         if new > 0:
             logits = beams.prefill(rows).repeat_interleave(n, dim=0)
+            start = t0
             t0 = time.perf_counter()
-            timings["prefill"] = t0 - t_start
+            timings["prefill"] = t0 - start  # the pool, and each prompt's forward
             while True:
                 lp = _processed_logprobs(
                     logits, rows, state.run_tokens, t, cfg, processors, matchers

@@ -62,7 +62,9 @@ class ChainShape:
 
 
 def tree_shape(kind: str | TreeShape, *, budget: int, depth: int) -> TreeShape:
-    """A shape by name (``"ddtree"``: budget nodes; ``"chain"``: depth nodes) or as given."""
+    """A shape by name (``"ddtree"``: budget nodes; ``"chain"``: depth nodes) or as given.
+    ``depth`` is a chain's length, not a limit (the drafter's first ``depth`` argmax tokens):
+    a generator passes its ``max_depth``."""
     if kind == "ddtree":
         return DDTreeShape(budget)
     if kind == "chain":
