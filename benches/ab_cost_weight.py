@@ -42,7 +42,7 @@ def main() -> None:
         "block": lambda: block,
         "medusa": lambda: medusa,
         "suffix": lambda: SuffixDrafter(max_depth=16),
-        "bs": lambda: CombinedDrafter(block, SuffixDrafter(max_depth=16), depth=8),
+        "bs": lambda: CombinedDrafter(block, SuffixDrafter(max_depth=16), max_depth=8),
     }
     weights = {"auto, cost_weight=inf": math.inf, f"auto, cost_weight={args.weight:g}": args.weight}
     print("| cell | best fixed | tok/s | " + " | ".join(weights) + " |")
@@ -65,12 +65,12 @@ def main() -> None:
             for _ in range(args.repeats):  # rounds over every configuration
                 for c, kw in configs.items():
                     d = drafters[name]()
-                    gen = SpeculativeGenerator(target, d, depth=depth, rule=rule, **kw)
+                    gen = SpeculativeGenerator(target, d, max_depth=depth, rule=rule, **kw)
                     if c in weights:
                         gen.adaptive = AdaptiveBudget(cost, 64, cost_weight=weights[c])
                     t0 = time.perf_counter()
                     seed = 0 if rule else None
-                    out = gen.generate(ids, args.tokens, stop_tokens=eos, seed=seed)
+                    out = gen.generate(ids, max_new_tokens=args.tokens, stop_tokens=eos, seed=seed)
                     dt = time.perf_counter() - t0
                     if c not in best or dt < best[c][0]:
                         best[c] = (dt, len(out.tokens))

@@ -99,8 +99,8 @@ def main() -> None:
             nsteps = 0
             for text in PROMPTS[kind][: args.prompts]:
                 ids = lm.encode_chat([{"role": "user", "content": text}])
-                comb = CombinedDrafter(block, SuffixDrafter(max_depth=16), depth=8)
-                gen = SpeculativeGenerator(target, comb, depth=8, rule=rule, budget="auto",
+                comb = CombinedDrafter(block, SuffixDrafter(max_depth=16), max_depth=8)
+                gen = SpeculativeGenerator(target, comb, max_depth=8, rule=rule, budget="auto",
                                            max_budget=64, cost_model=cost)  # fmt: skip
                 ab = gen.adaptive = AdaptiveBudget(cost, 64, pick=args.pick)
                 steps: list[Step] = []

@@ -116,7 +116,9 @@ def run_hf(hf: Any, ids: list[int], width: int, new: int, eos: int) -> tuple[Any
 def run_ours(model: LlamaModel, ids: list[int], width: int, new: int, eos: int,
              share: bool) -> tuple[BeamSearchResult, float]:  # fmt: skip
     t0 = time.perf_counter()
-    r = beam_search(model, [ids], width, new, eos, share_kv=share)
+    r = beam_search(
+        model, [ids], num_beams=width, max_new_tokens=new, eos_token_id=eos, share_kv=share
+    )
     return r, time.perf_counter() - t0
 
 

@@ -84,7 +84,7 @@ def main() -> None:
     drafters: dict[str, Callable[[], Any]] = {
         "block": lambda: block,
         "suffix": lambda: SuffixDrafter(max_depth=16),
-        "block+suffix": lambda: CombinedDrafter(block, SuffixDrafter(max_depth=16), depth=el),
+        "block+suffix": lambda: CombinedDrafter(block, SuffixDrafter(max_depth=16), max_depth=el),
     }
     print(
         "| drafter | budget | ms/step | host ms/step | choose_among us | observe us "
@@ -98,7 +98,7 @@ def main() -> None:
                 kw: dict[str, Any] = {"budget": budget}
                 if budget == "auto":
                     kw.update(max_budget=64, cost_model=cost)
-                gen = SpeculativeGenerator(target, drafters[name](), depth=el, **kw)
+                gen = SpeculativeGenerator(target, drafters[name](), max_depth=el, **kw)
                 fwd: list[float] = []
                 step = gen.verifier.step
 
@@ -111,7 +111,9 @@ def main() -> None:
                 undo = timing(calls)
                 try:
                     t0 = time.perf_counter()
-                    res = gen.generate(ids, args.tokens, stop_tokens=[eos] if eos else None)
+                    res = gen.generate(
+                        ids, max_new_tokens=args.tokens, stop_tokens=[eos] if eos else None
+                    )
                     wall = time.perf_counter() - t0
                 finally:
                     undo()

@@ -152,7 +152,7 @@ def main() -> None:
 
     def drafter(name: str) -> Any:
         if name == "bs":
-            return CombinedDrafter(block, SuffixDrafter(max_depth=16), depth=block_size)
+            return CombinedDrafter(block, SuffixDrafter(max_depth=16), max_depth=block_size)
         return {"block": block, "medusa": medusa, "suffix": SuffixDrafter(max_depth=16)}[name]
 
     cells = [
@@ -190,7 +190,7 @@ def main() -> None:
                 kw = {"budget": int(c)}
 
             def make(kw: dict[str, Any] = kw, d: str = name, k: int = depth, r: Any = rule) -> Any:
-                gen = SpeculativeGenerator(target, drafter(d), depth=k, rule=r, **kw)
+                gen = SpeculativeGenerator(target, drafter(d), max_depth=k, rule=r, **kw)
                 if "cost_model" in kw:
                     # Charged by the cost model alone: the budget keeps its figures rather
                     # than learning the wall clock's forwards.

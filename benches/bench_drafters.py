@@ -135,19 +135,21 @@ def engines(
         kinds.append(
             (
                 "block+suffix",
-                lambda: CombinedDrafter(block, SuffixDrafter(max_depth=16), depth=el),
+                lambda: CombinedDrafter(block, SuffixDrafter(max_depth=16), max_depth=el),
                 el,
             )
         )
     for name, mk, depth in kinds:
         out.append(
-            (name, f"chain {depth}", str(depth), _factory(mk, strategy="chain", depth=depth))
+            (name, f"chain {depth}", str(depth), _factory(mk, strategy="chain", max_depth=depth))
         )
         if name == "block" and depth > 4:  # the same depth as the Medusa heads
-            out.append((name, "chain 4", "4", _factory(mk, strategy="chain", depth=4)))
+            out.append((name, "chain 4", "4", _factory(mk, strategy="chain", max_depth=4)))
         for b in budgets:
-            out.append((name, f"ddtree B={b}", str(b), _factory(mk, depth=depth, budget=b)))
-        auto = _factory(mk, depth=depth, budget="auto", max_budget=max(budgets), cost_model=cost)
+            out.append((name, f"ddtree B={b}", str(b), _factory(mk, max_depth=depth, budget=b)))
+        auto = _factory(
+            mk, max_depth=depth, budget="auto", max_budget=max(budgets), cost_model=cost
+        )
         out.append((name, "ddtree auto", "auto", auto))
     return out
 
@@ -218,7 +220,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                     "32",
                     _factory(
                         functools.partial(Banned, block, k),
-                        depth=block.config.block_size,
+                        max_depth=block.config.block_size,
                         budget=32,
                     ),
                 )
@@ -267,7 +269,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                 )  # fmt: skip
                 hf_row = rows[-1]
             elif mode == "greedy":
-                ref = autoregressive_generate(target, ids, n).tokens
+                ref = autoregressive_generate(target, ids, max_new_tokens=n).tokens
             ar = ("specdec", "AR", "-", lambda t, r: SpeculativeGenerator(t, strategy="ar", rule=r))
             configs = [c for c in [ar, *table] if mode == "greedy" or "-inf" not in c[0]]
             rule = None if mode == "greedy" else Sampling(temperature=1.0)
@@ -279,7 +281,9 @@ def run(args: argparse.Namespace) -> list[Row]:
                     warm[key] = gen
                 # t=1: seeded sampling keyed by position, so every configuration samples
                 # the same text (specdec AR's with seed 0) and only speed differs.
-                return gen.generate(ids, n, stop_tokens=stop, seed=0 if rule else None)
+                return gen.generate(
+                    ids, max_new_tokens=n, stop_tokens=stop, seed=0 if rule else None
+                )
 
             # Repeats in rounds over all configurations (fastest round counts): a burst of
             # load slows one round of several configurations, not every run of one.

@@ -76,7 +76,7 @@ def main() -> None:
                  *best(lambda: [t.sum() for t in allw], reps)))  # fmt: skip
 
     # -- specdec: one forward_paged step in mid-generation -----------------------------------
-    cfg = _check_config(model, w, 32, eos, 1.0, False, 1)
+    cfg = _check_config(model, w, 32, eos, None, 1.0, False, 1)
     beams = _Beams(model, [ids], cfg, 16, True)
     beams.prefill([ids])
     for t in range(16):

@@ -488,17 +488,17 @@ def fuzz_build_ddtree(t: Tally, deadline: float, n: int) -> Callable[..., None]:
     @given(
         st.one_of(marginals(), st.tuples(arrays(2), arrays(2))),
         small,
-        st.one_of(st.none(), st.none(), st.floats(allow_nan=True), junk),
+        st.one_of(st.just(0.0), st.floats(0, 1), st.floats(allow_nan=True), junk),
         st.one_of(st.integers(-1, 9), maybe_int),
         seeds,
     )
-    def run(m: tuple[Any, Any], budget: Any, min_lp: Any, root: Any, seed: int) -> None:
-        def call(lp: Any, ids: Any, budget: Any, min_lp: Any, root: Any, dup: Any) -> object:
+    def run(m: tuple[Any, Any], budget: Any, min_p: Any, root: Any, seed: int) -> None:
+        def call(lp: Any, ids: Any, budget: Any, min_p: Any, root: Any, dup: Any) -> object:
             return specdec.build_ddtree(
-                lp, ids, budget, min_logprob=min_lp, root_token=root, check_duplicates=dup
+                lp, ids, budget, min_prob=min_p, root_token=root, check_duplicates=dup
             )
 
-        fan(t, deadline, t.start(seed), [*m, budget, min_lp, root, True], call, n)
+        fan(t, deadline, t.start(seed), [*m, budget, min_p, root, True], call, n)
 
     return run
 
@@ -511,12 +511,12 @@ def fuzz_build_ddtree_batch(t: Tally, deadline: float, n: int) -> Callable[..., 
         seeds,
     )
     def run(m: tuple[Any, Any], budgets: Any, roots: Any, seed: int) -> None:
-        def call(lp: Any, ids: Any, budgets: Any, min_lp: Any, roots: Any, dup: Any) -> object:
+        def call(lp: Any, ids: Any, budgets: Any, min_p: Any, roots: Any, dup: Any) -> object:
             return specdec.build_ddtree_batch(
-                lp, ids, budgets, min_logprob=min_lp, root_tokens=roots, check_duplicates=dup
+                lp, ids, budgets, min_prob=min_p, root_tokens=roots, check_duplicates=dup
             )
 
-        fan(t, deadline, t.start(seed), [*m, budgets, None, roots, True], call, n)
+        fan(t, deadline, t.start(seed), [*m, budgets, 0.0, roots, True], call, n)
 
     return run
 
@@ -544,12 +544,12 @@ def fuzz_ddtree_from_logits(t: Tally, deadline: float, n: int) -> Callable[..., 
             else logits
         )
 
-        def call(x: Any, budget: Any, temp: Any, min_lp: Any, roots: Any) -> object:
+        def call(x: Any, budget: Any, temp: Any, min_p: Any, roots: Any) -> object:
             return specdec.ddtree_from_logits(
-                x, budget, temperature=temp, min_logprob=min_lp, root_tokens=roots
+                x, budget, temperature=temp, min_prob=min_p, root_tokens=roots
             )
 
-        fan(t, deadline, t.start(seed), [x, budget, temperature, None, None], call, n)
+        fan(t, deadline, t.start(seed), [x, budget, temperature, 0.0, None], call, n)
 
     return run
 
@@ -907,7 +907,7 @@ def fuzz_tree_masks(t: Tally, deadline: float, n: int) -> Callable[..., None]:
             t,
             deadline,
             mut,
-            [lp, ids, budget, m, 0, None, True],
+            [lp, ids, budget, m, 0, 0.0, True],
             specdec.build_ddtree_constrained,
             k,
         )

@@ -259,7 +259,9 @@ class Soak:
         ref = self.refs.get(key)
         if ref is None:
             if pattern is None:
-                ref = specdec.autoregressive_generate(self.target, prompt, MAX_NEW).tokens
+                ref = specdec.autoregressive_generate(
+                    self.target, prompt, max_new_tokens=MAX_NEW
+                ).tokens
             else:
                 ref = constrained_reference(self.target, self.grammars[pattern], prompt, MAX_NEW)
             self.refs[key] = ref

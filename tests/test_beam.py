@@ -64,15 +64,34 @@ class TableTarget:
 def test_the_worked_example() -> None:
     target = TableTarget(prompt_len=2)
     prompt = [C, C]
-    assert autoregressive_generate(target, prompt, 5, eos_token_id=EOS).tokens == [A, EOS]
+    assert autoregressive_generate(target, prompt, max_new_tokens=5, eos_token_id=EOS).tokens == [
+        A,
+        EOS,
+    ]
     for lp in (0.0, 1.0, 2.0):
-        r = beam_search(target, [prompt], 2, 5, EOS, length_penalty=lp, num_return_sequences=2)
+        r = beam_search(
+            target,
+            [prompt],
+            num_beams=2,
+            max_new_tokens=5,
+            eos_token_id=EOS,
+            length_penalty=lp,
+            num_return_sequences=2,
+        )
         assert isinstance(r, BeamSearchResult)
         assert r.sequences == [[[B, A, EOS], [A, EOS] if lp < 1 else r.sequences[0][1]]]
         best = r.hypotheses[0][0]
         assert best.logprob == pytest.approx(-0.911291, abs=1e-6)
         assert best.score == pytest.approx(best.logprob / 3**lp, rel=1e-6)
-    r0 = beam_search(target, prompt, 2, 5, EOS, length_penalty=0.0, num_return_sequences=2)
+    r0 = beam_search(
+        target,
+        prompt,
+        num_beams=2,
+        max_new_tokens=5,
+        eos_token_id=EOS,
+        length_penalty=0.0,
+        num_return_sequences=2,
+    )
     assert [h.logprob for h in r0.hypotheses[0]] == pytest.approx([-0.911291, -1.808765], abs=1e-6)
     assert r0.scores[0] == pytest.approx([-0.911291, -1.808765], abs=1e-6)
     # Independent arithmetic: log-softmax of the table rows along each path.
@@ -139,7 +158,16 @@ def test_wide_enough_never_search_is_exhaustive(seed: int, lp: float, ret: int) 
     result is the exhaustive top ``ret`` by normalised score."""
     target = RandomTable(seed)
     new, eos = 3, 2
-    r = beam_search(target, [[0]], 12, new, eos, lp, "never", num_return_sequences=ret)
+    r = beam_search(
+        target,
+        [[0]],
+        num_beams=12,
+        max_new_tokens=new,
+        eos_token_id=eos,
+        length_penalty=lp,
+        early_stopping="never",
+        num_return_sequences=ret,
+    )
     oracle = exhaustive(target, new, eos, lp)
     best = sorted(oracle.values(), reverse=True)[:ret]
     assert r.scores[0] == pytest.approx(best, rel=1e-5, abs=1e-5)
@@ -246,7 +274,15 @@ def test_the_cases_stop_early_and_the_modes_differ(pair: Any) -> None:
     that depend on the early-stopping mode."""
     _, ours = pair
     steps = {
-        (lp, es): beam_search(ours, [[2, 9, 4, 11]], 2, 10, 4, lp, es).steps
+        (lp, es): beam_search(
+            ours,
+            [[2, 9, 4, 11]],
+            num_beams=2,
+            max_new_tokens=10,
+            eos_token_id=4,
+            length_penalty=lp,
+            early_stopping=es,
+        ).steps
         for lp in (0.0, 1.0, 2.0)
         for es in (False, True, "never")
     }
@@ -283,11 +319,15 @@ def test_grammar_per_beam_matches_prefix_constrained_transformers(pair: Any) -> 
     for prompt in ([1, 5, 7, 3], [2, 9, 4, 11]):
         kw = dict(num_beams=4, max_new_tokens=9, eos_token_id=15, num_return_sequences=4)
         ref = hf_beams(hf, [prompt], prefix_allowed_tokens_fn=allowed, **kw)
-        r = beam_search(ours, [prompt], grammar=grammar, **kw)  # type: ignore[arg-type]
+        r = beam_search(ours, [prompt], constraint=grammar, **kw)  # type: ignore[arg-type]
         assert r.sequences[0] == ref[0]
         assert r.scores[0] == pytest.approx(ref[1], abs=1e-5)
         finished = [h for h in r.hypotheses[0] if h.tokens[-1] == 15]
         assert finished  # some hypotheses complete the grammar
+        for h in r.hypotheses[0]:
+            assert h.prompt_len == len(prompt)
+            assert h.finish_reason == ("stop" if h in finished else "length")
+            assert h.finish_reason == "stop" or len(h.tokens) == 9
         for h in finished:
             m = Matcher(grammar)
             assert m.accept_tokens(h.tokens) == len(h.tokens) and m.is_terminated()
@@ -335,7 +375,15 @@ def test_prompt_blocks_held_once_and_nothing_leaks(small: LlamaModel, beams: int
     bs, p, new = 4, 11, 9
     prompt = list(range(1, p + 1))
     w = Watched(small)
-    r = beam_search(w, [prompt], beams, new, None, block_size=bs, num_return_sequences=beams)
+    r = beam_search(
+        w,
+        [prompt],
+        num_beams=beams,
+        max_new_tokens=new,
+        eos_token_id=None,
+        block_size=bs,
+        num_return_sequences=beams,
+    )
     full = p // bs  # the prompt's full blocks
     assert w.pool is not None and w.tables
     for tables, rc in zip(w.tables, w.refcounts, strict=True):
@@ -344,7 +392,15 @@ def test_prompt_blocks_held_once_and_nothing_leaks(small: LlamaModel, beams: int
         assert all(rc[b] == beams for b in shared)  # ...held once, referenced by each beam
     # Each beam's own blocks: at most its generated part plus the prompt's partial tail.
     assert r.peak_kv_blocks <= full + beams * (-(-(p % bs + new) // bs))
-    copied = beam_search(small, [prompt], beams, new, None, block_size=bs, share_kv=False)
+    copied = beam_search(
+        small,
+        [prompt],
+        num_beams=beams,
+        max_new_tokens=new,
+        eos_token_id=None,
+        block_size=bs,
+        share_kv=False,
+    )
     assert copied.sequences[0][0] == r.sequences[0][0]
     assert copied.peak_kv_blocks >= beams * -(-(p + new - 1) // bs)
     if beams > 1:

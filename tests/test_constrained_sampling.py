@@ -102,7 +102,9 @@ def test_seeded_constrained_sampling_equals_autoregressive(target, grammar) -> N
         gen = SpeculativeGenerator(
             target, d, rule=rule, budget=6, max_depth=3, constraint=grammar, max_batch=3
         )
-        rids = [gen.submit(p, max_new_tokens=12, seed=s) for p, s in zip(prompts, seeds)]
+        rids = [
+            gen.submit(p, max_new_tokens=12, seed=s) for p, s in zip(prompts, seeds, strict=True)
+        ]
         results = {}
         while gen.has_unfinished():
             for o in gen.step():

@@ -105,11 +105,11 @@ def test_greedy_with_subset_equals_autoregressive(kind, strategy) -> None:  # ty
     t, d = make(kind.split("+")[0], torch.float64)
     d.set_draft_vocab(DraftVocab(KEEP, V))
     ps = [[1, 2, 3], [7, 3, 7, 3, 7], [39], [5, 12, 30, 21, 0, 8, 9]]
-    ref = [autoregressive_generate(t, p, 20).tokens for p in ps]
+    ref = [autoregressive_generate(t, p, max_new_tokens=20).tokens for p in ps]
     if kind == "block+suffix":
-        d = CombinedDrafter(d, SuffixDrafter(max_depth=8), depth=4)
-    gen = SpeculativeGenerator(t, d, strategy=strategy, depth=4, budget=6, max_batch=2)
-    assert [r.tokens for r in gen.generate(ps, 20)] == ref
+        d = CombinedDrafter(d, SuffixDrafter(max_depth=8), max_depth=4)
+    gen = SpeculativeGenerator(t, d, strategy=strategy, max_depth=4, budget=6, max_batch=2)
+    assert [r.tokens for r in gen.generate(ps, max_new_tokens=20)] == ref
 
 
 def write_checkpoint(t: LlamaModel, d: Any, path: Path, vocab: Any = None) -> Path:
@@ -251,15 +251,15 @@ def test_bf16_linears_round_like_bfloat16_and_follow_weight_changes() -> None:
 def test_greedy_with_bf16_drafter_equals_autoregressive(kind) -> None:  # type: ignore[no-untyped-def]
     t, d = make(kind)
     ps = [[1, 2, 3], [7, 3, 7, 3, 7], [5, 12, 30, 21, 0, 8, 9]]
-    ref = [autoregressive_generate(t, p, 16).tokens for p in ps]
+    ref = [autoregressive_generate(t, p, max_new_tokens=16).tokens for p in ps]
     out = {}
     for bf16 in (False, True):
         d.packed_bf16 = bf16
         d.set_draft_vocab(DraftVocab(KEEP, V))
         if kind == "block":
             d._requests = []
-        gen = SpeculativeGenerator(t, d, depth=4, budget=6)
-        assert [r.tokens for r in gen.generate(ps, 16)] == ref
+        gen = SpeculativeGenerator(t, d, max_depth=4, budget=6)
+        assert [r.tokens for r in gen.generate(ps, max_new_tokens=16)] == ref
         h = torch.randn(3, CFG.hidden_size, generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
             out[bf16] = d.logits(h)
@@ -303,6 +303,6 @@ def test_smollm2_greedy_with_subset_matches_transformers_generate() -> None:
         d = BlockDrafter.for_target(smol.model)
         d.set_draft_vocab(vocab)
     for drafter, budget in ((d, 8), (CombinedDrafter(d, SuffixDrafter(max_depth=16)), 4)):
-        gen = SpeculativeGenerator(smol.model, drafter, budget=budget, depth=8)
-        res = gen.generate(ids, 16, eos_token_id=smol.eos_token_id)
+        gen = SpeculativeGenerator(smol.model, drafter, budget=budget, max_depth=8)
+        res = gen.generate(ids, max_new_tokens=16, eos_token_id=smol.eos_token_id)
         assert res.tokens == ref

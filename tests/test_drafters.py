@@ -109,7 +109,7 @@ def test_suffix_drafter_remembers_outputs() -> None:
 
 
 def test_ngram_lookup() -> None:
-    d = NgramDrafter(16, max_n=3, min_n=1, num_tokens=3)
+    d = NgramDrafter(16, max_n=3, min_n=1, max_depth=3)
     assert isinstance(d, Drafter) and isinstance(d, TreeDrafter)
     # "2 3" recurs: the most recent earlier occurrence is followed by 9 2 3.
     assert d.lookup([1, 2, 3, 4, 2, 3, 9, 2, 3]) == [9, 2, 3]
@@ -181,16 +181,16 @@ PROMPTS = [
 def test_lossless_greedy(target: LlamaModel, name: str) -> None:
     accepted = 0
     for prompt in PROMPTS:
-        ref = autoregressive_generate(target, prompt, 40).tokens
+        ref = autoregressive_generate(target, prompt, max_new_tokens=40).tokens
         if name == "suffix":
             gen = SpeculativeGenerator(target, SuffixDrafter(max_depth=6), budget=8)
         elif name == "ngram":
-            gen = SpeculativeGenerator(target, NgramDrafter(64, num_tokens=6), budget=6)
+            gen = SpeculativeGenerator(target, NgramDrafter(64, max_depth=6), budget=6)
         else:  # the one-hot marginals through a chain shape (a plain Drafter)
             gen = SpeculativeGenerator(
-                target, _OnlyMarginals(NgramDrafter(64, num_tokens=6)), strategy="chain", depth=6
+                target, _OnlyMarginals(NgramDrafter(64, max_depth=6)), strategy="chain", max_depth=6
             )
-        out = gen.generate(prompt, 40)
+        out = gen.generate(prompt, max_new_tokens=40)
         assert out.tokens == ref
         accepted += sum(out.accepted)
     assert accepted > 0

@@ -94,10 +94,26 @@ def test_tree_bad_inputs() -> None:
         ),  # type: ignore[arg-type]
         ("root huge", lambda: specdec.build_ddtree(lp, ids, 4, root_token=2**40), errors.TreeError),
         (
-            "min_logprob NaN",
-            lambda: specdec.build_ddtree(lp, ids, 4, min_logprob=float("nan")),
+            "min_prob NaN",
+            lambda: specdec.build_ddtree(lp, ids, 4, min_prob=float("nan")),
             errors.TreeError,
         ),
+        ("min_prob > 1", lambda: specdec.build_ddtree(lp, ids, 4, min_prob=1.5), errors.TreeError),
+        (
+            "min_prob < 0",
+            lambda: specdec.build_ddtree_batch(lp[None], ids[None], 4, min_prob=-0.1),
+            errors.TreeError,
+        ),
+        (
+            "min_prob a log",
+            lambda: specdec.ddtree_from_logits(torch.zeros(2, 4), 4, min_prob=-2.0),
+            errors.TreeError,
+        ),
+        (
+            "min_prob None",
+            lambda: specdec.build_ddtree(lp, ids, 4, min_prob=None),
+            errors.SpecdecTypeError,
+        ),  # type: ignore[arg-type]
         (
             "huge id",
             lambda: specdec.build_ddtree(lp, np.full_like(ids, 2**40), 4),
@@ -175,6 +191,7 @@ def test_tree_bad_inputs() -> None:
         ("batch budget", lambda: batch_tree_inputs([tree], [0], budget=1), errors.VerifyError),
         ("batch not trees", lambda: batch_tree_inputs([object()], [0]), errors.SpecdecTypeError),  # type: ignore[list-item]
         ("shape budget", lambda: DDTreeShape(0), errors.ConfigError),
+        ("shape min_prob", lambda: DDTreeShape(4, min_prob=1.5), errors.ConfigError),
         ("shape name", lambda: specdec.tree_shape("beam", budget=4, depth=4), errors.ConfigError),
     ]
     check(cases)
@@ -418,8 +435,8 @@ def test_inputs_found_by_make_fuzz() -> None:
             errors.TreeError,
         ),
         (
-            "min_logprob past float",
-            lambda: specdec.build_ddtree(lp, ids, 4, min_logprob=10**400),
+            "min_prob past float",
+            lambda: specdec.build_ddtree(lp, ids, 4, min_prob=10**400),
             errors.TreeError,
         ),
         (
@@ -503,8 +520,8 @@ def test_inputs_found_by_make_fuzz() -> None:
     check(cases)
     assert (m._m.state, m.num_accepted) == state, "a refusal changed the matcher"
     assert (logits == 0).all() and kv.sequences() == []
-    # An int threshold past int64 is still a number (np.isnan raised TypeError on it).
-    assert specdec.build_ddtree(lp, ids, 4, min_logprob=2**70).num_drafted == 0
+    # An int threshold is a number: 1 keeps only paths of probability 1 (none here).
+    assert specdec.build_ddtree(lp, ids, 4, min_prob=1).num_drafted == 0
     # A negative-stride numpy bitmask is read through a copy, like a read-only one.
     x = torch.zeros(1, 40)
     wide = np.stack([np.array([1, 0], dtype=np.int32)[::-1]])  # allows only token 32
@@ -627,12 +644,12 @@ def test_verify_bad_inputs(model: LlamaModel) -> None:
 
 def test_decode_and_draft_bad_inputs(model: LlamaModel) -> None:
     drafter = RandomDrafter(16)
-    gen = SpeculativeGenerator(model, drafter, budget=4, depth=2)
+    gen = SpeculativeGenerator(model, drafter, budget=4, max_depth=2)
     cases: list[Case] = [
         ("budget 0", lambda: SpeculativeGenerator(model, drafter, budget=0), errors.ConfigError),
         (
-            "depth str",
-            lambda: SpeculativeGenerator(model, drafter, depth="2"),
+            "max_depth str",
+            lambda: SpeculativeGenerator(model, drafter, max_depth="2"),
             errors.SpecdecTypeError,
         ),  # type: ignore[arg-type]
         (
@@ -641,11 +658,44 @@ def test_decode_and_draft_bad_inputs(model: LlamaModel) -> None:
             errors.ConfigError,
         ),  # type: ignore[arg-type]
         ("drafter", lambda: SpeculativeGenerator(model, object()), errors.SpecdecTypeError),  # type: ignore[arg-type]
-        ("prompt empty", lambda: gen.generate([], 4), errors.VerifyError),
-        ("prompt floats", lambda: gen.generate([1.5, 2.5], 4), errors.SpecdecTypeError),
-        ("prompt strings", lambda: gen.generate(["a"], 4), errors.SpecdecTypeError),
-        ("too long", lambda: gen.generate([1, 2], 400), errors.VerifyError),
-        ("ar prompt empty", lambda: autoregressive_generate(model, [], 3), errors.VerifyError),
+        ("prompt empty", lambda: gen.generate([], max_new_tokens=4), errors.VerifyError),
+        (
+            "prompt floats",
+            lambda: gen.generate([1.5, 2.5], max_new_tokens=4),
+            errors.SpecdecTypeError,
+        ),
+        ("prompt strings", lambda: gen.generate(["a"], max_new_tokens=4), errors.SpecdecTypeError),
+        ("too long", lambda: gen.generate([1, 2], max_new_tokens=400), errors.VerifyError),
+        (
+            "ar prompt empty",
+            lambda: autoregressive_generate(model, [], max_new_tokens=3),
+            errors.VerifyError,
+        ),
+        (
+            "ar too long",
+            lambda: autoregressive_generate(model, [1, 2], max_new_tokens=400),
+            errors.VerifyError,
+        ),
+        (
+            "ar prompt past vocab",
+            lambda: autoregressive_generate(model, [1, 16], max_new_tokens=3),
+            errors.VerifyError,
+        ),
+        (
+            "ar stop str",
+            lambda: autoregressive_generate(model, [1], max_new_tokens=3, stop_tokens="x"),
+            errors.SpecdecTypeError,
+        ),  # type: ignore[arg-type]
+        (
+            "ar eos past vocab",
+            lambda: autoregressive_generate(model, [1], max_new_tokens=3, eos_token_id=16),
+            errors.ConfigError,
+        ),
+        (
+            "ar constraint",
+            lambda: autoregressive_generate(model, [1], max_new_tokens=3, constraint=3),
+            errors.SpecdecTypeError,
+        ),
         ("draft requests", lambda: drafter.draft([[1, 2]], 2), errors.SpecdecTypeError),  # type: ignore[list-item]
         ("draft depth", lambda: drafter.draft([DraftRequest([1])], 0), errors.ConfigError),
         ("draft none", lambda: ModelDrafter(model).draft([], 2), errors.ConfigError),
@@ -655,7 +705,7 @@ def test_decode_and_draft_bad_inputs(model: LlamaModel) -> None:
 
 def test_beam_search_bad_inputs(model: LlamaModel) -> None:
     def beams(prompts: Any = ([1, 2],), n: Any = 2, new: Any = 4, eos: Any = 3, **kw: Any) -> Any:
-        return beam_search(model, prompts, n, new, eos, **kw)
+        return beam_search(model, prompts, num_beams=n, max_new_tokens=new, eos_token_id=eos, **kw)
 
     cases: list[Case] = [
         ("num_beams 0", lambda: beams(n=0), errors.ConfigError),
@@ -668,7 +718,9 @@ def test_beam_search_bad_inputs(model: LlamaModel) -> None:
         ("eos str", lambda: beams(eos="3"), errors.SpecdecTypeError),
         ("past the context", lambda: beams(prompts=[list(range(1, 16)) * 5]), errors.ConfigError),
         ("new past the context", lambda: beams(new=64), errors.ConfigError),
-        ("new 0", lambda: beams(new=0), errors.ConfigError),
+        ("new -1", lambda: beams(new=-1), errors.ConfigError),
+        ("new float", lambda: beams(new=2.0), errors.ConfigError),
+        ("stop past vocab", lambda: beams(stop_tokens=[16]), errors.ConfigError),
         ("early stopping", lambda: beams(early_stopping="sometimes"), errors.ConfigError),
         ("early stopping 1", lambda: beams(early_stopping=1), errors.ConfigError),
         ("length penalty nan", lambda: beams(length_penalty=float("nan")), errors.ConfigError),
@@ -678,7 +730,7 @@ def test_beam_search_bad_inputs(model: LlamaModel) -> None:
         ("prompt past vocab", lambda: beams(prompts=[[1, 99]]), errors.VerifyError),
         ("prompt str", lambda: beams(prompts="ab"), errors.SpecdecTypeError),
         ("processor", lambda: beams(logits_processors=[3]), errors.SpecdecTypeError),
-        ("grammar", lambda: beams(grammar="[ab]+"), errors.SpecdecTypeError),
+        ("constraint", lambda: beams(constraint="[ab]+"), errors.SpecdecTypeError),
         ("block size", lambda: beams(block_size=0), errors.ConfigError),
     ]
     check(cases)

@@ -42,7 +42,7 @@ def target() -> LlamaModel:
 
 
 def reference(target: LlamaModel, prompt: list[int], n: int, stop: int | None = None) -> list[int]:
-    return autoregressive_generate(target, prompt, n, eos_token_id=stop).tokens
+    return autoregressive_generate(target, prompt, max_new_tokens=n, eos_token_id=stop).tokens
 
 
 def prompts(seed: int, count: int) -> list[list[int]]:
@@ -59,7 +59,7 @@ def drafter_for(name: str, target: LlamaModel) -> object:
     if name == "suffix":
         return SuffixDrafter(max_depth=5)
     if name == "ngram":
-        return NgramDrafter(VOCAB, num_tokens=5)
+        return NgramDrafter(VOCAB, max_depth=5)
     return OracleDrafter(target, miss=0.3, seed=1)
 
 
@@ -87,14 +87,14 @@ def test_batched_generate_is_lossless(target, strategy, drafter, cache, budget) 
         drafter_for(drafter, target),  # type: ignore[arg-type]
         strategy=strategy,
         budget=budget,
-        depth=5,
+        max_depth=5,
         cache=cache,
         max_batch=3,
         cost_model=FAST_COST,
         kv_tokens=1024,
         block_size=4,
     )
-    results = gen.generate(ps, 20)
+    results = gen.generate(ps, max_new_tokens=20)
     assert [r.request_id for r in results] == sorted(r.request_id for r in results)
     for p, r in zip(ps, results, strict=True):
         assert r.tokens == reference(target, p, 20), p
@@ -172,11 +172,11 @@ def test_stop_tokens_and_zero_tokens(target: LlamaModel) -> None:
     ref = reference(target, p, 30)
     stop = ref[7]
     gen = SpeculativeGenerator(target, SuffixDrafter(), budget=8)
-    res = gen.generate([p, p], 30, stop_tokens=[stop])
+    res = gen.generate([p, p], max_new_tokens=30, stop_tokens=[stop])
     for r in res:
         assert r.tokens == ref[: ref.index(stop) + 1] and r.finish_reason == "stop"
-    assert gen.generate(p, 0).tokens == []
-    assert gen.generate(p, 0).finish_reason == "length"
+    assert gen.generate(p, max_new_tokens=0).tokens == []
+    assert gen.generate(p, max_new_tokens=0).finish_reason == "length"
 
 
 def test_prefix_cache_start(target: LlamaModel) -> None:
@@ -186,8 +186,8 @@ def test_prefix_cache_start(target: LlamaModel) -> None:
     gen = SpeculativeGenerator(
         target, SuffixDrafter(), budget=6, cache="paged", kv_tokens=512, block_size=4
     )
-    first = gen.generate(p, 10)
-    second = gen.generate(p, 10)
+    first = gen.generate(p, max_new_tokens=10)
+    second = gen.generate(p, max_new_tokens=10)
     assert first.prefix_hit == 0 and second.prefix_hit >= (len(p) - 1) // 4 * 4 > 0
     assert first.tokens == second.tokens == reference(target, p, 10)
     rid = gen.submit(p, 10, cache_salt="tenant-b")
@@ -214,9 +214,9 @@ def test_hf_target_without_forward_batch(target: LlamaModel) -> None:
             prm.normal_(0.0, 0.3)
     hf = HFTarget(model)
     ps = prompts(11, 3)
-    out = SpeculativeGenerator(hf, SuffixDrafter(), budget=6).generate(ps, 12)
+    out = SpeculativeGenerator(hf, SuffixDrafter(), budget=6).generate(ps, max_new_tokens=12)
     for p, r in zip(ps, out, strict=True):
-        assert r.tokens == autoregressive_generate(hf, p, 12).tokens
+        assert r.tokens == autoregressive_generate(hf, p, max_new_tokens=12).tokens
 
 
 def test_constrained_generation_matches_constrained_greedy(target: LlamaModel) -> None:
@@ -253,10 +253,10 @@ def test_constrained_generation_matches_constrained_greedy(target: LlamaModel) -
             drafter,
             strategy=strategy,
             budget=8,
-            depth=4,
+            max_depth=4,
             constraint=grammar,  # type: ignore[arg-type]
         )
-        res = gen.generate(ps, 16, stop_tokens=[stop])
+        res = gen.generate(ps, max_new_tokens=16, stop_tokens=[stop])
         for p, r in zip(ps, res, strict=True):
             want = constrained_greedy(p, 16)
             assert r.tokens == want
@@ -268,7 +268,7 @@ def test_constraint_with_no_allowed_token_is_an_error(target: LlamaModel) -> Non
     vocab = specdec.Vocabulary.from_bytes([bytes([97 + i]) for i in range(VOCAB)], eos_ids=[])
     gen = SpeculativeGenerator(target, strategy="ar", constraint=vocab.regex("ab"))
     with pytest.raises(specdec.NoAllowedTokens, match="allows no token"):
-        gen.generate([1, 2], 5)
+        gen.generate([1, 2], max_new_tokens=5)
 
 
 # -- the adaptive budget --------------------------------------------------------------------
@@ -428,7 +428,7 @@ def test_skipped_drafts_keep_a_block_drafters_context_whole() -> None:
     t = LlamaModel(CFG).init_random(5)
     drafter = BlockDrafter.for_target(t, block_size=4, seed=2)
     prompt = [5, 9, 2, 7, 7, 1]
-    gen = SpeculativeGenerator(t, drafter, depth=4, budget="auto", max_budget=8,
+    gen = SpeculativeGenerator(t, drafter, max_depth=4, budget="auto", max_budget=8,
                                cost_model=CostModel([1, 9], [1.0, 1.01]))  # fmt: skip
     ab = gen._adaptive()
     # The budget chose plain steps lately: skip the drafter until a probe.
@@ -443,7 +443,7 @@ def test_skipped_drafts_keep_a_block_drafters_context_whole() -> None:
         states.append(drafter._by_id[rid]),
         remove(rid, out),
     )[1]
-    got = gen.generate(prompt, 30)
+    got = gen.generate(prompt, max_new_tokens=30)
     assert len(skips) >= 7  # plain steps without a draft, then a probe drafted
     assert got.tokens == reference(t, prompt, 30)
     assert ab.probe_after >= 8 and len(got.tokens) == 30
@@ -667,7 +667,7 @@ def test_cost_model_calibrates_the_default_ladder(target: LlamaModel) -> None:
 def test_auto_budget_with_measured_costs_is_lossless(target: LlamaModel) -> None:
     ps = prompts(3, 3)
     gen = SpeculativeGenerator(target, SuffixDrafter(), budget="auto", max_budget=12)
-    res = gen.generate(ps, 12)
+    res = gen.generate(ps, max_new_tokens=12)
     assert gen.adaptive is not None and len(gen.adaptive.cost.tokens) > 2
     for p, r in zip(ps, res, strict=True):
         assert r.tokens == reference(target, p, 12)
@@ -699,7 +699,7 @@ def test_adaptive_budget_learns_from_the_nodes_it_did_not_verify(target: LlamaMo
 
     gen._trees = spy  # type: ignore[method-assign]
     p = prompts(1, 5)[0]
-    res = gen.generate(p, 10)
+    res = gen.generate(p, max_new_tokens=10)
     assert res.tokens == reference(target, p, 10)
     assert res.tree_sizes == [0] * len(res.tokens) and len(drafted) == len(res.tokens)
     predicted = accepted = 0.0
@@ -718,10 +718,10 @@ def test_adaptive_budget_learns_from_the_nodes_it_did_not_verify(target: LlamaMo
 def test_bad_input(target: LlamaModel) -> None:
     gen = SpeculativeGenerator(target, SuffixDrafter(), budget=4)
     cases = [
-        (lambda: gen.generate([], 4), VerifyError, "at least one token"),
-        (lambda: gen.generate([[1, 2], []], 4), VerifyError, "at least one token"),
-        (lambda: gen.generate([1] * 150, 20), VerifyError, "do not fit"),
-        (lambda: gen.generate([1, VOCAB], 4), VerifyError, "token ids"),
+        (lambda: gen.generate([], max_new_tokens=4), VerifyError, "at least one token"),
+        (lambda: gen.generate([[1, 2], []], max_new_tokens=4), VerifyError, "at least one token"),
+        (lambda: gen.generate([1] * 150, max_new_tokens=20), VerifyError, "do not fit"),
+        (lambda: gen.generate([1, VOCAB], max_new_tokens=4), VerifyError, "token ids"),
         (lambda: SpeculativeGenerator(target, budget=0), ConfigError, "budget"),
         (lambda: SpeculativeGenerator(target, strategy="beam"), ConfigError, "beam"),  # type: ignore[arg-type]
         (lambda: SpeculativeGenerator(target, cache="disk"), ConfigError, "cache"),  # type: ignore[arg-type]
@@ -732,20 +732,24 @@ def test_bad_input(target: LlamaModel) -> None:
         ),
         (lambda: SpeculativeGenerator(target, object()), SpecdecTypeError, "drafter"),  # type: ignore[arg-type]
         (lambda: gen.cancel("x"), SpecdecTypeError, "request_id"),  # type: ignore[arg-type]
-        (lambda: gen.generate([1, 2], 4, stop_tokens="x"), SpecdecTypeError, "stop_tokens"),  # type: ignore[arg-type]
+        (
+            lambda: gen.generate([1, 2], max_new_tokens=4, stop_tokens="x"),
+            SpecdecTypeError,
+            "stop_tokens",
+        ),  # type: ignore[arg-type]
     ]
     for call, exc, words in cases:
         with pytest.raises(exc, match=words):
             call()
     with pytest.raises(SpecdecTypeError, match="constraint"):
-        SpeculativeGenerator(target, constraint=3).generate([1, 2], 2)
+        SpeculativeGenerator(target, constraint=3).generate([1, 2], max_new_tokens=2)
     assert not gen.has_unfinished()  # refused requests were never queued
     assert gen.cancel(12345) is False  # never submitted: nothing to cancel
     tiny = SpeculativeGenerator(
         target, SuffixDrafter(), budget=4, cache="paged", kv_tokens=32, block_size=4
     )
     with pytest.raises(KVCacheError, match="kv_tokens"):
-        tiny.generate([1, 2, 3], 60)
+        tiny.generate([1, 2, 3], max_new_tokens=60)
     assert not tiny.has_unfinished()
 
 

@@ -207,8 +207,8 @@ def test_greedy_speculative_matches_transformers_generate(ours, hf_model, tree) 
                 torch.tensor([ids]), do_sample=False, max_new_tokens=16, eos_token_id=2
             )[0, len(ids) :].tolist()
         drafter = OracleDrafter(ours.model, miss=0.3, seed=i)
-        gen = SpeculativeGenerator(ours.model, drafter, strategy=tree, budget=8, depth=4)
-        res = gen.generate(ids, 16, eos_token_id=ours.eos_token_id)
+        gen = SpeculativeGenerator(ours.model, drafter, strategy=tree, budget=8, max_depth=4)
+        res = gen.generate(ids, max_new_tokens=16, eos_token_id=ours.eos_token_id)
         assert res.tokens == ref, (ours.tokenizer.decode(res.tokens), ours.tokenizer.decode(ref))
         assert res.steps < len(ref)  # some drafted tokens were accepted
 
@@ -234,7 +234,14 @@ def test_beam_search_matches_transformers_generate(ours, hf_model) -> None:  # t
             )
         lens = (ref.beam_indices >= 0).sum(1).tolist()
         want = [ref.sequences[i, len(ids) : len(ids) + n].tolist() for i, n in enumerate(lens)]
-        got = beam_search(ours.model, [ids], 4, 8, ours.eos_token_id, num_return_sequences=2)
+        got = beam_search(
+            ours.model,
+            [ids],
+            num_beams=4,
+            max_new_tokens=8,
+            eos_token_id=ours.eos_token_id,
+            num_return_sequences=2,
+        )
         assert got.sequences[0] == want, [ours.tokenizer.decode(s) for s in got.sequences[0]]
         assert got.scores[0] == pytest.approx(ref.sequences_scores.tolist(), abs=1e-4)
 

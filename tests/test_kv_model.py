@@ -59,8 +59,8 @@ def test_tree_generation_paged_equals_dense(
             if drafter == "oracle"
             else RandomDrafter(CFG.vocab_size, seed=5)
         )
-        g = SpeculativeGenerator(model, d, budget=12, depth=5)
-        return g.generate(PROMPT, 24, cache=cache).tokens
+        g = SpeculativeGenerator(model, d, budget=12, max_depth=5)
+        return g.generate(PROMPT, max_new_tokens=24, cache=cache).tokens
 
     dense = DenseKVCache(CFG.num_hidden_layers, CFG.num_key_value_heads, CFG.head_dim or 0, 128)
     pg = paged(block_size=block_size)
@@ -68,7 +68,9 @@ def test_tree_generation_paged_equals_dense(
     assert out_p == out_d
     assert_same_kv(pg, dense)
     # And both equal plain one-token-per-step decoding.
-    ar = autoregressive_generate(model, PROMPT, 24, cache=paged(block_size=block_size)).tokens
+    ar = autoregressive_generate(
+        model, PROMPT, max_new_tokens=24, cache=paged(block_size=block_size)
+    ).tokens
     assert out_p[: len(ar)] == ar[: len(out_p)]
 
 
@@ -79,7 +81,7 @@ def test_verifier_step_on_paged_tree(model: LlamaModel) -> None:
     pg = paged(block_size=4)
     for c in (dense, pg):
         v.prefill(PROMPT[:-1], c)
-    greedy = autoregressive_generate(model, PROMPT, 3).tokens
+    greedy = autoregressive_generate(model, PROMPT, max_new_tokens=3).tokens
     branches = [[1, 2, 3], greedy[:2] + [5], greedy[:3], [greedy[0], 7]]
     tree = tree_from_branches(branches, root_token=PROMPT[-1])
     rd, rp = v.step(tree, dense), v.step(tree, pg)
@@ -173,9 +175,9 @@ def test_speculative_steps_register_generated_blocks(model: LlamaModel) -> None:
         CFG.num_hidden_layers, CFG.num_key_value_heads, CFG.head_dim or 0, 64, bs,
         prefix_caching=True,
     )  # fmt: skip
-    gen = SpeculativeGenerator(model, OracleDrafter(model, miss=0.3, seed=2), budget=6, depth=4)
+    gen = SpeculativeGenerator(model, OracleDrafter(model, miss=0.3, seed=2), budget=6, max_depth=4)
     first = pool.sequence(PROMPT)
-    out = gen.generate(PROMPT, 24, cache=first).tokens
+    out = gen.generate(PROMPT, max_new_tokens=24, cache=first).tokens
     text = PROMPT + out
     # The cache holds the text but its last token (the next root): full blocks of it can hit.
     held = first.committed_len

@@ -55,7 +55,7 @@ def prompts(seed: int, count: int) -> list[list[int]]:
 
 def reference(target: LlamaModel, ps: list[list[int]], n: int, rule: Sampling, seeds: list[int]):  # type: ignore[no-untyped-def]
     return [
-        autoregressive_generate(target, p, n, rule=rule, seed=s).tokens
+        autoregressive_generate(target, p, max_new_tokens=n, rule=rule, seed=s).tokens
         for p, s in zip(ps, seeds, strict=True)
     ]
 
@@ -106,7 +106,7 @@ def test_sample_rows_with_given_uniforms_is_the_inverse_cdf() -> None:
                 BlockDrafter.for_target(t, block_size=5, target_layers=(0, 1), seed=1),
                 budget="auto",
                 max_budget=12,
-                depth=5,
+                max_depth=5,
                 cache="paged",
             ),
         ),
@@ -117,10 +117,10 @@ def test_sample_rows_with_given_uniforms_is_the_inverse_cdf() -> None:
                 CombinedDrafter(
                     BlockDrafter.for_target(t, block_size=5, target_layers=(0, 1), seed=1),
                     SuffixDrafter(max_depth=6),
-                    depth=5,
+                    max_depth=5,
                 ),
                 budget=8,
-                depth=5,
+                max_depth=5,
             ),
         ),
     ],
@@ -144,7 +144,7 @@ def test_seeded_text_equals_autoregressive(target, rule, make) -> None:  # type:
                 out[o.request_id] = o.result.tokens
                 steps += o.result.steps
     assert [out[r] for r in rids] == ref
-    assert gen.generate(ps[1], 20, seed=seeds[1]).tokens == ref[1]
+    assert gen.generate(ps[1], max_new_tokens=20, seed=seeds[1]).tokens == ref[1]
     if make[0].startswith("oracle"):  # drafts really were accepted
         assert steps < 5 * 20
 
@@ -154,9 +154,12 @@ def test_generator_seed_is_the_default_and_unseeded_requests_use_the_stream(targ
     ps = prompts(8, 2)
     ref = reference(target, ps, 16, rule, [11, 11])
     gen = SpeculativeGenerator(target, OracleDrafter(target), rule=rule, seed=11, budget=6)
-    assert [r.tokens for r in gen.generate(ps, 16)] == ref
+    assert [r.tokens for r in gen.generate(ps, max_new_tokens=16)] == ref
     # A request's own seed wins over the generator's.
-    assert gen.generate(ps[0], 16, seed=12).tokens == reference(target, ps[:1], 16, rule, [12])[0]
+    assert (
+        gen.generate(ps[0], max_new_tokens=16, seed=12).tokens
+        == reference(target, ps[:1], 16, rule, [12])[0]
+    )
     # A batch that mixes a seeded and an unseeded request: the seeded one keeps its text.
     mixed = SpeculativeGenerator(
         target, OracleDrafter(target), rule=rule, budget=6, generator=torch.Generator()
@@ -187,11 +190,11 @@ def test_seeded_text_equals_autoregressive_property(  # type: ignore[no-untyped-
 ) -> None:
     rule = Sampling(temperature=temperature)
     p = prompts(seed % 1000, 1)[0]
-    ref = autoregressive_generate(target, p, 12, rule=rule, seed=seed).tokens
+    ref = autoregressive_generate(target, p, max_new_tokens=12, rule=rule, seed=seed).tokens
     gen = SpeculativeGenerator(
-        target, OracleDrafter(target, miss=miss, seed=1), rule=rule, budget=budget, depth=6
+        target, OracleDrafter(target, miss=miss, seed=1), rule=rule, budget=budget, max_depth=6
     )
-    assert gen.generate(p, 12, seed=seed).tokens == ref
+    assert gen.generate(p, max_new_tokens=12, seed=seed).tokens == ref
 
 
 def test_seeded_sampling_follows_the_target_distribution() -> None:
@@ -201,16 +204,19 @@ def test_seeded_sampling_follows_the_target_distribution() -> None:
     prompt = [1, 2, 3]
     exact = exact_pair_distribution(t, prompt)
     rule = Sampling(temperature=1.0)
-    gen = SpeculativeGenerator(t, OracleDrafter(t, miss=0.3), rule=rule, budget=6, depth=3)
+    gen = SpeculativeGenerator(t, OracleDrafter(t, miss=0.3), rule=rule, budget=6, max_depth=3)
     n = 1500
     counts: Counter = Counter()
     accepted = 0
     for s in range(n):
-        res = gen.generate(prompt, 3, seed=s)
+        res = gen.generate(prompt, max_new_tokens=3, seed=s)
         counts[tuple(res.tokens[:2])] += 1
         accepted += sum(res.accepted)
         if s % 50 == 0:
-            assert res.tokens == autoregressive_generate(t, prompt, 3, rule=rule, seed=s).tokens
+            assert (
+                res.tokens
+                == autoregressive_generate(t, prompt, max_new_tokens=3, rule=rule, seed=s).tokens
+            )
     assert accepted > n // 4
     assert pair_chi_square(counts, exact) > 1e-3
 
@@ -226,6 +232,9 @@ def test_a_rule_without_uniforms_works_unseeded_and_is_refused_seeded(target) ->
 
     p = prompts(5, 1)[0]
     gen = SpeculativeGenerator(target, OracleDrafter(target), rule=OldArgmax(), budget=4)
-    assert gen.generate(p, 8).tokens == autoregressive_generate(target, p, 8).tokens
+    assert (
+        gen.generate(p, max_new_tokens=8).tokens
+        == autoregressive_generate(target, p, max_new_tokens=8).tokens
+    )
     with pytest.raises(SpecdecTypeError, match="OldArgmax.choose takes no uniforms"):
-        gen.generate(p, 8, seed=1)
+        gen.generate(p, max_new_tokens=8, seed=1)

@@ -70,27 +70,27 @@ def prompts(seed: int, count: int) -> list[list[int]]:
 @pytest.mark.parametrize("cache", ["dense", "paged"])
 def test_greedy_equals_autoregressive(target, kind, strategy, cache) -> None:  # type: ignore[no-untyped-def]
     ps = prompts(1, 5)
-    ref = [autoregressive_generate(target, p, 24).tokens for p in ps]
+    ref = [autoregressive_generate(target, p, max_new_tokens=24).tokens for p in ps]
     d = block(target) if kind == "block" else medusa(target)
     gen = SpeculativeGenerator(
-        target, d, strategy=strategy, depth=4, budget=12, cache=cache, max_batch=3
+        target, d, strategy=strategy, max_depth=4, budget=12, cache=cache, max_batch=3
     )
-    assert [r.tokens for r in gen.generate(ps, 24)] == ref
-    assert gen.generate(ps[0], 24).tokens == ref[0]  # alone, after the batch
+    assert [r.tokens for r in gen.generate(ps, max_new_tokens=24)] == ref
+    assert gen.generate(ps[0], max_new_tokens=24).tokens == ref[0]  # alone, after the batch
 
 
 @pytest.mark.parametrize("strategy", ["chain", "ddtree"])
 def test_combined_drafter_equals_autoregressive(target, strategy) -> None:  # type: ignore[no-untyped-def]
     ps = [p * 3 for p in prompts(4, 4)]  # repeats: the suffix index finds matches
-    ref = [autoregressive_generate(target, p, 24).tokens for p in ps]
-    d = CombinedDrafter(block(target), SuffixDrafter(max_depth=6), depth=6)
-    gen = SpeculativeGenerator(target, d, strategy=strategy, depth=6, budget=10, max_batch=2)
-    assert [r.tokens for r in gen.generate(ps, 24)] == ref
+    ref = [autoregressive_generate(target, p, max_new_tokens=24).tokens for p in ps]
+    d = CombinedDrafter(block(target), SuffixDrafter(max_depth=6), max_depth=6)
+    gen = SpeculativeGenerator(target, d, strategy=strategy, max_depth=6, budget=10, max_batch=2)
+    assert [r.tokens for r in gen.generate(ps, max_new_tokens=24)] == ref
     assert d.chose_model > 0 and d.chose_suffix > 0
     # The adaptive budget picks between the two trees itself, by its calibration.
-    d2 = CombinedDrafter(block(target), SuffixDrafter(max_depth=6), depth=6)
-    auto = SpeculativeGenerator(target, d2, budget="auto", max_budget=10, depth=6, max_batch=2)
-    assert [r.tokens for r in auto.generate(ps, 24)] == ref
+    d2 = CombinedDrafter(block(target), SuffixDrafter(max_depth=6), max_depth=6)
+    auto = SpeculativeGenerator(target, d2, budget="auto", max_budget=10, max_depth=6, max_batch=2)
+    assert [r.tokens for r in auto.generate(ps, max_new_tokens=24)] == ref
     assert d2.chose_model + d2.chose_suffix > 0
     with pytest.raises(DraftError):
         CombinedDrafter(SuffixDrafter())  # type: ignore[arg-type]
@@ -98,9 +98,9 @@ def test_combined_drafter_equals_autoregressive(target, strategy) -> None:  # ty
 
 def test_adaptive_budget_equals_autoregressive(target) -> None:  # type: ignore[no-untyped-def]
     ps = prompts(2, 3)
-    ref = [autoregressive_generate(target, p, 20).tokens for p in ps]
-    gen = SpeculativeGenerator(target, block(target), budget="auto", max_budget=16, depth=6)
-    assert [r.tokens for r in gen.generate(ps, 20)] == ref
+    ref = [autoregressive_generate(target, p, max_new_tokens=20).tokens for p in ps]
+    gen = SpeculativeGenerator(target, block(target), budget="auto", max_budget=16, max_depth=6)
+    assert [r.tokens for r in gen.generate(ps, max_new_tokens=20)] == ref
 
 
 class Recorder:
@@ -139,10 +139,17 @@ def test_hidden_states_are_the_committed_positions(target, seed, strategy, cache
     root + accepted)."""
     rec = Recorder(block(target))
     gen = SpeculativeGenerator(
-        target, rec, strategy=strategy, depth=4, budget=8, max_batch=2, cache=cache, block_size=4
+        target,
+        rec,
+        strategy=strategy,
+        max_depth=4,
+        budget=8,
+        max_batch=2,
+        cache=cache,
+        block_size=4,
     )
     ps = prompts(seed, 2)
-    gen.generate(ps + ps, 12)  # the repeats start from cached prefixes when paged
+    gen.generate(ps + ps, max_new_tokens=12)  # the repeats start from cached prefixes when paged
     assert rec.seen
     for r in rec.seen:
         assert r.hidden_states is not None
@@ -159,8 +166,8 @@ def test_incremental_drafting_equals_from_scratch(target) -> None:  # type: igno
     """The drafter's kept context K/V, grown step by step, drafts what one built from the
     whole context's hidden states at once drafts."""
     rec = Recorder(block(target))
-    gen = SpeculativeGenerator(target, rec, strategy="ddtree", depth=6, budget=8)
-    gen.generate([3, 1, 4, 1, 5, 9, 2, 6], 30)
+    gen = SpeculativeGenerator(target, rec, strategy="ddtree", max_depth=6, budget=8)
+    gen.generate([3, 1, 4, 1, 5, 9, 2, 6], max_new_tokens=30)
     d = block(target)  # replays the steps: its state grows as in the generator
     cap = HiddenCapture(d.hidden_layers)
     assert len(rec.seen) > 3
@@ -238,7 +245,9 @@ def test_bad_input(target) -> None:  # type: ignore[no-untyped-def]
         target.check_capture(HiddenCapture((0, 3)))
     d = block(target, 4)
     with pytest.raises(DraftError, match="block_size"):
-        SpeculativeGenerator(target, d, strategy="chain", depth=5).generate([1, 2], 4)
+        SpeculativeGenerator(target, d, strategy="chain", max_depth=5).generate(
+            [1, 2], max_new_tokens=4
+        )
     with pytest.raises(DraftError, match="hidden_states is None"):
         d.draft([DraftRequest([1, 2, 3])], 2)
     with pytest.raises(DraftError, match="hidden_states is None"):
@@ -354,9 +363,9 @@ def test_block_drafter_from_a_target_layer(target) -> None:  # type: ignore[no-u
     want[:, :h] = torch.eye(h)
     assert torch.equal(d.fc.weight, want)
     ps = prompts(4, 3)
-    ref = [autoregressive_generate(target, p, 16).tokens for p in ps]
-    gen = SpeculativeGenerator(target, d, depth=4, budget=8)
-    assert [r.tokens for r in gen.generate(ps, 16)] == ref
+    ref = [autoregressive_generate(target, p, max_new_tokens=16).tokens for p in ps]
+    gen = SpeculativeGenerator(target, d, max_depth=4, budget=8)
+    assert [r.tokens for r in gen.generate(ps, max_new_tokens=16)] == ref
     with pytest.raises(ConfigError, match="intermediate_size"):
         BlockDrafter.for_target(target, init_from=1, intermediate_size=CFG.intermediate_size + 1)
     with pytest.raises(ConfigError, match="num_heads"):
@@ -412,9 +421,9 @@ def test_packed_drafter_layers_match_plain(kind) -> None:  # type: ignore[no-unt
     scale = out[False].abs().max()
     assert (out[True] - out[False]).abs().max() <= 1e-4 * scale
     assert torch.equal(out[True].argmax(-1), out[False].argmax(-1))
-    ref = [autoregressive_generate(t, p, 20).tokens for p in ps]
-    gen = SpeculativeGenerator(t, d, depth=4, budget=3)  # depth cut to the budget's 3
-    assert [r.tokens for r in gen.generate(ps, 20)] == ref
+    ref = [autoregressive_generate(t, p, max_new_tokens=20).tokens for p in ps]
+    gen = SpeculativeGenerator(t, d, max_depth=4, budget=3)  # depth cut to the budget's 3
+    assert [r.tokens for r in gen.generate(ps, max_new_tokens=20)] == ref
 
 
 # -- SmolLM2 against transformers --------------------------------------------------------------
@@ -458,9 +467,9 @@ def test_smollm2_greedy_matches_transformers_generate(smol, hf_smol, kind, strat
     depth, budget = 4, 16
     if kind == "block+suffix":  # the block's full depth, a budget below it (depth cut to 4)
         depth, budget = d.config.block_size, 4
-        d = CombinedDrafter(d, SuffixDrafter(max_depth=16), depth=depth)
-    gen = SpeculativeGenerator(smol.model, d, strategy=strategy, budget=budget, depth=depth)
-    res = gen.generate(ids, 16, eos_token_id=smol.eos_token_id)
+        d = CombinedDrafter(d, SuffixDrafter(max_depth=16), max_depth=depth)
+    gen = SpeculativeGenerator(smol.model, d, strategy=strategy, budget=budget, max_depth=depth)
+    res = gen.generate(ids, max_new_tokens=16, eos_token_id=smol.eos_token_id)
     assert res.tokens == ref, (smol.tokenizer.decode(res.tokens), smol.tokenizer.decode(ref))
 
 
@@ -473,8 +482,8 @@ def test_smollm2_adaptive_budget_matches_transformers_generate(smol, hf_smol) ->
             torch.tensor([ids]), do_sample=False, max_new_tokens=24, eos_token_id=2
         )[0, len(ids) :].tolist()
     d = CombinedDrafter(smol_drafter("block", smol.model), SuffixDrafter(max_depth=16))
-    gen = SpeculativeGenerator(smol.model, d, budget="auto", max_budget=16, depth=8)
-    res = gen.generate(ids, 24, eos_token_id=smol.eos_token_id)
+    gen = SpeculativeGenerator(smol.model, d, budget="auto", max_budget=16, max_depth=8)
+    res = gen.generate(ids, max_new_tokens=24, eos_token_id=smol.eos_token_id)
     assert res.tokens == ref
 
 
@@ -502,13 +511,13 @@ def test_sampling_matches_the_target_distribution(kind) -> None:  # type: ignore
         rule=Sampling(temperature=1.0),
         generator=torch.Generator().manual_seed(4),
         budget=6,
-        depth=3,
+        max_depth=3,
     )
     n = 1500
     counts: Counter = Counter()
     accepted = 0
     for _ in range(n):
-        res = gen.generate(prompt, 3)
+        res = gen.generate(prompt, max_new_tokens=3)
         counts[tuple(res.tokens[:2])] += 1
         accepted += sum(res.accepted)
     assert accepted > 0

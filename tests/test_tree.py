@@ -68,13 +68,17 @@ def test_builder_matches_reference_heap_and_brute_force(case):
 
 
 @settings(max_examples=150, deadline=None)
-@given(marginals(), st.floats(-5.0, 0.0))
-def test_min_logprob_matches_reference(case, thr):
+@given(marginals(), st.floats(math.exp(-5.0), 1.0))
+def test_min_prob_matches_reference(case, min_prob):
     lp, ids, b = case
-    t = specdec.build_ddtree(lp, ids, b, min_logprob=thr)
-    tok, par, _, score = reference_ddtree(lp, ids, b, min_logprob=thr)
+    t = specdec.build_ddtree(lp, ids, b, min_prob=min_prob)
+    tok, par, _, score = reference_ddtree(lp, ids, b, min_prob=min_prob)
     assert t.parents.tolist() == par and t.logprobs.tolist() == score
-    assert all(s >= thr for s in t.logprobs)
+    assert all(s >= math.log(min_prob) for s in t.logprobs)
+    # 0 is no threshold: the plain build
+    assert specdec.build_ddtree(lp, ids, b, min_prob=0.0).parents.tolist() == (
+        specdec.build_ddtree(lp, ids, b).parents.tolist()
+    )
 
 
 @settings(max_examples=150, deadline=None)

@@ -213,7 +213,9 @@ def references(target: LlamaModel) -> list[tuple[list[int], list[int], DenseKVCa
     for _ in range(N_PROMPTS):
         prompt = rng.integers(0, VOCAB, size=int(rng.integers(1, 9))).tolist()
         cache = target.new_cache()
-        res = autoregressive_generate(target, prompt, N_TOKENS + DEPTH + 1, cache=cache)
+        res = autoregressive_generate(
+            target, prompt, max_new_tokens=N_TOKENS + DEPTH + 1, cache=cache
+        )
         assert res.steps == N_TOKENS + DEPTH + 1
         out.append((prompt, res.tokens, cache))
     # The model must not be degenerate (else equality would prove little).
@@ -237,7 +239,7 @@ def test_lossless_greedy(target, references, kind: str, drafter: str) -> None:  
     total_acc, total_steps = 0, 0
     for i, (prompt, ref_tokens, ref_cache) in enumerate(references):
         gen = SpeculativeGenerator(
-            target, drafter_for(drafter, target, i), strategy=kind, budget=12, depth=DEPTH
+            target, drafter_for(drafter, target, i), strategy=kind, budget=12, max_depth=DEPTH
         )
         checked = [0]
 
@@ -258,7 +260,7 @@ def test_lossless_greedy(target, references, kind: str, drafter: str) -> None:  
                 torch.testing.assert_close(v, rv[:, :n], rtol=1e-9, atol=1e-9)
             checked[0] += 1
 
-        res = gen.generate(prompt, N_TOKENS, on_step=on_step)
+        res = gen.generate(prompt, max_new_tokens=N_TOKENS, on_step=on_step)
         assert res.tokens == ref_tokens[:N_TOKENS], f"prompt {i}"
         assert checked[0] == res.steps
         total_acc += sum(res.accepted)
@@ -276,17 +278,17 @@ def test_generate_eos_and_limits(target, references) -> None:  # type: ignore[no
     prompt, ref_tokens, _ = references[0]
     eos = ref_tokens[10]
     first = ref_tokens.index(eos)
-    gen = SpeculativeGenerator(target, OracleDrafter(target), budget=8, depth=4)
-    out = gen.generate(prompt, 64, eos_token_id=eos)
+    gen = SpeculativeGenerator(target, OracleDrafter(target), budget=8, max_depth=4)
+    out = gen.generate(prompt, max_new_tokens=64, eos_token_id=eos)
     assert out.tokens == ref_tokens[: first + 1]
-    assert gen.generate(prompt, 0).tokens == []
-    assert autoregressive_generate(target, prompt, 3).tokens == ref_tokens[:3]
+    assert gen.generate(prompt, max_new_tokens=0).tokens == []
+    assert autoregressive_generate(target, prompt, max_new_tokens=3).tokens == ref_tokens[:3]
     with pytest.raises(VerifyError, match="prompt"):
-        gen.generate([], 4)
+        gen.generate([], max_new_tokens=4)
     with pytest.raises(ConfigError, match="budget"):
         SpeculativeGenerator(target, RandomDrafter(VOCAB), budget=0)
     with pytest.raises(VerifyError, match="maximum|fit"):
-        gen.generate(prompt, 400)
+        gen.generate(prompt, max_new_tokens=400)
 
 
 def test_lossless_greedy_through_transformers() -> None:
@@ -316,15 +318,15 @@ def test_lossless_greedy_through_transformers() -> None:
         for drafter in ("random", "noisy-oracle"):
             prompt = rng.integers(0, VOCAB, size=4).tolist()
             ref_cache = target.new_cache()
-            ref = autoregressive_generate(target, prompt, 30, cache=ref_cache)
+            ref = autoregressive_generate(target, prompt, max_new_tokens=30, cache=ref_cache)
             d = (
                 RandomDrafter(VOCAB, seed=1)
                 if drafter == "random"
                 else OracleDrafter(target, miss=0.3, seed=1)
             )
-            gen = SpeculativeGenerator(target, d, strategy=kind, budget=10, depth=4)
+            gen = SpeculativeGenerator(target, d, strategy=kind, budget=10, max_depth=4)
             cache = target.new_cache()
-            out = gen.generate(prompt, 24, cache=cache)
+            out = gen.generate(prompt, max_new_tokens=24, cache=cache)
             assert out.tokens == ref.tokens[:24]
             n = cache.committed_len
             for layer in range(cfg.num_hidden_layers):
@@ -342,9 +344,11 @@ def test_lossless_greedy_with_padded_trees(target, references) -> None:  # type:
     for i in range(3):
         prompt, ref_tokens, _ = references[i]
         drafter = BanningDrafter(OracleDrafter(target, miss=0.4, seed=i), lambda c: 1 + len(c) % 2)
-        gen = SpeculativeGenerator(target, drafter, budget=12, depth=DEPTH, pad_to_budget=True)
+        gen = SpeculativeGenerator(target, drafter, budget=12, max_depth=DEPTH, pad_to_budget=True)
         trees: list[DraftTree] = []
-        res = gen.generate(prompt, 40, on_step=lambda *_, g=gen, ts=trees: ts.extend(g.last_trees))
+        res = gen.generate(
+            prompt, max_new_tokens=40, on_step=lambda *_, g=gen, ts=trees: ts.extend(g.last_trees)
+        )
         assert res.tokens == ref_tokens[:40]
         assert len(trees) == res.steps and all(t.num_nodes == 13 for t in trees)
         padded_steps += sum(t.num_real < t.num_nodes for t in trees)

@@ -205,7 +205,7 @@ def test_tree_sampling_matches_autoregressive(
         generator=gen,
         strategy="ddtree",
         budget=10,
-        depth=3,
+        max_depth=3,
         pad_to_budget=padded,
     )
     if padded:
@@ -217,7 +217,7 @@ def test_tree_sampling_matches_autoregressive(
         # One token more than the distribution covers: trees never reach past what a request
         # still needs, so a 3-token request's last steps would be short. Lossless means the
         # first three tokens' distribution is the AR one however many follow.
-        res = spec.generate(PROMPT, 4)
+        res = spec.generate(PROMPT, max_new_tokens=4)
         spec_counts[tuple(res.tokens[:3])] += 1
         accepted += sum(res.accepted)
         steps += res.steps
@@ -228,7 +228,7 @@ def test_tree_sampling_matches_autoregressive(
     gen_ar = torch.Generator().manual_seed(seed + 100)
     ar_counts: Counter = Counter()
     for _ in range(N_SAMPLES):
-        res = autoregressive_generate(target, PROMPT, 3, rule=rule, generator=gen_ar)
+        res = autoregressive_generate(target, PROMPT, max_new_tokens=3, rule=rule, generator=gen_ar)
         ar_counts[tuple(res.tokens)] += 1
     assert target.hits > 0
 
@@ -263,9 +263,11 @@ def test_chi_square_detects_a_broken_verifier(model: LlamaModel) -> None:
         generator=gen,
         strategy="ddtree",
         budget=10,
-        depth=3,
+        max_depth=3,
     )
-    counts: Counter = Counter(tuple(spec.generate(PROMPT, 3).tokens) for _ in range(5_000))
+    counts: Counter = Counter(
+        tuple(spec.generate(PROMPT, max_new_tokens=3).tokens) for _ in range(5_000)
+    )
     obs, exp, outside = merged(counts, exact, 5_000)
     assert outside > 0 or stats.chisquare(obs, exp).pvalue < 1e-6
 

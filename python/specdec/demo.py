@@ -94,14 +94,14 @@ def _engines(
         (
             "ngram chain 8",
             8,
-            lambda t: SpeculativeGenerator(t, NgramDrafter(vocab, num_tokens=8), budget=8),
+            lambda t: SpeculativeGenerator(t, NgramDrafter(vocab, max_depth=8), budget=8),
         ),
         (
             "ngram auto",
             None,
             lambda t: SpeculativeGenerator(
                 t,
-                NgramDrafter(vocab, num_tokens=32),
+                NgramDrafter(vocab, max_depth=32),
                 budget="auto",
                 max_budget=32,
                 cost_model=cost,
@@ -111,7 +111,7 @@ def _engines(
             "suffix chain 8",
             8,
             lambda t: SpeculativeGenerator(
-                t, SuffixDrafter(max_depth=16), strategy="chain", depth=8
+                t, SuffixDrafter(max_depth=16), strategy="chain", max_depth=8
             ),
         ),
     ]
@@ -169,7 +169,7 @@ def _trained_generator(t: Any, *, cls: Any, loaded: dict[int, Any], **kw: Any) -
         loaded[id(t)] = cls.shipped(t)
     d = loaded[id(t)]
     depth = getattr(d.config, "block_size", None) or d.config.num_heads
-    return SpeculativeGenerator(t, d, depth=depth, **kw)
+    return SpeculativeGenerator(t, d, max_depth=depth, **kw)
 
 
 def run_demo(
@@ -217,7 +217,7 @@ def run_demo(
     warm = lm.encode_chat([{"role": "user", "content": "Hi"}])
     with torch.no_grad():
         hf.generate(torch.tensor([warm]), max_new_tokens=4, do_sample=False)
-    engines[0][2](target).generate(warm, 4)
+    engines[0][2](target).generate(warm, max_new_tokens=4)
 
     runs: list[DemoRun] = []
     for kind, texts in PROMPTS.items():
@@ -277,7 +277,7 @@ def _run_specdec(
     budget: int | None,
 ) -> DemoRun:
     t0 = time.perf_counter()
-    res = gen.generate(ids, tokens, stop_tokens=[eos] if eos is not None else None)
+    res = gen.generate(ids, max_new_tokens=tokens, eos_token_id=eos)
     dt = time.perf_counter() - t0
     host = sum(v for k, v in res.timings.items() if k not in ("forward", "prefill"))
     return DemoRun(
@@ -509,7 +509,7 @@ def run_json_schema_demo(
                         SpeculativeGenerator,
                         target,
                         block,
-                        depth=depth,
+                        max_depth=depth,
                         budget=b,
                         constraint=grammar,
                     ),
@@ -517,14 +517,14 @@ def run_json_schema_demo(
             )
     except CheckpointError:
         pass
-    engines[0][2]().generate(ids[:8], 2)  # warm-up (first-call allocations)
+    engines[0][2]().generate(ids[:8], max_new_tokens=2)  # warm-up (first-call allocations)
     stop = set(vocab.eos_ids) | ({eos} if eos is not None else set())
     runs: list[JsonSchemaRun] = []
     ref: list[int] | None = None
     for name, budget, make in engines:
         gen = make()
         t0 = time.perf_counter()
-        res = gen.generate(ids, tokens, stop_tokens=sorted(stop))
+        res = gen.generate(ids, max_new_tokens=tokens, stop_tokens=sorted(stop))
         dt = time.perf_counter() - t0
         body = [t for t in res.tokens if t not in stop]
         text = b"".join(vocab.token_bytes(t) or b"" for t in body).decode("utf-8", "replace")

@@ -105,10 +105,11 @@ def python_ddtree(
 
 # -- oracles: plain versions of what Rust does fast -----------------------------------------
 def reference_ddtree(
-    lp: np.ndarray, ids: np.ndarray, budget: int, min_logprob: float | None = None
+    lp: np.ndarray, ids: np.ndarray, budget: int, min_prob: float = 0.0
 ) -> tuple[list[int], list[int], list[int], list[float]]:
     """Algorithm 1 written plainly: heap of (-score, push counter, rank tuple, parent node).
-    Scores are parent score + marginal, in float64, sibling pushed before child."""
+    Scores are parent score + marginal, in float64, sibling pushed before child; the build
+    stops at the first prefix of probability below ``min_prob``."""
     depth, width = lp.shape
     k = min(budget, width)
     tok, par, dep, score = [-1], [-1], [0], [0.0]
@@ -124,7 +125,7 @@ def reference_ddtree(
     push(0.0, (0,), 0)
     while heap and len(tok) <= budget:
         neg, _, base, ranks, parent = heapq.heappop(heap)
-        if min_logprob is not None and -neg < min_logprob:
+        if min_prob > 0.0 and -neg < math.log(min_prob):
             break
         node = len(tok)
         tok.append(int(ids[len(ranks) - 1, ranks[-1]]))
@@ -200,8 +201,9 @@ def reference_suffix_proposal(
     (root excluded) in node order with their log path probabilities.
 
     ``sequences`` are the pooled sequences in the order a proposal reads them: the corpus
-    partition's in the order they were added, then the request's own tokens. The longest suffix of ``context`` (at most ``max_match`` tokens) that
-    occurs somewhere with a token after it is matched; every such occurrence, in order,
+    partition's in the order they were added, then the request's own tokens. The longest
+    suffix of ``context`` (at most ``max_match`` tokens) that occurs somewhere with a token
+    after it is matched; every such occurrence, in order,
     contributes its next ``max_depth`` tokens. Each distinct prefix of those continuations
     is counted and scored count / occurrences; the first ``budget`` prefixes of probability
     >= ``min_prob``, sorted by count descending then first appearance (occurrence, then

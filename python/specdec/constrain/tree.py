@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _core
-from .._arrays import as_array, check_bool, check_float, check_int
+from .._arrays import as_array, check_bool, check_int
 from ..errors import GrammarError, SpecdecTypeError
 from ..tree import DraftTree
+from ..tree.build import log_threshold
 from .bitmask import bitmask_rows
 from .matcher import Matcher, _check_matcher
 
@@ -44,15 +45,17 @@ def build_ddtree_constrained(
     budget: int,
     matcher: Matcher,
     root_token: int = -1,
-    min_logprob: float | None = None,
+    min_prob: float = 0.0,
     check_duplicates: bool = True,
 ) -> DraftTree:
     """Grammar-aware DDTree: as :func:`specdec.build_ddtree` over ``[L, K]`` marginals, with
     each node's candidate ranks restricted to the tokens its grammar state allows (the root's
     state is the matcher's), so the whole budget goes to valid prefixes. Unlike the plain
     builder, all K columns are read: the grammar may reject any number of top-ranked tokens,
-    so pass as wide a top-K as the constraint may need. A token id repeated in a row raises
-    when it gives one parent two children (``check_duplicates=False`` skips that)."""
+    so pass as wide a top-K as the constraint may need. ``min_prob`` (in [0, 1]) stops the
+    build once the best remaining valid prefix's probability is below it. A token id
+    repeated in a row raises when it gives one parent two children (``check_duplicates=False``
+    skips that)."""
     lp = as_array(logprobs, np.float32, "logprobs", 2, exact=True)
     ids = as_array(token_ids, np.int64, "token_ids", 2, exact=False)
     arrays = _core.build_ddtree_constrained(
@@ -61,7 +64,7 @@ def build_ddtree_constrained(
         check_int(budget, "budget"),
         _check_matcher(matcher)._m,
         check_int(root_token, "root_token"),
-        None if min_logprob is None else check_float(min_logprob, "min_logprob"),
+        log_threshold(min_prob),
         check_bool(check_duplicates, "check_duplicates"),
     )
     return DraftTree._from_core(arrays)

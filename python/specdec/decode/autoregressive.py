@@ -2,64 +2,122 @@
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 import torch
 
+from ..errors import VerifyError
 from ..protocols import KVCache, Target
+from ..tree import DraftTree
 from ..verify import DecodingRule, Greedy
 from ..verify.rules.base import apply_rule
 from ..verify.rules.sampling import keyed_uniforms
-from .common import GenerationResult, emit, prompt_ids
+from ..verify.verifier import check_bonus_allowed, mask_tree_logits
+from .common import (
+    GenerationResult,
+    check_max_new_tokens,
+    emit,
+    new_matcher,
+    prompt_ids,
+    stop_set,
+)
 
 __all__ = ["autoregressive_generate"]
+
+# Each call is one request: its id is unique in the process.
+_request_ids = itertools.count()
 
 
 def autoregressive_generate(
     target: Target,
     prompt: Sequence[int] | torch.Tensor,
-    max_new_tokens: int,
     *,
+    max_new_tokens: int,
+    eos_token_id: Collection[int] | int | None = None,
+    stop_tokens: Collection[int] | int | None = None,
+    constraint: Any = None,
     rule: DecodingRule | None = None,
     generator: torch.Generator | None = None,
     cache: KVCache | None = None,
-    eos_token_id: int | None = None,
     on_step: Callable[[list[int], KVCache], None] | None = None,
     seed: int | None = None,
 ) -> GenerationResult:
-    """The baseline: one token per target forward, same model code, same rule. ``seed``:
-    seeded sampling keyed by position (the text a speculative generator given the same
-    seed samples, whatever its drafter and budget), instead of ``generator``."""
-    rule = rule if rule is not None else Greedy()
+    """The baseline: one token per target forward, same model code, same rule.
+
+    ``stop_tokens`` (and ``eos_token_id``, one more stop token) end the request, included in
+    its tokens; ``constraint``: a grammar (with ``.matcher()``) or a matcher whose state the
+    request starts from: each step's logits are masked to the tokens it allows, as the
+    speculative generator masks them (:class:`~specdec.NoAllowedTokens` when it allows none),
+    and the request stops when the matcher is terminated; ``cache``: the cache to run in;
+    ``seed``: seeded sampling keyed by position (the text a speculative generator given the
+    same seed samples, whatever its drafter and budget), instead of ``generator``. The first
+    forward feeds the whole prompt: its time is ``timings["prefill"]``."""
+    t_start = time.perf_counter()
     ids = prompt_ids(prompt)
-    if cache is None:  # room for the whole generation, not the model's maximum
-        cache = target.new_cache(min(len(ids) + max(max_new_tokens, 0), target.max_positions))
-    dev = torch.device(target.device)
+    max_new = check_max_new_tokens(max_new_tokens)
+    vocab = target.vocab_size
+    if len(ids) + max_new > target.max_positions:
+        raise VerifyError(
+            f"the prompt ({len(ids)} tokens) and max_new_tokens ({max_new}) do not fit the "
+            f"model's maximum of {target.max_positions} positions"
+        )
+    if min(ids) < 0 or max(ids) >= vocab:
+        raise VerifyError(f"prompt token ids must be in [0, {vocab}), got {min(ids)}..{max(ids)}")
+    stops = stop_set(stop_tokens, eos_token_id, vocab)
+    matcher = new_matcher(constraint)
+    rule = rule if rule is not None else Greedy()
     out: list[int] = []
-    res = GenerationResult(out, timings=dict.fromkeys(("forward", "rule", "commit"), 0.0))
-    if max_new_tokens <= 0:
+    res = GenerationResult(
+        out,
+        timings=dict.fromkeys(("prefill", "mask", "forward", "rule", "commit"), 0.0),
+        request_id=next(_request_ids),
+        prompt_len=len(ids),
+    )
+    if max_new == 0:
+        res.finish_reason = "length"
+        res.seconds = time.perf_counter() - t_start
         return res
+    if cache is None:  # room for the whole generation, not the model's maximum
+        cache = target.new_cache(len(ids) + max_new)
+    dev = torch.device(target.device)
     feed = torch.tensor(ids, dtype=torch.long, device=dev)  # first step: the whole prompt
+    last = ids[-1]
     while True:
         t0 = time.perf_counter()
         start = cache.committed_len
         pos = torch.arange(start, start + feed.numel(), device=dev)
-        logits = target(feed, pos, cache, None)
+        logits = target(feed, pos, cache, None)[-1:]
         t1 = time.perf_counter()
+        if matcher is not None:  # the one-node tree of a plain step, masked as a tree step is
+            empty = mask_tree_logits(logits, DraftTree([last], [-1]), matcher)
+            check_bonus_allowed(empty, 0)
+        t2 = time.perf_counter()
         u = None
         if seed is not None:  # the token sampled here lands at position start + len(feed)
             u = torch.from_numpy(keyed_uniforms(seed, [start + feed.numel()]))
-        tok = int(apply_rule(rule, logits[-1:], generator, u)[0])
-        t2 = time.perf_counter()
+        tok = int(apply_rule(rule, logits, generator, u)[0])
+        t3 = time.perf_counter()
         cache.commit_fed(feed)
-        res.timings["forward"] += t1 - t0
-        res.timings["rule"] += t2 - t1
-        res.timings["commit"] += time.perf_counter() - t2
+        res.timings["prefill" if res.steps == 0 else "forward"] += t1 - t0
+        res.timings["mask"] += t2 - t1
+        res.timings["rule"] += t3 - t2
+        res.timings["commit"] += time.perf_counter() - t3
         res.steps += 1
-        done = emit(out, [tok], max_new_tokens, eos_token_id)
+        done = emit(out, [tok], max_new, stops)
+        if res.first_token_seconds is None:
+            res.first_token_seconds = time.perf_counter() - t_start
+        if matcher is not None:
+            matcher.accept_token(tok)
+            done = done or matcher.is_terminated()
         if on_step is not None:
             on_step(ids + out, cache)
         if done:
+            stopped = tok in stops or (matcher is not None and matcher.is_terminated())
+            res.finish_reason = "stop" if stopped else "length"
+            res.seconds = time.perf_counter() - t_start
             return res
         feed = torch.tensor([tok], dtype=torch.long, device=dev)
+        last = tok

@@ -8,7 +8,9 @@ The scoring rules, as transformers applies them (and this module re-implements):
   all beams by accumulated log-probability (``log_softmax`` of float32 logits, then the
   logits processors), so that ``num_beams`` non-finished ones remain even if the best ones
   all end. At the first step only beam 0 is live: the others start at ``-1e9``.
-* A continuation ends when its token is an EOS id or when it reaches ``max_new_tokens``.
+* A continuation ends when its token is an EOS id (``eos_token_id`` and ``stop_tokens``
+  alike), when it reaches ``max_new_tokens``, or when its token ends the constraint (a
+  specdec addition: transformers has no grammar).
   Only the first ``num_beams`` of the ``K`` may join the finished hypotheses, scored
   ``sum_logprob / generated_len ** length_penalty`` (prompt excluded, the chosen EOS
   counted); the best ``num_beams`` finished hypotheses are kept. The running beams are the
@@ -32,8 +34,9 @@ matchers are reordered by the same parent indices.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -41,13 +44,10 @@ import torch
 
 from .._arrays import check_float, check_int
 from ..cache.paged import PagedKVCache, PagedKVPool
-from ..constrain.grammar import CfgGrammar
-from ..constrain.matcher import Matcher
-from ..constrain.regex import RegexGrammar
 from ..constrain.torch import allocate_token_bitmask, apply_token_bitmask_inplace
 from ..errors import ConfigError, SpecdecTypeError
 from ..protocols import Constraint, Target
-from .common import prompt_ids
+from .common import FinishReason, check_max_new_tokens, new_matcher, prompt_ids, stop_set
 
 __all__ = ["BeamHypothesis", "BeamSearchResult", "beam_search"]
 
@@ -64,11 +64,16 @@ class BeamHypothesis:
     """One returned sequence. ``tokens``: generated ids (prompt excluded, a final EOS
     included); ``score``: ``logprob / len(tokens) ** length_penalty`` (transformers'
     ``sequences_scores``); ``logprob``: the summed log-probabilities of ``tokens`` (after the
-    logits processors and the grammar mask)."""
+    logits processors and the constraint's mask); ``prompt_len``: its prompt's tokens;
+    ``finish_reason``: as :class:`~specdec.GenerationResult`'s, ``"stop"`` (it ends with a
+    stop token, or its last token ended the constraint) or ``"length"``
+    (``max_new_tokens``)."""
 
     tokens: list[int]
     score: float
     logprob: float
+    prompt_len: int = 0
+    finish_reason: FinishReason = "length"
 
 
 @dataclass(frozen=True)
@@ -76,12 +81,17 @@ class BeamSearchResult:
     """``hypotheses[p]``: prompt ``p``'s ``num_return_sequences`` hypotheses, best first.
     ``steps``: selection steps run (forwards after the prefill: ``steps - 1``).
     ``peak_kv_blocks``: most KV blocks in use at once (all prompts, all beams);
-    ``kv_block_bytes``: bytes of one block (K and V, every layer)."""
+    ``kv_block_bytes``: bytes of one block (K and V, every layer); ``timings``: seconds per
+    stage (``prefill``, ``forward``, ``select``: log-softmax, processors, mask and top-K,
+    ``reorder``: block tables and matchers), for the whole call, as every prompt's beams run
+    in the same forwards; ``seconds``: the whole call."""
 
     hypotheses: list[list[BeamHypothesis]]
     steps: int
     peak_kv_blocks: int
     kv_block_bytes: int
+    timings: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
 
     @property
     def sequences(self) -> list[list[list[int]]]:
@@ -110,37 +120,26 @@ class _Config:
 
 
 def _check_config(
-    model: Target,
+    target: Target,
     num_beams: Any,
     max_new_tokens: Any,
     eos_token_id: Any,
+    stop_tokens: Any,
     length_penalty: Any,
     early_stopping: Any,
     num_return_sequences: Any,
 ) -> _Config:
     beams = check_int(num_beams, "num_beams", 1, ConfigError)
-    new = check_int(max_new_tokens, "max_new_tokens", 1, ConfigError)
+    new = check_max_new_tokens(max_new_tokens)
     ret = check_int(num_return_sequences, "num_return_sequences", 1, ConfigError)
     if ret > beams:
         raise ConfigError(
             f"num_return_sequences ({ret}) must be at most num_beams ({beams}): only "
             f"num_beams hypotheses are kept"
         )
-    vocab = model.vocab_size
-    if eos_token_id is None:
-        eos: list[int] = []
-    elif isinstance(eos_token_id, (int, np.integer)) and not isinstance(eos_token_id, bool):
-        eos = [int(eos_token_id)]
-    elif isinstance(eos_token_id, Sequence) and not isinstance(eos_token_id, (str, bytes)):
-        eos = [check_int(e, "eos_token_id", None, ConfigError) for e in eos_token_id]
-    else:
-        raise SpecdecTypeError(
-            "eos_token_id must be an int, a list of ints or None, got "
-            f"{type(eos_token_id).__name__}"
-        )
-    bad = [e for e in eos if not 0 <= e < vocab]
-    if bad:
-        raise ConfigError(f"eos_token_id {bad} outside the vocabulary [0, {vocab})")
+    vocab = target.vocab_size
+    # Every stop token is an EOS id to the search (transformers' eos_token_id list).
+    eos = sorted(stop_set(stop_tokens, eos_token_id, vocab))
     lp = check_float(length_penalty, "length_penalty", ConfigError)
     if not math.isfinite(lp):
         raise ConfigError(f"length_penalty must be finite, got {lp}")
@@ -168,29 +167,27 @@ def _prompt_rows(prompts: Any) -> list[list[int]]:
     return [prompt_ids(p) for p in prompts]
 
 
-def _matchers(grammar: Any, n: int) -> list[Constraint] | None:
-    """One matcher per prompt: forks of ``grammar`` (a matcher, whose state they start
-    from) or fresh matchers of a :class:`RegexGrammar` or :class:`CfgGrammar`."""
-    if grammar is None:
+def _matchers(constraint: Any, n: int) -> list[Constraint] | None:
+    """One matcher per prompt: forks of ``constraint`` (a matcher, whose state they start
+    from) or fresh matchers of a grammar."""
+    if constraint is None:
         return None
-    if isinstance(grammar, (RegexGrammar, CfgGrammar)):
-        return [Matcher(grammar) for _ in range(n)]
-    if isinstance(grammar, Constraint):
-        return [grammar.fork() for _ in range(n)]
-    raise SpecdecTypeError(
-        "grammar must be a RegexGrammar, a CfgGrammar or a Constraint (Matcher), got "
-        f"{type(grammar).__name__}"
-    )
+    out: list[Constraint] = []
+    for _ in range(n):
+        m = new_matcher(constraint)
+        assert m is not None
+        out.append(m)
+    return out
 
 
 class _Beams:
     """The K/V side: one paged sequence per running beam, all prompts in one pool."""
 
     def __init__(
-        self, model: Target, rows: list[list[int]], cfg: _Config, block_size: int, share: bool
+        self, target: Target, rows: list[list[int]], cfg: _Config, block_size: int, share: bool
     ) -> None:
-        probe = model.new_cache(1)
-        self.model, self.share, self.cfg = model, share, cfg
+        probe = target.new_cache(1)
+        self.target, self.share, self.cfg = target, share, cfg
         bs = check_int(block_size, "block_size", 1, ConfigError)
         n, new = cfg.num_beams, cfg.max_new_tokens
         if share:
@@ -199,7 +196,7 @@ class _Beams:
             blocks = sum(len(p) // bs + n * (-(-new // bs) + 3) for p in rows) + 1
         else:  # every beam a full copy, and old and new copies side by side while reordering
             blocks = sum(2 * n * (-(-(len(p) + new) // bs) + 1) for p in rows) + 1
-        dtype = getattr(model, "dtype", torch.float32)
+        dtype = getattr(target, "dtype", torch.float32)
         self.pool = PagedKVPool(
             probe.num_layers,
             probe.num_kv_heads,
@@ -207,7 +204,7 @@ class _Beams:
             blocks,
             bs,
             dtype=dtype,
-            device=model.device,
+            device=target.device,
         )
         self.block_bytes = (
             2
@@ -227,9 +224,9 @@ class _Beams:
 
     def prefill(self, rows: list[list[int]]) -> torch.Tensor:
         """Each prompt once; its beams share its blocks. Returns last logits ``[B, V]``."""
-        dev = torch.device(self.model.device)
+        dev = torch.device(self.target.device)
         # A model with forward_last (LlamaModel) runs the LM head on the last token only.
-        last = getattr(self.model, "forward_last", None)
+        last = getattr(self.target, "forward_last", None)
         out = []
         for ids in rows:
             root = self.pool.sequence()
@@ -237,7 +234,7 @@ class _Beams:
             feed = torch.tensor(ids, dtype=torch.long, device=dev)
             pos = torch.arange(len(ids), device=dev)
             out.append(
-                self.model(feed, pos, root, None)[-1] if last is None else last(feed, pos, root)
+                self.target(feed, pos, root, None)[-1] if last is None else last(feed, pos, root)
             )
             root.commit_fed(feed)
             self.used()
@@ -268,9 +265,9 @@ class _Beams:
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One token per beam, all beams at once where the model allows; ``[R, V]``."""
-        dev = torch.device(self.model.device)
+        dev = torch.device(self.target.device)
         tokens, positions = tokens.to(dev), positions.to(dev)
-        paged = getattr(self.model, "forward_paged", None)
+        paged = getattr(self.target, "forward_paged", None)
         if paged is not None:
             logits: torch.Tensor = paged(tokens, positions, self.caches)
             self.used()
@@ -278,7 +275,7 @@ class _Beams:
             return logits
         rows = []
         for i, c in enumerate(self.caches):
-            rows.append(self.model(tokens[i : i + 1], positions[i : i + 1], c, None)[-1])
+            rows.append(self.target(tokens[i : i + 1], positions[i : i + 1], c, None)[-1])
             self.used()
             c.commit_fed(tokens[i : i + 1])
         return torch.stack(rows)
@@ -322,41 +319,47 @@ def _processed_logprobs(
 
 
 def beam_search(
-    model: Target,
+    target: Target,
     prompts: Sequence[Sequence[int]] | Sequence[int] | torch.Tensor,
+    *,
     num_beams: int,
     max_new_tokens: int,
-    eos_token_id: int | Sequence[int] | None,
+    eos_token_id: Collection[int] | int | None = None,
+    stop_tokens: Collection[int] | int | None = None,
+    constraint: Any = None,
     length_penalty: float = 1.0,
     early_stopping: EarlyStopping = False,
     num_return_sequences: int = 1,
     logits_processors: Sequence[LogitsProcessor] = (),
-    grammar: RegexGrammar | CfgGrammar | Constraint | None = None,
-    *,
     block_size: int = 16,
     share_kv: bool = True,
 ) -> BeamSearchResult:
-    """Beam search with transformers' semantics (see the module docstring) over ``model``
+    """Beam search with transformers' semantics (see the module docstring) over ``target``
     (a :class:`~specdec.protocols.Target`; one with ``forward_paged``, as
     :class:`~specdec.models.LlamaModel`, runs all beams of all prompts in one forward per
     step).
 
-    ``prompts``: one prompt (ids) or several; ``logits_processors``: callables
-    ``(input_ids [num_beams, len], log_probs [num_beams, V]) -> log_probs``, so transformers'
-    ``LogitsProcessor`` objects work as they do in ``generate``; ``grammar``: a
-    :class:`~specdec.RegexGrammar` or a matcher whose state each prompt starts from (each
-    beam follows its own fork, disallowed tokens get ``-inf`` after the processors).
-    ``share_kv=False`` gives every beam a private copy of its K/V, re-copied on every
-    reorder (the baseline the benchmark compares with); the results are the same.
+    ``prompts``: one prompt (ids) or several; ``stop_tokens`` and ``eos_token_id`` (each an
+    id or several) end a hypothesis, included in its tokens: both are transformers' EOS
+    ids; ``constraint``: a grammar (with ``.matcher()``) or a matcher whose state each
+    prompt starts from (each beam follows its own fork, disallowed tokens get ``-inf`` after
+    the processors, and a token that ends the constraint ends the hypothesis);
+    ``logits_processors``: callables ``(input_ids [num_beams, len], log_probs [num_beams,
+    V]) -> log_probs``, so transformers' ``LogitsProcessor`` objects work as they do in
+    ``generate``. ``share_kv=False`` gives every beam a private copy of its K/V, re-copied
+    on every reorder (the baseline the benchmark compares with); the results are the same.
+    ``max_new_tokens=0`` gives every prompt ``num_return_sequences`` empty hypotheses.
 
     ``num_beams=1`` is beam search with one beam: transformers' ``generate`` switches to
     greedy decoding there instead, which can differ when a length penalty or
     ``early_stopping="never"`` lets the search continue past an EOS."""
+    t_start = time.perf_counter()
     cfg = _check_config(
-        model,
+        target,
         num_beams,
         max_new_tokens,
         eos_token_id,
+        stop_tokens,
         length_penalty,
         early_stopping,
         num_return_sequences,
@@ -364,48 +367,84 @@ def beam_search(
     rows = _prompt_rows(prompts)
     longest = max(len(p) for p in rows)
     # The last token chosen is never fed, so positions run to prompt + new - 2.
-    if longest + cfg.max_new_tokens - 1 > model.max_positions:
+    if longest + cfg.max_new_tokens - 1 > target.max_positions:
         raise ConfigError(
             f"a prompt of {longest} tokens plus {cfg.max_new_tokens} new tokens needs "
-            f"{longest + cfg.max_new_tokens - 1} positions; the model has {model.max_positions}"
+            f"{longest + cfg.max_new_tokens - 1} positions; the model has {target.max_positions}"
         )
     for i, p in enumerate(processors := tuple(logits_processors)):
         if not callable(p):
             raise SpecdecTypeError(f"logits_processors[{i}] is not callable")
     share = bool(share_kv)
-    prompt_matchers = _matchers(grammar, len(rows))
+    prompt_matchers = _matchers(constraint, len(rows))
     n, bsz, new = cfg.num_beams, len(rows), cfg.max_new_tokens
     matchers = (
         None if prompt_matchers is None else [m.fork() for m in prompt_matchers for _ in range(n)]
     )
-    beams = _Beams(model, rows, cfg, block_size, share)
+    timings = dict.fromkeys(("prefill", "forward", "select", "reorder"), 0.0)
+    t0 = time.perf_counter()
+    beams = _Beams(target, rows, cfg, block_size, share)
+    state = _State.start(bsz, n, new)
+    t = 0
     try:
-        logits = beams.prefill(rows).repeat_interleave(n, dim=0)
-        state = _State.start(bsz, n, new)
-        t = 0
-        while True:
-            lp = _processed_logprobs(logits, rows, state.run_tokens, t, cfg, processors, matchers)
-            parents, done = state.step(lp, t, cfg)
-            t += 1
-            if done:
-                break
-            glob = (parents + torch.arange(bsz)[:, None] * n).reshape(-1).tolist()
-            tokens = state.run_tokens[:, :, t - 1].reshape(-1)
-            beams.reorder(glob)
-            if matchers is not None:
-                matchers = [matchers[p].fork() for p in glob]
-                for m, tok in zip(matchers, tokens.tolist(), strict=True):
-                    m.accept_token(tok)  # a -inf continuation is refused: it stays dead
-            positions = torch.tensor([len(p) + t - 1 for p in rows for _ in range(n)])
-            logits = beams.forward(tokens, positions)
+        if new > 0:
+            logits = beams.prefill(rows).repeat_interleave(n, dim=0)
+            start = t0
+            t0 = time.perf_counter()
+            timings["prefill"] = t0 - start  # the pool, and each prompt's forward
+            while True:
+                lp = _processed_logprobs(
+                    logits, rows, state.run_tokens, t, cfg, processors, matchers
+                )
+                parents, done = state.step(lp, t, cfg, matchers)
+                t += 1
+                t1 = time.perf_counter()
+                timings["select"] += t1 - t0
+                if done:
+                    break
+                glob = (parents + torch.arange(bsz)[:, None] * n).reshape(-1).tolist()
+                tokens = state.run_tokens[:, :, t - 1].reshape(-1)
+                beams.reorder(glob)
+                if matchers is not None:
+                    matchers = [matchers[p].fork() for p in glob]
+                    for m, tok in zip(matchers, tokens.tolist(), strict=True):
+                        m.accept_token(tok)  # a -inf continuation is refused: it stays dead
+                positions = torch.tensor([len(p) + t - 1 for p in rows for _ in range(n)])
+                t2 = time.perf_counter()
+                logits = beams.forward(tokens, positions)
+                t0 = time.perf_counter()
+                timings["reorder"] += t2 - t1
+                timings["forward"] += t0 - t2
     finally:
         beams.free()
+    lens = [len(p) for p in rows]
+    if new == 0:
+        hyps = [
+            [BeamHypothesis([], 0.0, 0.0, k) for _ in range(cfg.num_return_sequences)] for k in lens
+        ]
+    else:
+        hyps = state.results(cfg.num_return_sequences, lens)
     return BeamSearchResult(
-        state.results(cfg.num_return_sequences, cfg.length_penalty),
+        hyps,
         steps=t,
         peak_kv_blocks=beams.peak,
         kv_block_bytes=beams.block_bytes,
+        timings=timings,
+        seconds=time.perf_counter() - t_start,
     )
+
+
+def _ends_constraint(
+    matchers: list[Constraint], n: int, parent: torch.Tensor, tok: torch.Tensor
+) -> torch.Tensor:
+    """``[B, K]`` bool: candidate ``tok[b, k]`` of beam ``parent[b, k]`` ends its
+    constraint (a refused token ends nothing: its score is -inf)."""
+    out = torch.zeros(tok.shape, dtype=torch.bool)
+    for b in range(tok.shape[0]):
+        for k in range(tok.shape[1]):
+            m = matchers[b * n + int(parent[b, k])].fork()
+            out[b, k] = m.accept_token(int(tok[b, k])) and m.is_terminated()
+    return out
 
 
 @dataclass
@@ -419,6 +458,7 @@ class _State:
     fin_logprob: torch.Tensor  # [B, N] summed log-probs of the finished ones
     fin_len: torch.Tensor  # [B, N] generated length
     fin_flag: torch.Tensor  # [B, N] bool
+    fin_stop: torch.Tensor  # [B, N] bool: ended by a stop token or the constraint
     open_: torch.Tensor  # [B, 1] bool: may still improve (the early-stop heuristic)
 
     @classmethod
@@ -433,20 +473,27 @@ class _State:
             fin_logprob=torch.full((b, n), _NEG),
             fin_len=torch.zeros(b, n, dtype=torch.long),
             fin_flag=torch.zeros(b, n, dtype=torch.bool),
+            fin_stop=torch.zeros(b, n, dtype=torch.bool),
             open_=torch.ones(b, 1, dtype=torch.bool),
         )
 
-    def step(self, lp: torch.Tensor, t: int, cfg: _Config) -> tuple[torch.Tensor, bool]:
+    def step(
+        self, lp: torch.Tensor, t: int, cfg: _Config, matchers: list[Constraint] | None = None
+    ) -> tuple[torch.Tensor, bool]:
         """Choose the step's continuations from log-probs ``lp`` ``[B, N, V]`` of the
-        running beams at generated length ``t``; returns each new running beam's parent
-        ``[B, N]`` and whether the search is over."""
+        running beams at generated length ``t`` (``matchers``: theirs, when constrained);
+        returns each new running beam's parent ``[B, N]`` and whether the search is
+        over."""
         b, n, v = lp.shape
         acc = (lp + self.run_scores[:, :, None]).reshape(b, n * v)
         top_lp, top_idx = torch.topk(acc, k=cfg.keep)
         parent, tok = top_idx // v, top_idx % v
         cand = torch.take_along_dim(self.run_tokens, parent[:, :, None], dim=1)
         cand[:, :, t] = tok
-        ends = torch.isin(tok, cfg.eos) | (t + 1 >= cfg.max_new_tokens)
+        stops = torch.isin(tok, cfg.eos)
+        if matchers is not None:
+            stops |= _ends_constraint(matchers, n, parent, tok)
+        ends = stops | (t + 1 >= cfg.max_new_tokens)
 
         # Running beams: the best N continuations that did not end.
         run_lp = top_lp + ends.to(torch.float32) * _NEG
@@ -475,6 +522,7 @@ class _State:
         self.fin_logprob = pick(self.fin_logprob, top_lp)
         self.fin_len = pick(self.fin_len, torch.full_like(tok, t + 1))
         self.fin_flag = pick(self.fin_flag, joined)
+        self.fin_stop = pick(self.fin_stop, stops)
         self.fin_scores = torch.take_along_dim(merged, best, dim=1)
 
         # Can a running beam still beat the worst finished one? With a positive penalty
@@ -494,7 +542,7 @@ class _State:
         )
         return parents, not go_on
 
-    def results(self, k: int, length_penalty: float) -> list[list[BeamHypothesis]]:
+    def results(self, k: int, prompt_lens: list[int]) -> list[list[BeamHypothesis]]:
         out = []
         for b in range(self.fin_tokens.shape[0]):
             hs = []
@@ -505,6 +553,8 @@ class _State:
                         tokens=self.fin_tokens[b, i, :m].tolist(),
                         score=float(self.fin_scores[b, i]),
                         logprob=float(self.fin_logprob[b, i]),
+                        prompt_len=prompt_lens[b],
+                        finish_reason="stop" if bool(self.fin_stop[b, i]) else "length",
                     )
                 )
             out.append(hs)

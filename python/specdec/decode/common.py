@@ -1,5 +1,6 @@
-"""What the decode loops share: the per-request result and stream types, the prompt check
-and the emit rule (stop at ``max_new_tokens`` or the first stop token)."""
+"""What the decode entry points share: the per-request result and stream types, the checks of
+their common arguments (``max_new_tokens``, the stop set, the prompt, the constraint) and the
+emit rule (stop at ``max_new_tokens`` or the first stop token)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,22 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .._arrays import token_tensor
-from ..errors import VerifyError
+import numpy as np
 
-__all__ = ["GenerationResult", "RequestOutput", "FinishReason", "emit", "prompt_ids"]
+from .._arrays import check_int, token_tensor
+from ..errors import ConfigError, SpecdecTypeError, VerifyError
+from ..protocols import Constraint
+
+__all__ = [
+    "GenerationResult",
+    "RequestOutput",
+    "FinishReason",
+    "check_max_new_tokens",
+    "emit",
+    "new_matcher",
+    "prompt_ids",
+    "stop_set",
+]
 
 FinishReason = Literal["length", "stop", "context", "cancelled", "error"]
 
@@ -27,7 +40,7 @@ class GenerationResult:
     ``"context"`` (the model's maximum positions), ``"cancelled"`` or ``"error"`` (then
     ``error`` is the exception that ended it: refused at admission, its grammar allowed no
     token, its drafter raised...; only that request failed); ``prefix_hit``: prompt tokens
-    whose K/V came from the prefix cache; ``seconds``: submit to finish;
+    whose K/V came from the prefix cache; ``seconds``: submit (or call) to finish;
     ``first_token_seconds``: submit to the first streamed token; ``preemptions``: times its
     KV blocks were taken back for other requests (it resumed from its committed tokens)."""
 
@@ -68,6 +81,60 @@ class RequestOutput:
     new_tokens: list[int]
     finished: bool = False
     result: GenerationResult | None = None
+
+
+def check_max_new_tokens(max_new_tokens: Any) -> int:
+    """``max_new_tokens`` as an int >= 0; anything else (a bool, a float, a string, a negative
+    number) is a :class:`ConfigError`, the same from every decode entry point."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
+        raise ConfigError(
+            f"max_new_tokens must be an int >= 0, got {type(max_new_tokens).__name__} "
+            f"{max_new_tokens!r}"
+        )
+    return check_int(max_new_tokens, "max_new_tokens", 0, ConfigError)
+
+
+def stop_set(
+    stop_tokens: Collection[int] | int | None,
+    eos_token_id: Collection[int] | int | None = None,
+    vocab_size: int | None = None,
+) -> frozenset[int]:
+    """The tokens that end a request (included in its tokens): ``stop_tokens`` and
+    ``eos_token_id`` (one more stop token, or several), each an int or a collection of ints,
+    inside ``[0, vocab_size)`` when that is given."""
+    out: set[int] = set()
+    for name, value in (("stop_tokens", stop_tokens), ("eos_token_id", eos_token_id)):
+        if value is None:
+            continue
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            value = [int(value)]
+        if isinstance(value, (str, bytes)) or not isinstance(value, Collection):
+            raise SpecdecTypeError(f"{name} must be token ids, got {type(value).__name__}")
+        for t in value:
+            tok = check_int(t, name, 0, ConfigError)
+            if vocab_size is not None and tok >= vocab_size:
+                raise ConfigError(f"{name} {tok} is outside the vocabulary [0, {vocab_size})")
+            out.add(tok)
+    return frozenset(out)
+
+
+def new_matcher(constraint: Any) -> Constraint | None:
+    """A request's own matcher for ``constraint``: a fork of a matcher (its state is where
+    the request starts), a fresh matcher of a grammar (anything with ``.matcher()``), or
+    None."""
+    if constraint is None:
+        return None
+    if isinstance(constraint, Constraint):
+        return constraint.fork()
+    make = getattr(constraint, "matcher", None)
+    if callable(make):
+        m = make()
+        if isinstance(m, Constraint):
+            return m
+    raise SpecdecTypeError(
+        "constraint must be a grammar (with .matcher()) or a matcher, got "
+        f"{type(constraint).__name__}"
+    )
 
 
 def emit(

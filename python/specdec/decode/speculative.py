@@ -58,7 +58,16 @@ from ..protocols import (
 from ..tree import DDTreeShape, DraftTree, tree_shape
 from ..verify import STAGES, DecodingRule, StepResult, Verifier
 from .budget import AdaptiveBudget, CostModel
-from .common import FinishReason, GenerationResult, RequestOutput, emit, prompt_ids
+from .common import (
+    FinishReason,
+    GenerationResult,
+    RequestOutput,
+    check_max_new_tokens,
+    emit,
+    new_matcher,
+    prompt_ids,
+    stop_set,
+)
 from .progress import ProgressBar
 
 __all__ = ["SpeculativeGenerator", "Strategy"]
@@ -289,7 +298,7 @@ class SpeculativeGenerator:
         run (past the model's positions, or larger than the whole KV pool) is refused here,
         with nothing queued."""
         ids = prompt_ids(prompt)
-        max_new = check_int(max_new_tokens, "max_new_tokens", 0, ConfigError)
+        max_new = check_max_new_tokens(max_new_tokens)
         if len(ids) + max_new > self.target.max_positions:
             raise VerifyError(
                 f"the prompt ({len(ids)} tokens) and max_new_tokens ({max_new}) do not fit the "
@@ -300,7 +309,7 @@ class SpeculativeGenerator:
             raise VerifyError(
                 f"prompt token ids must be in [0, {vocab}), got {min(ids)}..{max(ids)}"
             )
-        stop = _stop_set(stop_tokens)
+        stop = stop_set(stop_tokens, vocab_size=vocab)
         seed = self.seed if seed is None else check_int(seed, "seed", None, ConfigError)
         if cache is not None:
             if not isinstance(cache, KVCache):
@@ -318,7 +327,7 @@ class SpeculativeGenerator:
                     f"{len(ids)} + max_new_tokens {max_new} + one tree), the pool has "
                     f"{self._pool_blocks()}: raise kv_tokens"
                 )
-        matcher = self._matcher(constraint if constraint is not None else self.constraint)
+        matcher = new_matcher(constraint if constraint is not None else self.constraint)
         result = GenerationResult([], prompt_len=len(ids))
         result.timings = dict.fromkeys(("prefill", "draft", *STAGES), 0.0)
         with self._lock:
@@ -479,7 +488,7 @@ class SpeculativeGenerator:
         *,
         max_new_tokens: int,
         stop_tokens: Collection[int] | int | None = None,
-        eos_token_id: int | None = None,
+        eos_token_id: Collection[int] | int | None = None,
         constraint: Any = None,
         cache: KVCache | None = None,
         on_step: StepCallback | None = None,
@@ -488,8 +497,9 @@ class SpeculativeGenerator:
     ) -> Any:
         """Generate for one prompt (token ids: returns its :class:`GenerationResult`) or a
         batch of prompts (a list of them, or a 2-D tensor: returns a list, in order).
-        ``stop_tokens`` (or ``eos_token_id``) end a request, included in its tokens;
-        ``constraint``: every prompt's grammar (else the generator's); ``cache``: for one
+        ``stop_tokens`` (and ``eos_token_id``, one more stop token) end a request, included
+        in its tokens; ``constraint``: every request's grammar or matcher, else the
+        generator's; ``cache``: for one
         prompt, the cache to run in; ``progress``: a progress bar on stderr (default: when
         the batch asks for more than 1024 tokens); ``seed``: every request's sampling seed
         (see :meth:`submit`). Runs the loop on this thread until its requests end (other
@@ -499,17 +509,15 @@ class SpeculativeGenerator:
         batch = [prompts] if single else list(prompts)
         if not single and cache is not None:
             raise ConfigError("cache= is for one prompt; a batch gets caches from the generator")
-        stops = set(_stop_set(stop_tokens))
-        if eos_token_id is not None:
-            stops.add(check_int(eos_token_id, "eos_token_id", 0))
+        stops = stop_set(stop_tokens, eos_token_id, self.target.vocab_size)
         rids = self._submit_all(
             batch,
             max_new_tokens,
             stop_tokens=stops,
             cache=cache,
+            constraint=constraint,
             on_step=on_step,
             seed=seed,
-            constraint=constraint,
         )
         total = max_new_tokens * len(rids)
         bar = ProgressBar(total, enabled=total > 1024 if progress is None else progress)
@@ -675,21 +683,6 @@ class SpeculativeGenerator:
             raise
         return rids
 
-    def _matcher(self, constraint: Any) -> Constraint | None:
-        if constraint is None:
-            return None
-        if isinstance(constraint, Constraint):
-            return constraint.fork()
-        make = getattr(constraint, "matcher", None)
-        if callable(make):
-            m = make()
-            if isinstance(m, Constraint):
-                return m
-        raise SpecdecTypeError(
-            "constraint must be a grammar (with .matcher()) or a matcher, got "
-            f"{type(constraint).__name__}"
-        )
-
     @staticmethod
     def _next_hidden(req: _Request, new: torch.Tensor | None, drafted: bool) -> torch.Tensor | None:
         """The hidden states the request's next draft reads: this step's, after those of
@@ -730,7 +723,7 @@ class SpeculativeGenerator:
             # No tree bigger than the budget can pick this step (the same first nodes).
             size = self._adaptive().size_bound()
             if isinstance(shape, DDTreeShape):
-                shape = DDTreeShape(size, shape.min_logprob)
+                shape = DDTreeShape(size, shape.min_prob)
         if isinstance(shape, DDTreeShape):
             depth = min(depth, shape.budget)
         if self.auto:
@@ -738,10 +731,10 @@ class SpeculativeGenerator:
         if self.tree_drafter is not None:
             td = self.tree_drafter
             if isinstance(td, CombinedDrafter) and candidates and self.strategy == "ddtree":
-                pairs = td.candidates(requests, size, depth=depth)
+                pairs = td.candidates(requests, size, max_depth=depth)
                 return [list(p) for p in pairs]
             if isinstance(td, CombinedDrafter):
-                trees = td.propose(requests, size, depth=depth)
+                trees = td.propose(requests, size, max_depth=depth)
             else:
                 trees = td.propose(requests, size)
             if self.strategy == "chain":
@@ -898,16 +891,6 @@ class SpeculativeGenerator:
             )
             return self._end(req, "stop" if stopped else "length", None, new)
         return RequestOutput(req.rid, new)
-
-
-def _stop_set(stop_tokens: Collection[int] | int | None) -> frozenset[int]:
-    if stop_tokens is None:
-        return frozenset()
-    if isinstance(stop_tokens, int):
-        stop_tokens = [stop_tokens]
-    if isinstance(stop_tokens, (str, bytes)) or not isinstance(stop_tokens, Collection):
-        raise SpecdecTypeError(f"stop_tokens must be token ids, got {type(stop_tokens).__name__}")
-    return frozenset(check_int(t, "stop token", 0) for t in stop_tokens)
 
 
 def _is_single_prompt(prompts: Any) -> bool:

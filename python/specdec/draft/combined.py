@@ -20,17 +20,17 @@ __all__ = ["CombinedDrafter"]
 
 class CombinedDrafter:
     """A :class:`~specdec.protocols.TreeDrafter` over a per-depth ``model`` drafter (e.g.
-    :class:`~specdec.draft.BlockDrafter`, drafting ``depth`` tokens) and a ``suffix``
+    :class:`~specdec.draft.BlockDrafter`, drafting ``max_depth`` tokens) and a ``suffix``
     drafter. The model drafts every step (it keeps its per-request state) and reads the
     target's hidden states when it does. :meth:`add_request` and :meth:`remove_request` go
     to both (to the model when it has them)."""
 
-    def __init__(self, model: Drafter, suffix: SuffixDrafter | None = None, *, depth: int = 8):
+    def __init__(self, model: Drafter, suffix: SuffixDrafter | None = None, *, max_depth: int = 8):
         if not isinstance(model, Drafter):
             raise DraftError(f"model must be a Drafter, got {type(model).__name__}")
         self.model = model
         self.suffix = suffix if suffix is not None else SuffixDrafter(max_depth=16)
-        self.depth = check_int(depth, "depth", 1, DraftError)
+        self.max_depth = check_int(max_depth, "max_depth", 1, DraftError)
         self.chose_suffix = 0  # trees taken from the suffix index (the rest: the model)
         self.chose_model = 0
 
@@ -67,12 +67,13 @@ class CombinedDrafter:
         return self.suffix.num_requests
 
     def propose(
-        self, requests: Sequence[DraftRequest], budget: int, *, depth: int | None = None
+        self, requests: Sequence[DraftRequest], budget: int, *, max_depth: int | None = None
     ) -> list[DraftTree]:
         """One tree per request of at most ``budget`` drafted nodes; the model drafts at
-        most ``depth`` depths (default: its ``depth``; an adaptive budget asks for fewer)."""
+        most ``max_depth`` depths (default: its ``max_depth``; an adaptive budget asks for
+        fewer)."""
         out = []
-        for mt, st in self.candidates(requests, budget, depth=depth):
+        for mt, st in self.candidates(requests, budget, max_depth=max_depth):
             s_exp = st.expected_acceptance if st.num_drafted else 0.0
             picked_suffix = math.isfinite(s_exp) and s_exp > mt.expected_acceptance
             self.record(picked_suffix)
@@ -80,13 +81,17 @@ class CombinedDrafter:
         return out
 
     def candidates(
-        self, requests: Sequence[DraftRequest], budget: int, *, depth: int | None = None
+        self, requests: Sequence[DraftRequest], budget: int, *, max_depth: int | None = None
     ) -> list[tuple[DraftTree, DraftTree]]:
         """Per request both trees, (the model's DDTree, the suffix drafter's tree), for a
         caller that chooses itself (the adaptive budget, at the size it picks, by the same
         surrogate; :meth:`record` counts its choice)."""
         budget = check_int(budget, "budget", 1, DraftError)
-        cap = self.depth if depth is None else min(self.depth, check_int(depth, "depth", 1))
+        cap = (
+            self.max_depth
+            if max_depth is None
+            else min(self.max_depth, check_int(max_depth, "max_depth", 1, DraftError))
+        )
         # A best-first tree of ``budget`` nodes is at most that deep: no deeper marginals.
         logits = self.model.draft(requests, min(cap, budget))
         shape = DDTreeShape(budget)

@@ -18,7 +18,7 @@ __all__ = ["NgramDrafter"]
 
 
 class NgramDrafter(SequenceDrafter):
-    """Proposes up to ``num_tokens`` tokens copied from the context.
+    """Proposes up to ``max_depth`` tokens copied from the context.
 
     Two ways in: as a :class:`~specdec.protocols.TreeDrafter` (:meth:`propose`: the chain,
     or the root alone when nothing matched; what :class:`~specdec.SpeculativeGenerator`
@@ -27,23 +27,23 @@ class NgramDrafter(SequenceDrafter):
     proposal are all 0, i.e. uniform, as the lookup knows nothing there)."""
 
     def __init__(
-        self, vocab_size: int, *, max_n: int = 3, min_n: int = 1, num_tokens: int = 8
+        self, vocab_size: int, *, max_n: int = 3, min_n: int = 1, max_depth: int = 8
     ) -> None:
         self.vocab_size = check_int(vocab_size, "vocab_size", 1, DraftError)
         self.min_n = check_int(min_n, "min_n", 1, DraftError)
         self.max_n = check_int(max_n, "max_n", self.min_n, DraftError)
-        self.num_tokens = check_int(num_tokens, "num_tokens", 1, DraftError)
+        self.max_depth = check_int(max_depth, "max_depth", 1, DraftError)
 
     def lookup(self, context: Sequence[int]) -> list[int]:
         """The tokens after the most recent earlier occurrence of the longest matching suffix
-        (at most ``num_tokens``); empty when no suffix of ``min_n`` or more tokens recurs."""
+        (at most ``max_depth``); empty when no suffix of ``min_n`` or more tokens recurs."""
         ctx = _tokens(context)
         size = len(ctx)
         for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
             pattern = ctx[size - n :]
             for start in range(size - n - 1, -1, -1):  # an occurrence with a token after it
                 if ctx[start : start + n] == pattern:
-                    return ctx[start + n : start + n + self.num_tokens]
+                    return ctx[start + n : start + n + self.max_depth]
         return []
 
     def propose(self, requests: Sequence[DraftRequest], budget: int) -> list[DraftTree]:

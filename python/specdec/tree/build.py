@@ -3,6 +3,7 @@ from logits on any device) and trees from explicit branches. The work is in Rust
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from .._arrays import (
     check_float,
     check_int,
 )
-from ..errors import SpecdecTypeError, TreeError
+from ..errors import SpecdecError, SpecdecTypeError, TreeError
 from .draft_tree import DraftTree
 
 if TYPE_CHECKING:
@@ -29,6 +30,15 @@ if TYPE_CHECKING:
 __all__ = ["build_ddtree", "build_ddtree_batch", "ddtree_from_logits", "tree_from_branches"]
 
 _NDARRAY = np.ndarray
+
+
+def log_threshold(min_prob: Any, error: type[SpecdecError] = TreeError) -> float | None:
+    """The log threshold the Rust builders take for a path-probability threshold
+    ``min_prob`` in [0, 1] (0: none)."""
+    p = check_float(min_prob, "min_prob", error)
+    if not 0.0 <= p <= 1.0:
+        raise error(f"min_prob must be in [0, 1], got {p}")
+    return None if p == 0.0 else math.log(p)
 
 
 def _token(t: Any) -> int:
@@ -45,29 +55,29 @@ def build_ddtree(
     token_ids: Any,
     budget: int,
     *,
-    min_logprob: float | None = None,
+    min_prob: float = 0.0,
     root_token: int = -1,
     check_duplicates: bool = True,
 ) -> DraftTree:
     """Build the optimal draft tree of at most ``budget`` drafted nodes from per-depth
     marginals (``[L, K]`` float32 log-probs, each row sorted descending, and their int64
     token ids): best-first heap over rank tuples, K = min(budget, K). Entries at -inf never
-    enter the tree; equal scores pop in push order. ``min_logprob`` stops the build once the
-    best remaining prefix is below it. ``root_token`` is stored at index 0 (-1 = unknown).
-    Log-probs are checked in every column the build may read; token ids where the tree uses
-    them (an id outside [0, 2^31) that enters the tree raises :class:`TreeError`). A token
-    id repeated in a row raises :class:`TreeError` naming the depth and both columns when it
-    gives one parent two children with that token (the second would waste budget); a repeat
-    the tree never reaches is accepted. ``check_duplicates=False`` skips that check (about
-    1 us at B = 1024) when the ids are distinct by construction (a top-K's indices)."""
+    enter the tree; equal scores pop in push order. ``min_prob`` (in [0, 1]) stops the build
+    once the best remaining prefix's probability is below it. ``root_token`` is stored at
+    index 0 (-1 = unknown). Log-probs are checked in every column the build may read; token
+    ids where the tree uses them (an id outside [0, 2^31) that enters the tree raises
+    :class:`TreeError`). A token id repeated in a row raises :class:`TreeError` naming the
+    depth and both columns when it gives one parent two children with that token (the second
+    would waste budget); a repeat the tree never reaches is accepted.
+    ``check_duplicates=False`` skips that check (about 1 us at B = 1024) when the ids are
+    distinct by construction (a top-K's indices)."""
     # Checks inline: this runs once per decode step, and at B = 1024 the whole build takes
     # about 20 us, so every call saved shows.
     if type(budget) is not int:
         budget = check_int(budget, "budget")
     if type(root_token) is not int:
         root_token = check_int(root_token, "root_token")
-    if min_logprob is not None and type(min_logprob) is not float:
-        min_logprob = check_float(min_logprob, "min_logprob")
+    threshold = None if type(min_prob) is float and min_prob == 0.0 else log_threshold(min_prob)
     if type(check_duplicates) is not bool:
         check_duplicates = check_bool(check_duplicates, "check_duplicates")
     lp, ids = logprobs, token_ids
@@ -76,7 +86,7 @@ def build_ddtree(
     if not (type(ids) is _NDARRAY and ids.dtype is I64 and ids.ndim == 2):
         ids = as_array(ids, np.int64, "token_ids", 2, exact=False)
     try:
-        arrays = _core.build_ddtree(lp, ids, budget, root_token, min_logprob, check_duplicates)
+        arrays = _core.build_ddtree(lp, ids, budget, root_token, threshold, check_duplicates)
     except OverflowError:  # an int past int64 that skipped check_int on the fast path above
         raise TreeError(f"budget {budget} or root_token {root_token} is outside int64") from None
     return DraftTree._from_core(arrays)
@@ -87,17 +97,16 @@ def build_ddtree_batch(
     token_ids: Any,
     budgets: Sequence[int] | np.ndarray | int,
     *,
-    min_logprob: float | None = None,
+    min_prob: float = 0.0,
     root_tokens: Sequence[int] | np.ndarray | None = None,
     check_duplicates: bool = True,
 ) -> list[DraftTree]:
     """Build R trees from ``[R, L, K]`` marginals, each with its own budget, in parallel in
-    Rust with the GIL released. Errors name the request; ``check_duplicates`` as in
-    :func:`build_ddtree`."""
+    Rust with the GIL released. Errors name the request; ``min_prob`` and
+    ``check_duplicates`` as in :func:`build_ddtree`."""
     lp = as_array(logprobs, np.float32, "logprobs", 3, exact=True)
     ids = as_array(token_ids, np.int64, "token_ids", 3, exact=False)
-    if min_logprob is not None:
-        min_logprob = check_float(min_logprob, "min_logprob")
+    threshold = log_threshold(min_prob)
     check_duplicates = check_bool(check_duplicates, "check_duplicates")
     if np.isscalar(budgets):
         budgets = check_int(budgets, "budget")
@@ -108,7 +117,7 @@ def build_ddtree_batch(
     )
     return [
         DraftTree._from_core(t)
-        for t in _core.build_ddtree_batch(lp, ids, b, roots, min_logprob, check_duplicates)
+        for t in _core.build_ddtree_batch(lp, ids, b, roots, threshold, check_duplicates)
     ]
 
 
@@ -132,12 +141,13 @@ def ddtree_from_logits(
     budget: int | Sequence[int],
     *,
     temperature: float = 1.0,
-    min_logprob: float | None = None,
+    min_prob: float = 0.0,
     root_tokens: int | Sequence[int] | None = None,
 ) -> DraftTree | list[DraftTree]:
     """Draft logits ``[L, V]`` (one tree) or ``[R, L, V]`` (a list) on any device ->
     log-softmax and top-K on that device (K = min(max budget, V)), one host copy of the
-    ``[.., L, K]`` result, then the Rust builder."""
+    ``[.., L, K]`` result, then the Rust builder (``min_prob``: as in :func:`build_ddtree`,
+    of the tempered distribution)."""
     import torch
 
     if not isinstance(logits, torch.Tensor):
@@ -188,12 +198,12 @@ def ddtree_from_logits(
             lpv[0],
             ids[0],
             budgets[0],
-            min_logprob=min_logprob,
+            min_prob=min_prob,
             root_token=root,
             check_duplicates=False,
         )
     if isinstance(roots, (int, np.integer)):
         roots = [int(roots)] * x.shape[0]
     return build_ddtree_batch(
-        lpv, ids, budgets, min_logprob=min_logprob, root_tokens=roots, check_duplicates=False
+        lpv, ids, budgets, min_prob=min_prob, root_tokens=roots, check_duplicates=False
     )

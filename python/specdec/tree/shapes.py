@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from .._arrays import check_int
 from ..errors import ConfigError
-from .build import ddtree_from_logits, tree_from_branches
+from .build import ddtree_from_logits, log_threshold, tree_from_branches
 from .draft_tree import DraftTree
 
 if TYPE_CHECKING:
@@ -21,13 +21,15 @@ __all__ = ["DDTreeShape", "ChainShape", "tree_shape"]
 
 @dataclass(frozen=True)
 class DDTreeShape:
-    """The best-first DDTree of at most ``budget`` drafted nodes."""
+    """The best-first DDTree of at most ``budget`` drafted nodes, none of a path probability
+    below ``min_prob`` (in [0, 1])."""
 
     budget: int
-    min_logprob: float | None = None
+    min_prob: float = 0.0
 
     def __post_init__(self) -> None:
         check_int(self.budget, "budget", 1, ConfigError)
+        log_threshold(self.min_prob, ConfigError)
 
     @property
     def max_drafted(self) -> int:
@@ -35,7 +37,7 @@ class DDTreeShape:
 
     def build(self, logits: torch.Tensor, root_token: int) -> DraftTree:
         tree = ddtree_from_logits(
-            logits, self.budget, min_logprob=self.min_logprob, root_tokens=root_token
+            logits, self.budget, min_prob=self.min_prob, root_tokens=root_token
         )
         assert isinstance(tree, DraftTree)  # [L, V] logits give one tree
         return tree
@@ -60,7 +62,9 @@ class ChainShape:
 
 
 def tree_shape(kind: str | TreeShape, *, budget: int, depth: int) -> TreeShape:
-    """A shape by name (``"ddtree"``: budget nodes; ``"chain"``: depth nodes) or as given."""
+    """A shape by name (``"ddtree"``: budget nodes; ``"chain"``: depth nodes) or as given.
+    ``depth`` is a chain's length, not a limit (the drafter's first ``depth`` argmax tokens):
+    a generator passes its ``max_depth``."""
     if kind == "ddtree":
         return DDTreeShape(budget)
     if kind == "chain":
