@@ -70,7 +70,7 @@ def modelled_run(
             return out
 
         gen._trees = timed
-        rid = gen.submit(ids, n, stop_tokens=eos, seed=0 if t1 else None)
+        rid = gen.submit(ids, max_new_tokens=n, stop_tokens=eos, seed=0 if t1 else None)
         fed: list[int] = []
         result = None
         while gen.has_unfinished():

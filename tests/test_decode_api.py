@@ -152,7 +152,7 @@ def test_bad_max_new_tokens_is_the_same_config_error(target: LlamaModel, bad: An
     calls = [
         lambda: autoregressive_generate(target, [1, 2], max_new_tokens=bad),
         lambda: gen.generate([1, 2], max_new_tokens=bad),
-        lambda: gen.submit([1, 2], bad),
+        lambda: gen.submit([1, 2], max_new_tokens=bad),
         lambda: beam_search(target, [1, 2], num_beams=2, max_new_tokens=bad),
     ]
     messages = set()

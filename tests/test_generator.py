@@ -140,7 +140,7 @@ def test_continuous_batching_streams_committed_tokens(
     while pending or gen.has_unfinished():
         while pending and wait == 0:
             _, p, n = pending.pop(0)
-            rids.append(gen.submit(p, n))
+            rids.append(gen.submit(p, max_new_tokens=n))
             wait = pending[0][0] if pending else 0
         wait = max(wait - 1, 0)
         if cancel and cancelled is None and gen.num_running and len(rids) > 1:
@@ -190,7 +190,7 @@ def test_prefix_cache_start(target: LlamaModel) -> None:
     second = gen.generate(p, max_new_tokens=10)
     assert first.prefix_hit == 0 and second.prefix_hit >= (len(p) - 1) // 4 * 4 > 0
     assert first.tokens == second.tokens == reference(target, p, 10)
-    rid = gen.submit(p, 10, cache_salt="tenant-b")
+    rid = gen.submit(p, max_new_tokens=10, cache_salt="tenant-b")
     outs = [o for _ in range(40) for o in gen.step() if o.finished]
     assert [o.request_id for o in outs] == [rid] and not gen.has_unfinished()
     salted = outs[0].result

@@ -135,7 +135,7 @@ def test_seeded_text_equals_autoregressive(target, rule, make) -> None:  # type:
     gen = make[1](target)
     gen.verifier.rule = rule
     gen.max_batch = 3
-    rids = [gen.submit(p, 20, seed=s) for p, s in zip(ps, seeds, strict=True)]
+    rids = [gen.submit(p, max_new_tokens=20, seed=s) for p, s in zip(ps, seeds, strict=True)]
     out: dict[int, list[int]] = {}
     steps = 0
     while gen.has_unfinished():
@@ -164,8 +164,8 @@ def test_generator_seed_is_the_default_and_unseeded_requests_use_the_stream(targ
     mixed = SpeculativeGenerator(
         target, OracleDrafter(target), rule=rule, budget=6, generator=torch.Generator()
     )
-    a = mixed.submit(ps[0], 16, seed=11)
-    b = mixed.submit(ps[1], 16)
+    a = mixed.submit(ps[0], max_new_tokens=16, seed=11)
+    b = mixed.submit(ps[1], max_new_tokens=16)
     done = {}
     while mixed.has_unfinished():
         for o in mixed.step():
@@ -173,7 +173,7 @@ def test_generator_seed_is_the_default_and_unseeded_requests_use_the_stream(targ
                 done[o.request_id] = o.result.tokens
     assert done[a] == ref[0] and len(done[b]) == 16
     with pytest.raises(SpecdecTypeError, match="seed"):
-        gen.submit(ps[0], 4, seed="1")  # type: ignore[arg-type]
+        gen.submit(ps[0], max_new_tokens=4, seed="1")  # type: ignore[arg-type]
 
 
 @settings(

@@ -281,8 +281,8 @@ class SpeculativeGenerator:
     def submit(
         self,
         prompt: Sequence[int] | torch.Tensor,
-        max_new_tokens: int,
         *,
+        max_new_tokens: int,
         stop_tokens: Collection[int] | int | None = None,
         cache: KVCache | None = None,
         cache_salt: bytes | str | None = None,
@@ -674,7 +674,7 @@ class SpeculativeGenerator:
         rids: list[int] = []
         try:
             for p in prompts:
-                rids.append(self.submit(p, max_new_tokens, **kw))
+                rids.append(self.submit(p, max_new_tokens=max_new_tokens, **kw))
         except BaseException:
             with self._lock:
                 gone = set(rids)
