@@ -115,7 +115,8 @@ def main() -> None:
                     return choice
 
                 ab.choose_among = record  # type: ignore[method-assign,assignment]
-                gen.submit(ids, max_new_tokens=args.tokens, stop_tokens=eos, seed=0 if rule else None)
+                seed = 0 if rule else None
+                gen.submit(ids, max_new_tokens=args.tokens, stop_tokens=eos, seed=seed)
                 while gen.has_unfinished():
                     for out in gen.step():
                         emitted.extend(out.new_tokens)
