@@ -762,7 +762,7 @@ def test_stream_and_progress_bar(target: LlamaModel) -> None:
     gen = SpeculativeGenerator(target, SuffixDrafter(), budget=6, max_batch=2)
     got: dict[int, list[int]] = {}
     finished = []
-    for out in gen.stream(ps, 9):
+    for out in gen.stream(ps, max_new_tokens=9):
         got.setdefault(out.request_id, []).extend(out.new_tokens)
         if out.finished:
             finished.append(out.request_id)
