@@ -240,7 +240,7 @@ class _ModelWithoutState:
 
 def test_combined_drafter_forwards_the_lifecycle() -> None:
     model = _ModelWithState()
-    c = CombinedDrafter(model, SuffixDrafter(remember_outputs=True), depth=2)
+    c = CombinedDrafter(model, SuffixDrafter(remember_outputs=True), max_depth=2)
     assert isinstance(c, RequestLifecycle)
     c.add_request(3, [1, 2, 3], cache_salt="t")
     assert c.num_requests == 1 and model.calls == [("add", 3)]

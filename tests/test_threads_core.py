@@ -347,7 +347,10 @@ def test_matcher_shared_by_threads() -> None:
             fill_next_token_bitmask_batch([f, shared], bm)
             assert bm[:1].tobytes() == masks[n] and bm[1:].tobytes() in masks
             assert tree_results(f, view) == oracle[n]
-            assert tree_results(shared, view) in oracle
+            # Two calls, each at some state along WALK (the mutator may move in between).
+            got = tree_results(shared, view)
+            assert any(got[:2] == o[:2] for o in oracle)
+            assert any(got[2:] == o[2:] for o in oracle)
             assert (f._m.state, f.is_accepting(), f.is_terminated()) == states[n]
             assert (shared._m.state, shared.is_accepting(), shared.is_terminated()) in states
             # A fork is the reader's own: moving it leaves the shared matcher alone.
