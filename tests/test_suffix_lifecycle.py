@@ -250,13 +250,13 @@ def test_combined_drafter_forwards_the_lifecycle() -> None:
     assert c.num_requests == 0 and model.calls == [("add", 3), ("remove", 3)]
     assert c.suffix.num_corpus == 1
     # A model without state: the suffix drafter's alone.
-    c = CombinedDrafter(_ModelWithoutState(), depth=2)
+    c = CombinedDrafter(_ModelWithoutState(), max_depth=2)
     c.add_request(1, [1])
     assert c.num_requests == 1
     c.remove_request(1)
     assert c.num_requests == 0
     # A model that refuses the request: neither holds it.
-    c = CombinedDrafter(_ModelWithState(fail_add=True), depth=2)
+    c = CombinedDrafter(_ModelWithState(fail_add=True), max_depth=2)
     with pytest.raises(DraftError, match="full"):
         c.add_request(1, [1])
     assert c.num_requests == 0
