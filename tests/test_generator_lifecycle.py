@@ -55,17 +55,28 @@ def prompt_pool(seed: int, count: int) -> list[list[int]]:
     return out
 
 
+def letters() -> specdec.Vocabulary:
+    """A byte vocabulary the size of the test target's, its last token an end of text."""
+    tokens: list[bytes | None] = [bytes([c]) for c in b"abcdefghijklmnopqrstuvwxyz01234"]
+    return specdec.Vocabulary.from_bytes([*tokens, None], eos_ids=[VOCAB - 1])
+
+
 class References:
-    """Greedy AR outputs per prompt, computed once at the longest length asked."""
+    """Greedy AR outputs per prompt (and grammar), computed once at the longest length
+    asked: a shorter request, or one that stops at a stop token, is a prefix of it."""
 
     def __init__(self, target: LlamaModel, longest: int) -> None:
         self.target, self.longest = target, longest
-        self._cache: dict[tuple[int, ...], list[int]] = {}
+        self._cache: dict[tuple[Any, ...], list[int]] = {}
 
-    def __call__(self, prompt: Sequence[int], n: int, stop: int | None = None) -> list[int]:
-        key = tuple(prompt)
+    def __call__(
+        self, prompt: Sequence[int], n: int, stop: int | None = None, constraint: Any = None
+    ) -> list[int]:
+        key = (tuple(prompt), id(constraint))
         if key not in self._cache:
-            self._cache[key] = ar(self.target, list(prompt), max_new_tokens=self.longest).tokens
+            self._cache[key] = ar(
+                self.target, list(prompt), max_new_tokens=self.longest, constraint=constraint
+            ).tokens
         out = self._cache[key][:n]
         if stop is not None and stop in out:
             out = out[: out.index(stop) + 1]
@@ -114,7 +125,8 @@ def test_threads_submit_and_cancel_while_one_thread_steps(target: LlamaModel) ->
     )  # fmt: skip
     pool = prompt_pool(11, 24)
     refs = References(target, 24)
-    submitted: dict[int, tuple[list[int], int, int | None]] = {}
+    grammar = letters().regex(r"(ab|cd|[0-4])+")
+    submitted: dict[int, tuple[list[int], int, int | None, Any]] = {}
     errors: list[BaseException] = []
     lock = threading.Lock()
     stop = threading.Event()
@@ -127,10 +139,11 @@ def test_threads_submit_and_cancel_while_one_thread_steps(target: LlamaModel) ->
                 if rng.random() < 0.6 and gen.num_waiting < 12:
                     p = rng.choice(pool)
                     n = rng.choice([0, 1, 3, 8, 16, 24])
-                    s = rng.choice([None, None, refs(p, 24)[rng.randrange(24)]])
-                    rid = gen.submit(p, max_new_tokens=n, stop_tokens=s)
+                    g = grammar if rng.random() < 0.25 else None
+                    s = rng.choice([None, None, refs(p, 24, None, g)[rng.randrange(24)]])
+                    rid = gen.submit(p, max_new_tokens=n, stop_tokens=s, constraint=g)
                     with lock:
-                        submitted[rid] = (p, n, s)
+                        submitted[rid] = (p, n, s, g)
                     mine.append(rid)
                 elif mine:
                     gen.cancel(rng.choice(mine))  # waiting, running or already ended
@@ -138,8 +151,9 @@ def test_threads_submit_and_cancel_while_one_thread_steps(target: LlamaModel) ->
         except BaseException as e:  # noqa: BLE001 - reported to the test below
             errors.append(e)
 
-    for p in pool:
-        refs(p, 24)  # the references first: the clients read them
+    for p in pool:  # the references first: the clients read them
+        refs(p, 24)
+        refs(p, 24, None, grammar)
     threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
@@ -165,9 +179,9 @@ def test_threads_submit_and_cancel_while_one_thread_steps(target: LlamaModel) ->
     assert reasons <= {"length", "stop", "cancelled"}, reasons
     assert "cancelled" in reasons and "stop" in reasons
     assert sum(r.preemptions for r in done.values()) > 0, "the tight pool never preempted"
-    for rid, (p, n, s) in submitted.items():
+    for rid, (p, n, s, g) in submitted.items():
         res = done[rid]
-        want = refs(p, n, s)
+        want = refs(p, n, s, g)
         assert res.tokens == streamed.get(rid, [])
         if res.finish_reason == "cancelled":
             assert res.tokens == want[: len(res.tokens)]
