@@ -15,6 +15,8 @@
 //!   step has used so far: if the state and its step do not fit even there, that request
 //!   alone needs more than `max_states` and it fails with a [`GrammarError`] naming the
 //!   limit; nothing shared is marked failed. Otherwise the fresh chart becomes current.
+//!   So the limit bounds each chart's memory and what one step needs (the nesting and
+//!   ambiguity of the parse so far), not the length of a text.
 //! - A state holds its generation (`Arc`): an old chart lives while some request's state
 //!   (its history, for rollback) is in it, and is dropped with the last one. Masks are
 //!   cached per chart (ids are per chart) and go with it; lexeme walks do not depend on
