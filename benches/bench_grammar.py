@@ -1,8 +1,9 @@
 """Constrained decoding benchmark on the Tekken 131k vocabulary: regex compile time and
 per-step mask time along real tokenizations, specdec vs xgrammar, llguidance and
-outlines-core in one run; plus tree masks (N = 64 and 256 nodes).
+outlines-core in one run; plus tree masks (N = 64 and 256 nodes), and batch fills of one
+JSON Schema's matchers, row by row against one parallel batch call (cold state masks).
 
-    python benches/bench_grammar.py [--quick | --smoke]
+    python benches/bench_grammar.py [--quick | --smoke | --batch-only]
 
 Each regex is compiled fresh (peers' caches off where they have one) and walked once along
 the Tekken tokenization of a matching string: one mask per step (including the final EOS
@@ -13,6 +14,7 @@ every table at tiny sizes (a test that the script works, not a measurement).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 
 import specdec
-from specdec import Matcher, RegexGrammar, Vocabulary
+from specdec import CfgGrammar, Matcher, RegexGrammar, Vocabulary
 
 DATA = os.path.join(os.path.dirname(mistral_common.__file__), "data")
 TEKKEN = os.path.join(DATA, "tekken_240911.json")
@@ -375,11 +377,84 @@ def tree_bench(
     return rows
 
 
+def batch_schema(rep: int) -> dict[str, Any]:
+    """One schema, several documents: a batch of requests decoding the same structure. Its
+    string bounds and patterns change with ``rep`` (the documents match every version), so
+    each compile has lexemes of its own, whose trie walks no earlier compile has cached."""
+    email = f"^[a-z.]+@[a-z]{{1,{20 + rep}}}\\.[a-z]{{2,3}}$"
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 60 + rep},
+            "age": {"type": "integer", "minimum": 0},
+            "email": {"type": "string", "pattern": email},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 30 + rep}},
+            "address": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "zip": {"type": "string", "pattern": f"^[0-9]{{{1 + rep % 4},5}}$"},
+                },
+                "required": ["city"],
+            },
+            "score": {"type": "number"},
+        },
+        "required": ["name", "age"],
+    }
+
+
+BATCH_DOCS = [
+    {"name": "Alice Smith", "age": 31, "email": "alice@example.org", "tags": ["admin", "ops"]},
+    {"name": "Bob", "age": 4, "address": {"city": "Paris", "zip": "75001"}, "score": 0.5},
+    {"name": "Chloé Martin", "age": 57, "tags": [], "score": -12.25e3},
+    {"name": "Dmitri", "age": 0, "email": "d.k@mail.ru", "address": {"city": "Omsk"}},
+]
+
+
+def batch_bench(vocab: Vocabulary, encode: Callable[[str], list[int]], reps: int) -> list[str]:
+    """Mask fills of one schema's matchers, each step: rows one by one vs one batch call (in
+    parallel across threads), on a fresh compile per repeat (cold masks: see
+    :func:`batch_schema`)."""
+    docs = [encode(json.dumps(d, ensure_ascii=False)) for d in BATCH_DOCS]
+    eos = vocab.eos_ids[0]
+    rows = []
+    for batch in (2, len(docs)):
+        times: dict[str, list[float]] = {"row by row": [], "batch": []}
+        for rep in range(reps):
+            for k, (mode, sink) in enumerate(times.items()):
+                g = CfgGrammar.from_json_schema(vocab, batch_schema(2 * rep + k))
+                ms = [g.matcher() for _ in range(batch)]
+                ids = docs[:batch]
+                bm = specdec.allocate_token_bitmask(batch, vocab.vocab_size)
+                spent = 0
+                for step in range(max(len(t) for t in ids) + 1):
+                    live = [i for i in range(batch) if step <= len(ids[i])]
+                    t0 = time.perf_counter_ns()
+                    if mode == "batch":
+                        specdec.fill_next_token_bitmask_batch([ms[i] for i in live], bm, live)
+                    else:
+                        for i in live:
+                            ms[i].fill_next_token_bitmask(bm, i)
+                    spent += time.perf_counter_ns() - t0
+                    for i in live:
+                        tok = ids[i][step] if step < len(ids[i]) else eos
+                        if not ms[i].accept_token(tok):
+                            raise AssertionError(f"document {i}: token {tok} rejected")
+                sink.append(spent / 1e6)
+        one, par = float(np.median(times["row by row"])), float(np.median(times["batch"]))
+        steps = sum(len(t) + 1 for t in docs[:batch])
+        rows.append(f"| {batch} | {steps} | {one:.1f} | {par:.1f} | {one / par:.2f}x |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="first 6 regexes only")
     ap.add_argument(
         "--repeats", type=int, default=3, help="passes per engine (fresh compiles), pooled"
+    )
+    ap.add_argument(
+        "--batch-only", action="store_true", help="only the batch-fill table of one schema"
     )
     ap.add_argument(
         "--smoke",
@@ -404,6 +479,12 @@ def main() -> None:
     t0 = time.perf_counter()
     vocab = Vocabulary.from_tekken(TEKKEN)
     vocab_ms = (time.perf_counter() - t0) * 1e3
+    if args.batch_only:
+        print("| matchers | mask steps | row by row ms | one batch call ms | speed-up |")
+        print("|---|---|---|---|---|")
+        for row in batch_bench(vocab, encode, reps=args.repeats * 3):
+            print(row)
+        return
     n = vocab.vocab_size
     eos = vocab.eos_ids[0]
     tokens = [vocab.token_bytes(i) for i in range(n)]
@@ -516,6 +597,15 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     tree_args = {"reps": 3, "sizes": (16,)} if args.smoke else {"reps": 50}
     for row in tree_bench(vocab, encode, **tree_args):
+        print(row)
+    print()
+    print(
+        f"Batch fills of one JSON Schema (cold state masks, {os.cpu_count()} CPUs), masks "
+        "of every step, median over repeats:\n"
+    )
+    print("| matchers | mask steps | row by row ms | one batch call ms | speed-up |")
+    print("|---|---|---|---|---|")
+    for row in batch_bench(vocab, encode, reps=2 if args.smoke else 7):
         print(row)
 
 

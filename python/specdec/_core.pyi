@@ -514,7 +514,9 @@ class RegexGrammar:
 @final
 class CfgGrammar:
     """A context-free grammar over regex lexemes compiled against one vocabulary (Earley
-    parser with interned states), masks cached per parser state."""
+    parser with interned states), masks cached per parser state. Its matchers share a chart
+    of at most ``max_states`` states, replaced by a fresh one when full; a step or fill that
+    needs more states than that on its own raises ``GrammarError`` for that matcher only."""
 
     @staticmethod
     def from_gbnf(
@@ -562,7 +564,9 @@ class CfgGrammar:
         size_limit: int | None = None,
     ) -> CfgGrammar: ...
     @property
-    def num_states(self) -> int: ...
+    def num_states(self) -> int:
+        """Parser states in the current chart (at most ``max_states``)."""
+
     @property
     def num_rules(self) -> int: ...
     @property

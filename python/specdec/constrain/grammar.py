@@ -63,10 +63,14 @@ class CfgGrammar:
     (cached per vocabulary) or the class methods. Limits (``None``: the default; exceeding
     one raises :class:`GrammarError` naming it): ``cache_bytes`` bounds the per-state mask
     cache; ``max_depth`` the nesting of the grammar text (parentheses, schemas);
-    ``max_states`` the parser states one grammar may intern over its life (4,194,304);
-    ``max_symbols`` the right-hand-side symbols of all rules (1,048,576);
-    ``max_lexer_states`` the DFA states of all lexemes (65,536); ``size_limit`` the
-    automaton bytes of one lexeme (16 MiB, as :class:`RegexGrammar`'s)."""
+    ``max_states`` the parser states (and their nodes) one chart holds (4,194,304): the
+    matchers of a grammar share a chart, replaced by a fresh one when full (each matcher's
+    state carried over on its next step), so the limit bounds memory, not the length of a
+    text, and a matcher fails only when one of its own steps or fills needs more states
+    than that (deep nesting), while the grammar's other matchers go on; ``max_symbols``
+    the right-hand-side symbols of all rules (1,048,576); ``max_lexer_states`` the DFA
+    states of all lexemes (65,536); ``size_limit`` the automaton bytes of one lexeme
+    (16 MiB, as :class:`RegexGrammar`'s)."""
 
     __slots__ = ("_g", "vocab", "source")
 
@@ -203,7 +207,8 @@ class CfgGrammar:
 
     @property
     def num_states(self) -> int:
-        """Parser states interned so far (the dead one included); grows with new prefixes."""
+        """Parser states in the current chart (the dead one included); grows with new
+        prefixes, up to ``max_states``, then starts again in a fresh chart."""
         return self._g.num_states
 
     @property

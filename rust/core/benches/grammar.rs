@@ -1,12 +1,19 @@
 //! Criterion benches of the regex constraint on the Tekken 131k vocabulary (path from
 //! `SPECDEC_TEKKEN`, else found through the installed `mistral_common`; a synthetic
-//! vocabulary otherwise): regex compile, cached mask, uncached trie walk, tree masks.
+//! vocabulary otherwise): regex compile, cached mask, uncached trie walk, tree masks; and
+//! a JSON Schema's cold mask fills along documents from one thread and from two.
 
 use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use criterion::{criterion_group, criterion_main, Criterion};
-use specdec_core::constrain::{fill_tree_bitmask, CompiledRegex, Matcher, RegexLimits, Vocabulary};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use serde_json::json;
+use specdec_core::constrain::grammar::json_schema::JsonOptions;
+use specdec_core::constrain::{
+    fill_tree_bitmask, CompiledGrammar, CompiledRegex, GrammarLimits, Matcher, RegexLimits,
+    Vocabulary,
+};
 
 fn tekken_path() -> Option<String> {
     if let Ok(p) = std::env::var("SPECDEC_TEKKEN") {
@@ -91,5 +98,99 @@ fn benches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(grammar_benches, benches);
+/// A schema whose bounds and patterns change with `k` (the documents below match every
+/// version): each compile has lexemes whose trie walks no earlier compile cached.
+fn person_schema(k: usize) -> serde_json::Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 60 + k},
+            "age": {"type": "integer", "minimum": 0},
+            "email": {"type": "string", "pattern": format!("^[a-z.]+@[a-z]{{1,{}}}\\.[a-z]{{2,3}}$", 20 + k)},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 30 + k}},
+            "address": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "zip": {"type": "string", "pattern": format!("^[0-9]{{{},5}}$", 1 + k % 4)},
+                },
+                "required": ["city"],
+            },
+            "score": {"type": "number"},
+        },
+        "required": ["name", "age"],
+    })
+}
+
+const PERSON_DOCS: [&str; 4] = [
+    r#"{"name": "Alice Smith", "age": 31, "email": "alice@example.org", "tags": ["admin", "ops"]}"#,
+    r#"{"name": "Bob", "age": 4, "address": {"city": "Paris", "zip": "75001"}, "score": 0.5}"#,
+    r#"{"name": "Chloe Martin", "age": 57, "tags": [], "score": -12.25e3}"#,
+    r#"{"name": "Dmitri", "age": 0, "email": "d.k@mail.ru", "address": {"city": "Omsk"}}"#,
+];
+
+/// A fresh grammar (cold masks) and a matcher at every prefix of every document (one byte a
+/// token): a batch of requests of one schema at different places.
+fn cold_batch(g: Arc<CompiledGrammar>, docs: &[Vec<i64>]) -> Vec<Matcher<CompiledGrammar>> {
+    let mut out = Vec::new();
+    for doc in docs {
+        let mut m = Matcher::new(g.clone());
+        out.push(m.clone());
+        for &t in doc {
+            assert!(m.accept_token(t).unwrap());
+            out.push(m.clone());
+        }
+    }
+    out
+}
+
+fn schema_benches(c: &mut Criterion) {
+    let v = vocab();
+    let words = v.words();
+    let byte_token = |b: u8| {
+        (0..v.vocab_size())
+            .find(|&t| v.has_bytes(t) && v.token_bytes(t) == [b])
+            .expect("a token per byte") as i64
+    };
+    let docs: Vec<Vec<i64>> = (PERSON_DOCS.iter())
+        .map(|d| d.bytes().map(byte_token).collect())
+        .collect();
+    let k = AtomicUsize::new(0);
+    let setup = || {
+        let schema = person_schema(k.fetch_add(1, Ordering::Relaxed));
+        let opts = JsonOptions::default();
+        let g =
+            CompiledGrammar::from_json_schema(v.clone(), &schema, &opts, GrammarLimits::default());
+        cold_batch(Arc::new(g.unwrap()), &docs)
+    };
+    let mut g = c.benchmark_group("json schema batch fill (cold)");
+    g.sample_size(20);
+    for threads in [1usize, 2] {
+        g.bench_function(
+            format!("{} matchers, {threads} threads", setup().len()),
+            |b| {
+                b.iter_batched(
+                    setup,
+                    |batch| {
+                        std::thread::scope(|s| {
+                            for part in 0..threads {
+                                let batch = &batch;
+                                s.spawn(move || {
+                                    let mut out = vec![0u32; words];
+                                    for m in batch.iter().skip(part).step_by(threads) {
+                                        m.fill_bitmask(&mut out).unwrap();
+                                    }
+                                });
+                            }
+                        })
+                    },
+                    BatchSize::PerIteration,
+                )
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(grammar_benches, benches, schema_benches);
 criterion_main!(grammar_benches);

@@ -68,7 +68,7 @@ fn byte_vocab() -> Arc<Vocabulary> {
 }
 
 fn accepts(g: &CompiledGrammar, s: &str) -> bool {
-    g.matches(s.as_bytes())
+    g.matches(s.as_bytes()).unwrap()
 }
 
 fn mask_of<C: Constraint>(m: &Matcher<C>) -> Vec<u32> {
@@ -214,7 +214,7 @@ fn c_like_examples() {
     // Every proper prefix of a good program is alive, and nothing else is accepted.
     for i in 0..good.len() {
         assert_ne!(
-            g.run_from_start(&good.as_bytes()[..i]),
+            g.run_from_start(&good.as_bytes()[..i]).unwrap(),
             CompiledGrammar::DEAD
         );
     }
@@ -402,9 +402,9 @@ proptest! {
         let v = vocab(tokens);
         let g = gbnf(v.clone(), PARENS);
         for text in walk_checks(g.clone(), &picks)? {
-            let s = g.run_from_start(&text);
+            let s = g.run_from_start(&text).unwrap();
             let mut mask = vec![0u32; v.words()];
-            g.fill_mask(s, &mut mask);
+            g.fill_mask(s, &mut mask).unwrap();
             for t in 0..v.vocab_size() {
                 let want = if v.is_eos(t) {
                     parens(&text).1
@@ -421,14 +421,14 @@ proptest! {
     #[test]
     fn arithmetic_agrees_with_recursive_descent(s in prop::collection::vec(prop::sample::select(b"12+-*/()".to_vec()), 0..12)) {
         let g = gbnf(byte_vocab(), ARITH);
-        prop_assert_eq!(g.matches(&s), arith_ok(&s));
+        prop_assert_eq!(g.matches(&s).unwrap(), arith_ok(&s));
     }
 
     #[test]
     fn json_agrees_with_serde(value in json_value(), edit in any::<(prop::sample::Index, u8, u8)>(), pretty in any::<bool>()) {
         let g = gbnf(byte_vocab(), JSON);
         let mut s = if pretty { serde_json::to_string_pretty(&value) } else { serde_json::to_string(&value) }.unwrap().into_bytes();
-        prop_assert!(g.matches(&s));
+        prop_assert!(g.matches(&s).unwrap());
         // One random edit: delete, or insert a JSON-ish byte.
         let at = edit.0.index(s.len() + 1);
         const INS: &[u8] = b"{}[],:\" -0.eE1\\u";
@@ -441,7 +441,7 @@ proptest! {
         // serde_json also rejects numbers past f64's range, which the grammar cannot see.
         prop_assume!(!parsed.as_ref().is_err_and(|e| e.to_string().contains("out of range")));
         let want = parsed.is_ok();
-        prop_assert_eq!(g.matches(&s), want, "{:?}", String::from_utf8_lossy(&s));
+        prop_assert_eq!(g.matches(&s).unwrap(), want, "{:?}", String::from_utf8_lossy(&s));
     }
 }
 
@@ -471,15 +471,18 @@ fn parser_states_recur_across_repetitions() {
     let g = gbnf(byte_vocab(), JSON);
     // (The first elements differ: their origins still point at the array's opening.)
     let warm = r#"[{"k": [1, "s"]}, {"k": [2, "t"]}, {"k": [9, "v"]}, "#;
-    assert_ne!(g.run_from_start(warm.as_bytes()), CompiledGrammar::DEAD);
+    assert_ne!(
+        g.run_from_start(warm.as_bytes()).unwrap(),
+        CompiledGrammar::DEAD
+    );
     let before = g.num_states();
     let long = format!("{}{}", warm, r#"{"k": [3, "u"]}, "#.repeat(50));
-    let end = g.run_from_start(long.as_bytes());
-    assert_eq!(g.run_from_start(warm.as_bytes()), end);
+    let end = g.run_from_start(long.as_bytes()).unwrap();
+    assert_eq!(g.run_from_start(warm.as_bytes()).unwrap(), end);
     assert_eq!(g.num_states(), before);
     let p = gbnf(byte_vocab(), ARITH);
-    p.run_from_start("1+2*3-4+".repeat(3).as_bytes());
+    p.run_from_start("1+2*3-4+".repeat(3).as_bytes()).unwrap();
     let before = p.num_states();
-    p.run_from_start("1+2*3-4+".repeat(40).as_bytes());
+    p.run_from_start("1+2*3-4+".repeat(40).as_bytes()).unwrap();
     assert_eq!(p.num_states(), before);
 }

@@ -371,22 +371,22 @@ impl CfgGrammar {
 
     /// Test oracle: the mask after `text`, by running every token's bytes through the
     /// parser one by one (no trie walk, no mask cache). uint32 `[ceil(V/32)]`.
-    fn brute_force_mask<'py>(&self, py: Python<'py>, text: Vec<u8>) -> Bound<'py, PyAny> {
+    fn brute_force_mask<'py>(&self, py: Python<'py>, text: Vec<u8>) -> PyResult<Bound<'py, PyAny>> {
         let g = &self.0;
         let mut out = vec![0u32; g.vocab().words()];
         py.detach(|| {
-            let s = g.run_from_start(&text);
-            g.brute_force_mask(s, &mut out)
-        });
-        vec1(py, out).into_any()
+            let s = g.run_from_start(&text)?;
+            g.brute_force_mask(s, &mut out);
+            Ok::<_, GrammarError>(())
+        })
+        .or_raise()?;
+        Ok(vec1(py, out).into_any())
     }
 
     /// Is `text` in the grammar's language?
     fn matches(&self, py: Python<'_>, text: Vec<u8>) -> PyResult<bool> {
         let g = &self.0;
-        let r = py.detach(|| g.matches(&text));
-        g.check_limits().or_raise()?;
-        Ok(r)
+        py.detach(|| g.matches(&text)).or_raise()
     }
 }
 
@@ -418,14 +418,6 @@ impl AnyMatcher {
 
     fn fill_bitmask(&self, out: &mut [u32]) -> Result<(), GrammarError> {
         with_matcher!(self, m => m.fill_bitmask(out))
-    }
-
-    /// A grammar's limits passed during the last step (regexes have none that late).
-    fn check_limits(&self) -> Result<(), GrammarError> {
-        match self {
-            AnyMatcher::Regex(_) => Ok(()),
-            AnyMatcher::Cfg(m) => m.grammar().check_limits(),
-        }
     }
 
     /// Is the current mask ready without a trie walk?
@@ -548,21 +540,16 @@ impl Matcher {
 
     fn accept_token(&self, py: Python<'_>, token: i64) -> PyResult<bool> {
         self.state
-            .with(py, |m| {
-                let r = with_matcher!(&mut *m, m => m.accept_token(token))?;
-                m.check_limits()?;
-                Ok::<_, GrammarError>(r)
-            })
+            .with(py, |m| with_matcher!(&mut *m, m => m.accept_token(token)))
             .or_raise()
     }
 
     fn accept_tokens(&self, py: Python<'_>, tokens: Vec<i64>) -> PyResult<usize> {
         self.state
-            .with(py, |m| {
-                let r = with_matcher!(&mut *m, m => m.accept_tokens(&tokens))?;
-                m.check_limits()?;
-                Ok::<_, GrammarError>(r)
-            })
+            .with(
+                py,
+                |m| with_matcher!(&mut *m, m => m.accept_tokens(&tokens)),
+            )
             .or_raise()
     }
 
@@ -618,8 +605,7 @@ impl Matcher {
     ) -> PyResult<()> {
         with_buffer(bitmask, self.words, |buf| {
             let out = row_slice(buf.words, buf.rows, buf.cols, row).or_raise()?;
-            let fill =
-                move |m: &mut AnyMatcher| m.fill_bitmask(out).and_then(|()| m.check_limits());
+            let fill = move |m: &mut AnyMatcher| m.fill_bitmask(out);
             if !buf.release {
                 self.state.holding_gil(py, fill)
             } else if self.state.with(py, |m| m.is_cheap()) {
@@ -690,10 +676,8 @@ fn fill_next_token_bitmask_batch(
                 .zip(&targets)
                 .map(|(m, &r)| (m, slots[r as usize].take().expect("row checked unique")))
                 .collect();
-            jobs.into_par_iter().try_for_each(|(m, out)| {
-                m.fill_bitmask(out)?;
-                m.check_limits()
-            })
+            jobs.into_par_iter()
+                .try_for_each(|(m, out)| m.fill_bitmask(out))
         };
         if release { py.detach(fill) } else { fill() }.or_raise()
     })

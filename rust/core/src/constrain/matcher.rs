@@ -63,13 +63,14 @@ impl<C: Constraint> Matcher<C> {
     /// Current state (`C::TERMINATED` after EOS).
     #[inline]
     pub fn state(&self) -> C::State {
-        self.head.state
+        self.head.state.clone()
     }
 
-    /// Advance by one token; `Ok(false)` (state unchanged) if the grammar rejects it.
+    /// Advance by one token; `Ok(false)` (state unchanged) if the grammar rejects it, an
+    /// error (state unchanged) if the step runs past a limit of the grammar's.
     pub fn accept_token(&mut self, token: i64) -> Result<bool, GrammarError> {
         let t = self.grammar.vocab().check(token)?;
-        let next = self.grammar.step(self.state(), t);
+        let next = self.grammar.step(self.state(), t)?;
         if next == C::DEAD {
             return Ok(false);
         }
@@ -78,14 +79,21 @@ impl<C: Constraint> Matcher<C> {
     }
 
     /// Accept tokens in order; stops at the first rejected one and returns how many were
-    /// accepted (all ids are range-checked first, so an error changes nothing).
+    /// accepted (all ids are range-checked first, and a limit error undoes the tokens this
+    /// call accepted, so an error changes nothing).
     pub fn accept_tokens(&mut self, tokens: &[i64]) -> Result<usize, GrammarError> {
         for &t in tokens {
             self.grammar.vocab().check(t)?;
         }
+        let (head, len) = (self.head.clone(), self.len);
         for (i, &t) in tokens.iter().enumerate() {
-            if !self.accept_token(t)? {
-                return Ok(i);
+            match self.accept_token(t) {
+                Ok(true) => {}
+                Ok(false) => return Ok(i),
+                Err(e) => {
+                    (self.head, self.len) = (head, len);
+                    return Err(e);
+                }
             }
         }
         Ok(tokens.len())
@@ -136,7 +144,8 @@ impl<C: Constraint> Matcher<C> {
         self.clone()
     }
 
-    /// Bitmask of the tokens allowed next into `out` (at least `words()` long).
+    /// Bitmask of the tokens allowed next into `out` (at least `words()` long); an error
+    /// when it runs past a limit of the grammar's.
     pub fn fill_bitmask(&self, out: &mut [u32]) -> Result<(), GrammarError> {
         let words = self.grammar.vocab().words();
         if out.len() < words {
@@ -145,7 +154,6 @@ impl<C: Constraint> Matcher<C> {
                 out.len()
             )));
         }
-        self.grammar.fill_mask(self.state(), out);
-        Ok(())
+        self.grammar.fill_mask(self.state(), out)
     }
 }

@@ -38,8 +38,8 @@ pub use vocab::{TokenTrie, TrieNode, Vocabulary};
 /// the mask of a live state; the EOS protocol (EOS only where the language may end, then
 /// nothing but EOS) and the handling of the dead and terminated states are shared here.
 pub trait Constraint {
-    /// An automaton state; cheap to copy (matchers keep one per accepted token).
-    type State: Copy + Eq + Debug;
+    /// An automaton state; cheap to clone (matchers keep one per accepted token).
+    type State: Clone + Eq + Debug;
     /// No continuation is in the language; nothing is allowed.
     const DEAD: Self::State;
     /// EOS was accepted; only EOS may follow (padding in a batch).
@@ -51,41 +51,43 @@ pub trait Constraint {
     fn start(&self) -> Self::State;
 
     /// State after `bytes` from the live state `state` ([`Self::DEAD`] once no continuation
-    /// can complete).
-    fn step_bytes(&self, state: Self::State, bytes: &[u8]) -> Self::State;
+    /// can complete); an error when the step runs past one of the constraint's limits (a
+    /// grammar's `max_states`), which is this request's alone.
+    fn step_bytes(&self, state: Self::State, bytes: &[u8]) -> Result<Self::State, GrammarError>;
 
     /// May the text end in the live state `state`?
     fn accepts_end(&self, state: Self::State) -> bool;
 
     /// Write the allowed-token bitmap of the live state `state` into `out` (exactly
-    /// `vocab().words()` words, every one written), EOS included where the text may end.
-    fn fill_live_mask(&self, state: Self::State, out: &mut [u32]);
+    /// `vocab().words()` words, every one written), EOS included where the text may end;
+    /// an error (and `out` not the mask) when it runs past a limit, as [`Self::step_bytes`].
+    fn fill_live_mask(&self, state: Self::State, out: &mut [u32]) -> Result<(), GrammarError>;
 
     /// State after `token` from `state` (DEAD if the constraint rejects it). `token` must
     /// be in range (checked by the caller).
     #[inline]
-    fn step(&self, state: Self::State, token: usize) -> Self::State {
+    fn step(&self, state: Self::State, token: usize) -> Result<Self::State, GrammarError> {
         let vocab = self.vocab();
         if state == Self::TERMINATED {
             // A finished sequence may keep emitting EOS (padding in a batch), nothing else.
-            return if vocab.is_eos(token) {
+            return Ok(if vocab.is_eos(token) {
                 Self::TERMINATED
             } else {
                 Self::DEAD
-            };
+            });
         }
         if state == Self::DEAD {
-            return Self::DEAD;
+            return Ok(Self::DEAD);
         }
         if vocab.is_eos(token) {
-            return if self.accepts_end(state) {
+            return Ok(if self.accepts_end(state) {
                 Self::TERMINATED
             } else {
                 Self::DEAD
-            };
+            });
         }
         if !vocab.has_bytes(token) {
-            return Self::DEAD;
+            return Ok(Self::DEAD);
         }
         self.step_bytes(state, vocab.token_bytes(token))
     }
@@ -97,7 +99,7 @@ pub trait Constraint {
 
     /// Write the allowed-token bitmap of `state` into `out[..words]` (words past the
     /// vocabulary's are zeroed). After termination only EOS is allowed.
-    fn fill_mask(&self, state: Self::State, out: &mut [u32]) {
+    fn fill_mask(&self, state: Self::State, out: &mut [u32]) -> Result<(), GrammarError> {
         let words = self.vocab().words();
         debug_assert!(out.len() >= words);
         out[words..].fill(0);
@@ -107,12 +109,13 @@ pub trait Constraint {
             if state == Self::TERMINATED {
                 set_eos(self.vocab(), out);
             }
-            return;
+            return Ok(());
         }
-        self.fill_live_mask(state, out);
+        self.fill_live_mask(state, out)
     }
 
-    /// Slow reference: every token stepped on its own, no trie, no cache (a test oracle).
+    /// Slow reference: every token stepped on its own, no trie, no cache (a test oracle; a
+    /// token whose step runs past a limit counts as not allowed).
     fn brute_force_mask(&self, state: Self::State, out: &mut [u32]) {
         out.fill(0);
         if state == Self::TERMINATED {
@@ -120,7 +123,7 @@ pub trait Constraint {
             return;
         }
         for t in 0..self.vocab().vocab_size() {
-            if self.step(state, t) != Self::DEAD {
+            if self.step(state.clone(), t).is_ok_and(|s| s != Self::DEAD) {
                 out[t / 32] |= 1 << (t % 32);
             }
         }

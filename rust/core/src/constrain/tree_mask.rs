@@ -5,7 +5,7 @@ use super::{CompiledRegex, Constraint, GrammarError, Matcher};
 use crate::tree::TokenFilter;
 
 /// States of every node of a tree whose root is in `root_state`; DEAD for nodes whose token
-/// (or an ancestor's) the constraint rejects.
+/// (or an ancestor's) the constraint rejects; an error when a step runs past a limit.
 pub fn tree_states<C: Constraint>(
     g: &C,
     root_state: C::State,
@@ -35,7 +35,7 @@ pub fn tree_states<C: Constraint>(
             )));
         }
         let t = vocab.check(tokens[i])?;
-        states.push(g.step(states[p as usize], t));
+        states.push(g.step(states[p as usize].clone(), t)?);
     }
     Ok(states)
 }
@@ -60,10 +60,10 @@ pub fn fill_tree_bitmask<C: Constraint>(
     }
     let states = tree_states(g.as_ref(), m.state(), tokens, parents)?;
     let mut valid = Vec::with_capacity(states.len());
-    for (i, &s) in states.iter().enumerate() {
+    for (i, s) in states.into_iter().enumerate() {
         let row = &mut out[i * cols..(i + 1) * cols];
         valid.push(s != C::DEAD);
-        g.fill_mask(s, row);
+        g.fill_mask(s, row)?;
     }
     Ok(valid)
 }
@@ -90,15 +90,17 @@ impl<'a, C: Constraint> GrammarFilter<'a, C> {
         &self.states
     }
 
+    /// A step past a limit of the grammar's counts as rejected here (a filter cannot
+    /// fail): the matcher's own step or fill at that token reports it.
     #[inline]
     fn next(&self, parent: usize, token: i64) -> C::State {
-        let s = self.states[parent];
+        let s = &self.states[parent];
         // Drafting past EOS would only spend budget on padding.
-        if s == C::TERMINATED {
+        if *s == C::TERMINATED {
             return C::DEAD;
         }
         match self.g.vocab().check(token) {
-            Ok(t) => self.g.step(s, t),
+            Ok(t) => self.g.step(s.clone(), t).unwrap_or(C::DEAD),
             Err(_) => C::DEAD,
         }
     }

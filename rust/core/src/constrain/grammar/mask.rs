@@ -13,13 +13,18 @@
 //! Items whose lexeme accepts before any byte need no third part: the parser's closure has
 //! already completed them, so what follows them is scanned by other items of the same set.
 //! A state's mask (the union) is cached per state; both caches share one memory cap.
+//!
+//! Fills of one grammar run in parallel: the lexeme walks (the long part: whole-trie DFA
+//! walks) read no chart and hold no lock while they run; the parser part reads the chart
+//! under a shared lock and takes it exclusively only to intern a transition it lacks.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::cfg::Grammar;
-use super::earley::{Chart, DEAD_SET};
+use super::earley::{Chart, Full, DEAD_SET};
 use super::lexer::Lexeme;
 use super::walk_cache::{majority_successor, SharedWalks};
 use crate::constrain::regex::{StateId, TableDfa, DEAD};
@@ -218,7 +223,7 @@ fn unit_star(unit: &TableDfa, s: StateId, b: u8) -> StateId {
 /// Per DFA state checked so far (by dense index, of `states`): [`body_loops`]' answer.
 /// Sparse: a walk meets few of a large automaton's states, and a table per lexeme sized
 /// by its states is memory every new grammar would zero and fault in.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct BodyCache {
     checked: FxHashMap<u32, Option<Allowed>>,
     states: usize,
@@ -232,6 +237,16 @@ impl BodyCache {
         BodyCache {
             checked: FxHashMap::default(),
             states,
+        }
+    }
+
+    /// Keep `other`'s answers too (two walks of one lexeme that ran at once).
+    fn merge(&mut self, other: BodyCache) {
+        if self.checked.len() < other.checked.len() {
+            let mine = std::mem::replace(self, other);
+            self.checked.extend(mine.checked);
+        } else {
+            self.checked.extend(other.checked);
         }
     }
 
@@ -495,7 +510,7 @@ fn tokens_of(live: &Ranges, dead: &Ranges, trie: &TokenTrie, words: usize) -> To
 /// per new state was ~40% of a first mask's time, in allocation and first-touch page
 /// faults). Otherwise the union.
 #[derive(Debug)]
-enum StateMask {
+pub enum StateMask {
     Parts {
         lex: Box<[Arc<LexMask>]>,
         extra: Box<[u32]>,
@@ -504,7 +519,7 @@ enum StateMask {
 }
 
 impl StateMask {
-    fn write(&self, out: &mut [u32]) {
+    pub fn write(&self, out: &mut [u32]) {
         match self {
             StateMask::Union(b) => out.copy_from_slice(b),
             StateMask::Parts { lex, extra } => {
@@ -544,60 +559,159 @@ fn set_bits(out: &mut [u32], tokens: &[u32]) {
     }
 }
 
-/// Cached masks of parser states and of (lexeme, DFA state) pairs, under one memory cap
-/// (beyond it, masks are recomputed on every request).
+/// The memory cap that a grammar's mask caches share (its lexeme walks and the state masks
+/// of every chart generation alive): beyond it, masks are recomputed on every request.
 #[derive(Debug)]
-pub struct MaskStore {
-    masks: FxHashMap<u32, StateMask>,
-    /// By [`Lexeme::mask_key`].
-    lex: FxHashMap<(u32, u64), Arc<LexMask>>,
-    /// Per plain lexeme: its DFA states' [`body_loops`].
-    bodies: FxHashMap<u32, BodyCache>,
-    used_bytes: usize,
-    cap_bytes: usize,
+pub struct CacheBudget {
+    used: AtomicUsize,
+    cap: usize,
 }
 
-impl MaskStore {
-    pub fn new(cap_bytes: usize) -> Self {
-        MaskStore {
-            masks: FxHashMap::default(),
-            lex: FxHashMap::default(),
-            bodies: FxHashMap::default(),
-            used_bytes: 0,
-            cap_bytes,
+impl CacheBudget {
+    pub fn new(cap: usize) -> Self {
+        CacheBudget {
+            used: AtomicUsize::new(0),
+            cap,
         }
+    }
+
+    /// Reserve `n` bytes if the cap allows.
+    fn take(&self, n: usize) -> bool {
+        (self.used)
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                u.checked_add(n).filter(|&t| t <= self.cap)
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+}
+
+/// Cached masks of one chart's parser states (ids are the chart's): their memory returns
+/// to the budget when the chart goes.
+#[derive(Debug)]
+pub struct StateMasks {
+    masks: Mutex<FxHashMap<u32, Arc<StateMask>>>,
+    bytes: AtomicUsize,
+    budget: Arc<CacheBudget>,
+}
+
+impl StateMasks {
+    pub fn new(budget: Arc<CacheBudget>) -> Self {
+        StateMasks {
+            masks: Mutex::default(),
+            bytes: AtomicUsize::new(0),
+            budget,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FxHashMap<u32, Arc<StateMask>>> {
+        // Entries go in whole: a poisoned lock still holds only complete masks.
+        self.masks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn contains(&self, state: u32) -> bool {
-        self.masks.contains_key(&state)
+        self.lock().contains_key(&state)
     }
 
-    /// Write `state`'s cached mask into `out`; false when it is not cached.
-    pub fn write(&self, state: u32, out: &mut [u32]) -> bool {
-        match self.masks.get(&state) {
-            Some(m) => {
-                m.write(out);
-                true
-            }
-            None => false,
-        }
+    /// `state`'s cached mask (written out by the caller, after the lock is gone).
+    pub fn get(&self, state: u32) -> Option<Arc<StateMask>> {
+        self.lock().get(&state).cloned()
     }
 
     /// Keep `mask` if the cap allows.
-    fn offer(&mut self, state: u32, mask: StateMask) {
+    pub fn offer(&self, state: u32, mask: StateMask) {
         let size = mask.bytes();
-        if self.used_bytes + size <= self.cap_bytes && !self.masks.contains_key(&state) {
-            self.masks.insert(state, mask);
-            self.used_bytes += size;
+        let mut masks = self.lock();
+        if !masks.contains_key(&state) && self.budget.take(size) {
+            masks.insert(state, Arc::new(mask));
+            self.bytes.fetch_add(size, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for StateMasks {
+    fn drop(&mut self) {
+        self.budget.give_back(*self.bytes.get_mut());
+    }
+}
+
+/// The walks of (lexeme, DFA state) pairs: one grammar's, whatever chart its states are in
+/// (they read no parser state), under the grammar's cache budget.
+#[derive(Debug)]
+pub struct LexWalks {
+    inner: Mutex<LexInner>,
+    budget: Arc<CacheBudget>,
+}
+
+/// A walk, once some thread has run it: the threads that need it meanwhile wait for that
+/// one instead of running it again (a batch's requests start in the same states).
+type Slot = Arc<OnceLock<Arc<LexMask>>>;
+
+#[derive(Debug, Default)]
+struct LexInner {
+    /// By [`Lexeme::mask_key`].
+    lex: FxHashMap<(u32, u64), Slot>,
+    /// Per plain lexeme: its DFA states' [`body_loops`].
+    bodies: FxHashMap<u32, BodyCache>,
+}
+
+impl LexWalks {
+    pub fn new(budget: Arc<CacheBudget>) -> Self {
+        LexWalks {
+            inner: Mutex::default(),
+            budget,
         }
     }
 
+    fn lock(&self) -> MutexGuard<'_, LexInner> {
+        // Entries go in whole: a poisoned lock still holds only complete walks.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The walk of lexeme `l` from DFA state `q`: from this grammar's cache, else from the
-    /// vocabulary's (`shared`, plain lexemes), else walked, copying first-level subtrees
-    /// from the walk of the state most bytes lead to when that state loops on them (a
-    /// property-name state, one byte into a string: most bytes lead to the string body).
+    /// vocabulary's (`shared`, plain lexemes), else walked. No lock is held while a walk
+    /// runs; a walk past the cache budget is dropped once its waiters have it.
     fn lex_mask(
-        &mut self,
+        &self,
+        g: &Grammar,
+        trie: &TokenTrie,
+        shared: &SharedWalks,
+        words: usize,
+        (l, q): (u32, StateId),
+    ) -> Arc<LexMask> {
+        let key = g.lexemes[l as usize].mask_key(l, q, trie.max_depth);
+        let slot: Slot = self.lock().lex.entry(key).or_default().clone();
+        if let Some(m) = slot.get() {
+            return m.clone();
+        }
+        let mut ran = false;
+        let m = (slot.get_or_init(|| {
+            ran = true;
+            self.walk(g, trie, shared, words, (l, q))
+        }))
+        .clone();
+        if ran && !self.budget.take(m.bytes()) {
+            let mut inner = self.lock();
+            if inner.lex.get(&key).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                inner.lex.remove(&key);
+            }
+        }
+        m
+    }
+
+    /// [`LexWalks::lex_mask`]'s walk when this grammar has none: the vocabulary's, else one
+    /// run here, copying first-level subtrees from the walk of the state most bytes lead to
+    /// when that state loops on them (a property-name state, one byte into a string: most
+    /// bytes lead to the string body).
+    fn walk(
+        &self,
         g: &Grammar,
         trie: &TokenTrie,
         shared: &SharedWalks,
@@ -605,65 +719,122 @@ impl MaskStore {
         (l, q): (u32, StateId),
     ) -> Arc<LexMask> {
         let lexeme = &g.lexemes[l as usize];
-        let key = lexeme.mask_key(l, q, trie.max_depth);
-        if let Some(m) = self.lex.get(&key) {
-            return m.clone();
-        }
         let canon = shared.key_of(lexeme, q);
-        let m = match canon.and_then(|c| shared.get(c)) {
-            Some(m) => m,
-            None => {
-                let via = (lexeme.table())
-                    .and_then(|dfa| majority_successor(dfa, q).map(|r| (dfa, r)))
-                    .filter(|&(dfa, (r, n))| {
-                        r != q
-                            && n >= REUSE_MIN_BYTES
-                            && majority_successor(dfa, r).is_some_and(|(r2, _)| r2 == r)
-                    })
-                    .map(|(_, (r, _))| (r, self.lex_mask(g, trie, shared, words, (l, r))));
-                let reuse = (via.as_ref()).map(|(from, walk)| Reuse { from: *from, walk });
-                let states = lexeme.table().map_or(0, |d| d.num_states());
-                let body = (self.bodies)
-                    .entry(l)
-                    .or_insert_with(|| BodyCache::new(states));
-                let m = Arc::new(lex_walk(lexeme, q, trie, words, body, reuse.as_ref()));
-                if let Some(c) = canon {
-                    shared.offer(c, m.clone());
-                }
-                m
-            }
-        };
-        let size = m.bytes();
-        if self.used_bytes + size <= self.cap_bytes {
-            self.lex.insert(key, m.clone());
-            self.used_bytes += size;
+        if let Some(m) = canon.and_then(|c| shared.get(c)) {
+            return m;
+        }
+        let via = (lexeme.table())
+            .and_then(|dfa| majority_successor(dfa, q).map(|r| (dfa, r)))
+            .filter(|&(dfa, (r, n))| {
+                r != q
+                    && n >= REUSE_MIN_BYTES
+                    && majority_successor(dfa, r).is_some_and(|(r2, _)| r2 == r)
+            })
+            // (The state it copies from loops: it copies from none, so no cycle of waits.)
+            .map(|(_, (r, _))| (r, self.lex_mask(g, trie, shared, words, (l, r))));
+        let reuse = (via.as_ref()).map(|(from, walk)| Reuse { from: *from, walk });
+        let states = lexeme.table().map_or(0, |d| d.num_states());
+        let mut body =
+            (self.lock().bodies.get(&l).cloned()).unwrap_or_else(|| BodyCache::new(states));
+        let m = Arc::new(lex_walk(lexeme, q, trie, words, &mut body, reuse.as_ref()));
+        self.lock().bodies.entry(l).or_default().merge(body);
+        if let Some(c) = canon {
+            shared.offer(c, m.clone());
         }
         m
     }
+}
 
-    pub fn used_bytes(&self) -> usize {
-        self.used_bytes
+/// A chart read under its shared lock, and under its exclusive one from the first thing the
+/// shared borrow does not hold (a transition or first-byte set not cached) until the view
+/// is dropped: a view lasts one group of subtrees, so a cold group takes the exclusive lock
+/// once, and a cached one never.
+struct ChartView<'a> {
+    lock: &'a RwLock<Chart>,
+    read: Option<RwLockReadGuard<'a, Chart>>,
+    write: Option<RwLockWriteGuard<'a, Chart>>,
+}
+
+impl<'a> ChartView<'a> {
+    fn new(lock: &'a RwLock<Chart>) -> Self {
+        ChartView {
+            lock,
+            read: None,
+            write: None,
+        }
+    }
+
+    fn chart(&mut self) -> &Chart {
+        if let Some(w) = &self.write {
+            return w;
+        }
+        let lock = self.lock;
+        self.read.get_or_insert_with(|| read_chart(lock))
+    }
+
+    fn chart_mut(&mut self) -> &mut Chart {
+        if self.write.is_none() {
+            self.read = None;
+        }
+        let lock = self.lock;
+        self.write.get_or_insert_with(|| write_chart(lock))
+    }
+
+    #[inline]
+    fn step(&mut self, g: &Grammar, s: u32, b: u8) -> Result<u32, Full> {
+        match self.chart().cached_step(s, b) {
+            Some(t) => Ok(t),
+            None => self.chart_mut().step(g, s, b),
+        }
+    }
+
+    fn run(&mut self, g: &Grammar, mut s: u32, bytes: &[u8]) -> Result<u32, Full> {
+        for &b in bytes {
+            if s == DEAD_SET {
+                break;
+            }
+            s = self.step(g, s, b)?;
+        }
+        Ok(s)
+    }
+
+    fn first_bytes(&mut self, g: &Grammar, s: u32) -> [u64; 4] {
+        match self.chart().cached_first_bytes(s) {
+            Some(f) => f,
+            None => self.chart_mut().first_bytes(g, s),
+        }
     }
 }
 
-/// Set in `out` (zeroed first) the bits of the text tokens the parser accepts from `state`,
-/// and keep them in `store`.
+/// Locks of a chart: a panic while one is held leaves only caches half-filled, never a
+/// wrong entry (sets are pushed and indexed together), so a poisoned lock is still usable.
+pub fn read_chart(lock: &RwLock<Chart>) -> RwLockReadGuard<'_, Chart> {
+    lock.read().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn write_chart(lock: &RwLock<Chart>) -> RwLockWriteGuard<'_, Chart> {
+    lock.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Set in `out` (zeroed first) the bits of the text tokens the parser accepts from `state`
+/// and return them to be kept; [`Full`] when the parser part needs a state past the
+/// chart's cap (then `out` is not the mask).
 pub fn fill(
-    chart: &mut Chart,
-    store: &mut MaskStore,
+    chart: &RwLock<Chart>,
+    walks: &LexWalks,
     g: &Grammar,
     trie: &TokenTrie,
     shared: &SharedWalks,
     state: u32,
     out: &mut [u32],
-) {
+) -> Result<StateMask, Full> {
     out.fill(0);
     let mut pairs = Vec::new();
-    chart.scanning(g, state, &mut pairs);
+    read_chart(chart).scanning(g, state, &mut pairs);
     pairs.sort_unstable();
     pairs.dedup();
     let mut lex: Vec<Arc<LexMask>> = (pairs.iter())
-        .map(|&pair| store.lex_mask(g, trie, shared, out.len(), pair))
+        .map(|&pair| walks.lex_mask(g, trie, shared, out.len(), pair))
         .collect();
     // States far from a counted lexeme's bounds share one walk.
     lex.sort_unstable_by_key(Arc::as_ptr);
@@ -687,7 +858,10 @@ pub fn fill(
             roots.extend_from_slice(&groups[k].roots);
             k += 1;
         }
-        let p = chart.run(g, state, prefix);
+        // One view per group: its locks are released between groups, so another thread's
+        // step that needs the chart exclusively waits for one group at most.
+        let mut view = ChartView::new(chart);
+        let p = view.run(g, state, prefix)?;
         if p == DEAD_SET {
             continue;
         }
@@ -695,11 +869,11 @@ pub fn fill(
         roots.dedup();
         // Most roots start with a byte nothing in `p` can scan (whitespace ended before a
         // word): test the byte before stepping, which would intern a dead transition each.
-        let first = chart.first_bytes(g, p);
+        let first = view.first_bytes(g, p);
         for &r in &roots {
             let b = trie.nodes[r as usize].byte;
             if first[b as usize / 64] >> (b % 64) & 1 == 1 {
-                walk_subtree(chart, g, trie, p, r as usize, &mut stack, &mut extra);
+                walk_subtree(&mut view, g, trie, p, r as usize, &mut stack, &mut extra)?;
             }
         }
     }
@@ -707,15 +881,14 @@ pub fn fill(
     let bitmaps = (lex.iter())
         .filter(|m| matches!(m.alive, Tokens::Bits(_)))
         .count();
-    let kept = if bitmaps <= 1 && extra.len() <= LIST_MAX {
+    Ok(if bitmaps <= 1 && extra.len() <= LIST_MAX {
         StateMask::Parts {
             lex: lex.into(),
             extra: extra.into(),
         }
     } else {
         StateMask::Union(out.into())
-    };
-    store.offer(state, kept);
+    })
 }
 
 /// Push to `out` the tokens in the subtree of trie node `root` that the parser accepts,
@@ -723,14 +896,14 @@ pub fn fill(
 /// skipped as soon as the parser dies; each node costs one cached transition). `stack`:
 /// scratch of `max_depth + 1` parser states, reused across calls.
 fn walk_subtree(
-    chart: &mut Chart,
+    chart: &mut ChartView<'_>,
     g: &Grammar,
     trie: &TokenTrie,
     state: u32,
     root: usize,
     stack: &mut [u32],
     out: &mut Vec<u32>,
-) {
+) -> Result<(), Full> {
     let nodes = &trie.nodes;
     let base = nodes[root].depth as usize - 1;
     stack[base] = state;
@@ -739,7 +912,7 @@ fn walk_subtree(
     while i < stop {
         let node = nodes[i];
         let d = node.depth as usize;
-        let s = chart.step(g, stack[d - 1], node.byte);
+        let s = chart.step(g, stack[d - 1], node.byte)?;
         if s == DEAD_SET {
             i = node.end as usize;
             continue;
@@ -750,6 +923,7 @@ fn walk_subtree(
         );
         i += 1;
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -69,8 +69,8 @@ impl Constraint for CompiledRegex {
     }
 
     #[inline]
-    fn step_bytes(&self, state: StateId, bytes: &[u8]) -> StateId {
-        self.dfa.run(state, bytes)
+    fn step_bytes(&self, state: StateId, bytes: &[u8]) -> Result<StateId, GrammarError> {
+        Ok(self.dfa.run(state, bytes))
     }
 
     #[inline]
@@ -78,7 +78,16 @@ impl Constraint for CompiledRegex {
         self.dfa.is_accepting(state)
     }
 
-    fn fill_live_mask(&self, state: StateId, out: &mut [u32]) {
+    fn fill_live_mask(&self, state: StateId, out: &mut [u32]) -> Result<(), GrammarError> {
+        // (A DFA has no limit to run past once compiled.)
+        self.fill_live(state, out);
+        Ok(())
+    }
+}
+
+impl CompiledRegex {
+    /// [`Constraint::fill_live_mask`], which cannot fail here.
+    fn fill_live(&self, state: StateId, out: &mut [u32]) {
         let idx = state.index();
         if let Some(m) = self.cache.get(idx) {
             out.copy_from_slice(m);
@@ -228,7 +237,7 @@ impl CompiledRegex {
         let mut buf = vec![0u32; words];
         for idx in 1..self.dfa.num_states() {
             if self.cache.get(idx).is_none() {
-                self.fill_mask(StateId::from_index(idx), &mut buf);
+                self.fill_live(StateId::from_index(idx), &mut buf);
             }
         }
     }
@@ -248,7 +257,7 @@ impl CompiledRegex {
                 let k = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&idx) = order.get(k) else { break };
                 if self.cache.get(idx).is_none() {
-                    self.fill_mask(StateId::from_index(idx), &mut buf);
+                    self.fill_live(StateId::from_index(idx), &mut buf);
                 }
             }
         });
