@@ -125,7 +125,8 @@ def test_threads_submit_and_cancel_while_one_thread_steps(target: LlamaModel) ->
     )  # fmt: skip
     pool = prompt_pool(11, 24)
     refs = References(target, 24)
-    grammar = letters().regex(r"(ab|cd|[0-4])+")
+    # A context-free grammar: its matchers share one chart, bounded by max_states.
+    grammar = letters().gbnf('root ::= ("ab" | "cd" | [0-4])+', max_states=200)
     submitted: dict[int, tuple[list[int], int, int | None, Any]] = {}
     errors: list[BaseException] = []
     lock = threading.Lock()
@@ -140,7 +141,8 @@ def test_threads_submit_and_cancel_while_one_thread_steps(target: LlamaModel) ->
                     p = rng.choice(pool)
                     n = rng.choice([0, 1, 3, 8, 16, 24])
                     g = grammar if rng.random() < 0.25 else None
-                    s = rng.choice([None, None, refs(p, 24, None, g)[rng.randrange(24)]])
+                    ref = refs(p, 24, None, g)  # a constrained one may end early
+                    s = rng.choice([None, None, ref[rng.randrange(len(ref))] if ref else None])
                     rid = gen.submit(p, max_new_tokens=n, stop_tokens=s, constraint=g)
                     with lock:
                         submitted[rid] = (p, n, s, g)
@@ -160,7 +162,7 @@ def test_threads_submit_and_cancel_while_one_thread_steps(target: LlamaModel) ->
     outs: list[RequestOutput] = []
     steps = 0
     try:
-        while steps < STRESS_STEPS:
+        while steps < STRESS_STEPS and not errors:
             got = gen.step()
             outs += got
             steps += gen.num_running > 0 or any(not o.finished for o in got)
@@ -186,8 +188,9 @@ def test_threads_submit_and_cancel_while_one_thread_steps(target: LlamaModel) ->
         if res.finish_reason == "cancelled":
             assert res.tokens == want[: len(res.tokens)]
         else:
-            assert res.tokens == want, (p, n, s)
+            assert res.tokens == want, (p, n, s, g is not None, res.tokens, want, res.preemptions)
     assert_nothing_left(gen, drafter, block, suffix)
+    assert grammar.num_states <= 200  # the shared grammar state stayed bounded
 
 
 def test_step_belongs_to_one_thread(target: LlamaModel) -> None:
@@ -406,3 +409,83 @@ def test_registration_hooks_leave_with_the_last_model() -> None:
         [sys.executable, "-c", HOOKS_SCRIPT], capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# -- grammar state per request ----------------------------------------------------------------
+class Biased:
+    """The target with ``bias`` added to one token's logit (every other call delegated): a
+    greedy request then nests ``[`` as deep as its grammar lets it."""
+
+    def __init__(self, inner: LlamaModel, token: int, bias: float) -> None:
+        self.inner, self.token, self.bias = inner, token, bias
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __call__(self, *a: Any, **kw: Any) -> torch.Tensor:
+        out: torch.Tensor = self.inner(*a, **kw)
+        out[..., self.token] += self.bias
+        return out
+
+    def forward_batch(self, *a: Any, **kw: Any) -> torch.Tensor:
+        out: torch.Tensor = self.inner.forward_batch(*a, **kw)
+        out[..., self.token] += self.bias
+        return out
+
+
+def test_one_requests_grammar_overflow_fails_it_alone(target: LlamaModel) -> None:
+    """A request nesting past its grammar's max_states fails alone ("error", GrammarError);
+    requests on the same compiled grammar, in the same batch and after it, succeed with
+    the constrained target's own output, and the shared chart stays within its bound."""
+    biased = Biased(target, 0, 30.0)  # token 0 is "["
+    tokens: list[bytes | None] = [bytes([c]) for c in b"[]0,abcdefghijklmnopqrstuvwxyz1"]
+    vocab = specdec.Vocabulary.from_bytes([*tokens, None], eos_ids=[VOCAB - 1])
+    nested = vocab.gbnf('root ::= "[" root "]" | "0"', max_states=40)
+    gen = SpeculativeGenerator(
+        biased,
+        SuffixDrafter(max_depth=4),
+        budget=4,
+        constraint=nested,
+        max_batch=4,  # type: ignore[arg-type]
+    )
+    deep = gen.submit([4, 5, 6], max_new_tokens=300)
+    shallow = [gen.submit(p, max_new_tokens=12) for p in ([7, 8], [9, 9, 9])]
+    done = finals(run_until_done(gen))
+    assert done[deep].finish_reason == "error"
+    assert isinstance(done[deep].error, specdec.GrammarError)
+    assert "max_states" in str(done[deep].error)
+    for rid, p in zip(shallow, ([7, 8], [9, 9, 9]), strict=True):
+        assert done[rid].finish_reason == "length"
+        assert done[rid].tokens == ar(biased, p, max_new_tokens=12, constraint=nested).tokens  # type: ignore[arg-type]
+    # A new request on the same compiled grammar, after the overflow: it succeeds.
+    after = gen.generate([1, 2], max_new_tokens=20)
+    assert after.finish_reason == "length" and after.tokens == [0] * 20
+    assert nested.num_states <= 40  # the shared chart stays bounded
+    assert_nothing_left(gen)
+
+
+class ChainDrafter:
+    """Proposes the same chain after every context (a TreeDrafter)."""
+
+    def __init__(self, chain: list[int]) -> None:
+        self.chain = chain
+
+    def propose(self, requests: Sequence[DraftRequest], budget: int) -> list[specdec.DraftTree]:
+        return [
+            specdec.tree_from_branches([self.chain[:budget]], root_token=int(r.context[-1]))
+            for r in requests
+        ]
+
+
+def test_the_grammars_end_ends_the_request_inside_a_tree(target: LlamaModel) -> None:
+    """A terminated matcher still allows its end token, so a drafted chain of end tokens is
+    accepted whole: the request still ends at the first, as constrained AR decoding does."""
+    grammar = letters().gbnf('root ::= ("ab" | "cd" | [0-4])+')
+    p = [18, 1, 4, 6, 25]
+    want = ar(target, p, max_new_tokens=8, constraint=grammar)
+    assert want.finish_reason == "stop" and want.tokens[-1] == VOCAB - 1  # ends by the grammar
+    chain = [*want.tokens, VOCAB - 1, VOCAB - 1]
+    gen = SpeculativeGenerator(target, ChainDrafter(chain), budget=6, constraint=grammar)
+    got = gen.generate(p, max_new_tokens=8)
+    assert got.tokens == want.tokens and got.finish_reason == "stop"
+    assert got.accepted[-1] > 0  # the chain was accepted past the end

@@ -874,10 +874,16 @@ class SpeculativeGenerator:
             res.first_token_seconds = time.perf_counter() - req.t_submit
         try:
             if req.matcher is not None:
-                for t in new:
+                for i, t in enumerate(new):
                     if not req.matcher.accept_token(t):
                         raise VerifyError(f"the grammar refused committed token {t}")
-                done = done or req.matcher.is_terminated()
+                    if req.matcher.is_terminated():
+                        # The grammar ended the request (a terminated matcher still allows
+                        # its end token, so the step may have accepted more of them).
+                        del res.tokens[before + i + 1 :]
+                        new = new[: i + 1]
+                        done = True
+                        break
             if req.on_step is not None:
                 assert req.cache is not None
                 req.on_step(req.context, req.cache, s)
