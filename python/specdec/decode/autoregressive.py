@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from ..errors import VerifyError
 from ..protocols import KVCache, Target
 from ..tree import DraftTree
 from ..verify import DecodingRule, Greedy
@@ -18,6 +17,7 @@ from ..verify.rules.sampling import keyed_uniforms
 from ..verify.verifier import check_bonus_allowed, mask_tree_logits
 from .common import (
     GenerationResult,
+    check_fits,
     check_max_new_tokens,
     emit,
     new_matcher,
@@ -58,14 +58,8 @@ def autoregressive_generate(
     t_start = time.perf_counter()
     ids = prompt_ids(prompt)
     max_new = check_max_new_tokens(max_new_tokens)
+    check_fits(target, ids, max_new)
     vocab = target.vocab_size
-    if len(ids) + max_new > target.max_positions:
-        raise VerifyError(
-            f"the prompt ({len(ids)} tokens) and max_new_tokens ({max_new}) do not fit the "
-            f"model's maximum of {target.max_positions} positions"
-        )
-    if min(ids) < 0 or max(ids) >= vocab:
-        raise VerifyError(f"prompt token ids must be in [0, {vocab}), got {min(ids)}..{max(ids)}")
     stops = stop_set(stop_tokens, eos_token_id, vocab)
     matcher = new_matcher(constraint)
     rule = rule if rule is not None else Greedy()

@@ -18,6 +18,7 @@ __all__ = [
     "GenerationResult",
     "RequestOutput",
     "FinishReason",
+    "check_fits",
     "check_max_new_tokens",
     "emit",
     "new_matcher",
@@ -156,3 +157,16 @@ def prompt_ids(prompt: Any) -> list[int]:
     if not ids:
         raise VerifyError("the prompt needs at least one token")
     return [int(t) for t in ids]
+
+
+def check_fits(target: Any, ids: Sequence[int], max_new: int) -> None:
+    """A ``VerifyError`` unless the prompt ``ids`` plus ``max_new`` tokens fit the target's
+    positions and every id is in its vocabulary."""
+    if len(ids) + max_new > target.max_positions:
+        raise VerifyError(
+            f"the prompt ({len(ids)} tokens) and max_new_tokens ({max_new}) do not fit the "
+            f"model's maximum of {target.max_positions} positions"
+        )
+    vocab = target.vocab_size
+    if min(ids) < 0 or max(ids) >= vocab:
+        raise VerifyError(f"prompt token ids must be in [0, {vocab}), got {min(ids)}..{max(ids)}")

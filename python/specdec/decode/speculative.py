@@ -62,6 +62,7 @@ from .common import (
     FinishReason,
     GenerationResult,
     RequestOutput,
+    check_fits,
     check_max_new_tokens,
     emit,
     new_matcher,
@@ -299,16 +300,8 @@ class SpeculativeGenerator:
         with nothing queued."""
         ids = prompt_ids(prompt)
         max_new = check_max_new_tokens(max_new_tokens)
-        if len(ids) + max_new > self.target.max_positions:
-            raise VerifyError(
-                f"the prompt ({len(ids)} tokens) and max_new_tokens ({max_new}) do not fit the "
-                f"model's maximum of {self.target.max_positions} positions"
-            )
+        check_fits(self.target, ids, max_new)
         vocab = self.target.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise VerifyError(
-                f"prompt token ids must be in [0, {vocab}), got {min(ids)}..{max(ids)}"
-            )
         stop = stop_set(stop_tokens, vocab_size=vocab)
         seed = self.seed if seed is None else check_int(seed, "seed", None, ConfigError)
         if cache is not None:
