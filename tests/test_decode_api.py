@@ -23,19 +23,11 @@ from specdec.decode import (
     beam_search,
 )
 from specdec.errors import ConfigError, NoAllowedTokens, SpecdecTypeError
-from specdec.models import LlamaConfig, LlamaModel
-from specdec.testing import OracleDrafter
+from specdec.models import LlamaModel
+from specdec.testing import OracleDrafter, tiny_config
 
 VOCAB = 32
-CFG = LlamaConfig(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=160,
-)
+CFG = tiny_config(VOCAB)
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [7]]
 
 

@@ -22,19 +22,12 @@ from specdec.decode import GenerationResult, RequestOutput, SpeculativeGenerator
 from specdec.decode import autoregressive_generate as ar
 from specdec.draft import BlockDrafter, CombinedDrafter, NgramDrafter, SuffixDrafter
 from specdec.errors import ConfigError, DraftError, KVCacheError
-from specdec.models import LlamaConfig, LlamaModel
+from specdec.models import LlamaModel
 from specdec.protocols import DraftRequest
+from specdec.testing import tiny_config
 
 VOCAB = 32
-CFG = LlamaConfig(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-)
+CFG = tiny_config(VOCAB, max_positions=512)
 # The stress test's length: at least 10^4 steps (SPECDEC_STRESS_STEPS overrides, e.g. for a
 # quick local run).
 STRESS_STEPS = int(os.environ.get("SPECDEC_STRESS_STEPS", "10000"))

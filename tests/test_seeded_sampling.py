@@ -19,27 +19,20 @@ from scipy import stats
 from specdec.decode import SpeculativeGenerator, autoregressive_generate
 from specdec.draft import BlockDrafter, CombinedDrafter, SuffixDrafter
 from specdec.errors import ConfigError, SpecdecTypeError, VerifyError
-from specdec.models import LlamaConfig, LlamaModel
+from specdec.models import LlamaModel
 from specdec.testing import (
     OracleDrafter,
     RandomDrafter,
     exact_pair_distribution,
     pair_chi_square,
+    tiny_config,
     tiny_sampling_target,
 )
 from specdec.verify import Sampling
 from specdec.verify.rules.sampling import keyed_uniforms, sample_rows
 
 VOCAB = 24
-CFG = LlamaConfig(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=160,
-)
+CFG = tiny_config(VOCAB)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,13 @@ from specdec.cache import DenseKVCache, KVCache
 from specdec.decode import SpeculativeGenerator, autoregressive_generate
 from specdec.errors import ConfigError, VerifyError
 from specdec.models import LlamaConfig, LlamaModel
-from specdec.testing import AdversarialDrafter, BanningDrafter, OracleDrafter, RandomDrafter
+from specdec.testing import (
+    AdversarialDrafter,
+    BanningDrafter,
+    OracleDrafter,
+    RandomDrafter,
+    tiny_config,
+)
 from specdec.tree import ChainShape, DDTreeShape, DraftTree, tree_from_branches, tree_shape
 from specdec.verify import Greedy, Sampling, StepResult, Verifier
 
@@ -192,15 +198,7 @@ N_PROMPTS, N_TOKENS, DEPTH = 20, 64, 5
 
 @pytest.fixture(scope="module")
 def target() -> LlamaModel:
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=160,
-    )
+    cfg = tiny_config(VOCAB)
     return LlamaModel(cfg, backend="sdpa").double().init_random(3)
 
 

@@ -9,7 +9,7 @@ import itertools
 import math
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -17,6 +17,9 @@ import torch
 from .draft.base import SequenceDrafter
 from .draft.model import greedy_rollout
 from .protocols import Target
+
+if TYPE_CHECKING:
+    from .models import LlamaConfig
 
 __all__ = [
     "SCALES",
@@ -33,6 +36,7 @@ __all__ = [
     "OracleDrafter",
     "AdversarialDrafter",
     "BanningDrafter",
+    "tiny_config",
     "tiny_sampling_target",
     "smoke_target",
     "exact_pair_distribution",
@@ -295,6 +299,23 @@ class BanningDrafter(SequenceDrafter):
         k = self.keep(context)
         banned = logits.argsort(dim=-1, descending=True)[:, k:]
         return logits.scatter(-1, banned, float("-inf"))
+
+
+# -- tiny models -----------------------------------------------------------------------------
+def tiny_config(vocab_size: int, *, max_positions: int = 160) -> LlamaConfig:
+    """The tests' small Llama layout (hidden 32, two layers, 4 heads over 2 KV heads): fast
+    enough for thousands of steps, big enough for batching, GQA and paged caches."""
+    from .models import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+    )
 
 
 # -- sampling ----------------------------------------------------------------------------------
