@@ -35,7 +35,38 @@ def main(argv: list[str] | None = None) -> int:
         help="constrained generation instead: SmolLM2 writes JSON for this schema "
         "(specdec AR vs DDTree, masks on every tree node; same output, validated)",
     )
+    s = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible server (/v1/chat/completions, /v1/completions) on the "
+        "speculative generator",
+    )
+    s.add_argument("--model", help="a GGUF file (default: the packaged SmolLM2-135M-Instruct)")
+    s.add_argument(
+        "--served-model-name", help="the model name clients send (default: the file's stem)"
+    )
+    s.add_argument(
+        "--drafter",
+        default="suffix",
+        choices=["suffix", "ngram", "block", "block+suffix", "none"],
+        help="what drafts the trees (none: plain decoding)",
+    )
+    s.add_argument("--budget", default="auto", help="drafted nodes per tree, or auto")
+    s.add_argument("--max-batch", type=int, default=8, help="most requests per step")
+    s.add_argument("--kv-tokens", type=int, help="the paged KV pool, in tokens")
+    s.add_argument("--threads", type=int, help="torch threads")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on /v1")
+    s.add_argument(
+        "--max-queue", type=int, default=64, help="waiting requests before 429 Too Many Requests"
+    )
+    s.add_argument(
+        "--grace", type=float, default=30.0, help="seconds requests may finish after a signal"
+    )
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(parser, args)
     if args.command == "demo" and args.json_schema:
         from .demo import run_json_schema_demo
 
@@ -75,6 +106,43 @@ def main(argv: list[str] | None = None) -> int:
         print("DDTree build, L=16 depths, prefix_len=512 (median per call):\n")
         print(bench_tree(quick=args.quick))
     return 0
+
+
+def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    try:
+        from .serve import EngineConfig, run_server
+    except ImportError as e:
+        parser.error(f"specdec serve needs the serve extra: pip install 'specdec[serve]' ({e})")
+    budget: int | str = args.budget
+    if budget != "auto":
+        try:
+            budget = int(budget)
+        except ValueError:
+            parser.error(f"--budget must be auto or a number, got {budget!r}")
+    for name in ("max_batch", "kv_tokens", "threads", "max_queue"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    if isinstance(budget, int) and budget < 1:
+        parser.error(f"--budget must be >= 1, got {budget}")
+    config = EngineConfig(
+        model=args.model,
+        drafter=args.drafter,
+        budget=budget,  # type: ignore[arg-type]
+        max_batch=args.max_batch,
+        kv_tokens=args.kv_tokens,
+        threads=args.threads,
+        max_queue=args.max_queue,
+        served_name=args.served_model_name,
+    )
+    return run_server(
+        config,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        grace=args.grace,
+        log_level=args.log_level,
+    )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from .autoregressive import autoregressive_generate
 from .beam import BeamHypothesis, BeamSearchResult, beam_search
 from .budget import AdaptiveBudget, BudgetChoice, CostModel
 from .common import GenerationResult, RequestOutput
-from .speculative import SpeculativeGenerator
+from .speculative import KVUsage, SpeculativeGenerator
 
 __all__ = [
     "AdaptiveBudget",
@@ -19,6 +19,7 @@ __all__ = [
     "GenerationResult",
     "RequestOutput",
     "SpeculativeGenerator",
+    "KVUsage",
     "autoregressive_generate",
     "beam_search",
 ]

@@ -71,11 +71,23 @@ from .common import (
 )
 from .progress import ProgressBar
 
-__all__ = ["SpeculativeGenerator", "Strategy"]
+__all__ = ["KVUsage", "SpeculativeGenerator", "Strategy"]
 
 Strategy = Literal["ddtree", "chain", "ar"]
 StepCallback = Callable[[list[int], KVCache, StepResult], None]
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class KVUsage:
+    """The paged KV pool's blocks: ``used`` by live sequences, ``cached`` (full blocks in
+    the prefix cache, held or evictable), of ``total``. Evictable cached blocks are not
+    ``used``: a new request may take them."""
+
+    used: int
+    cached: int
+    total: int
+    block_size: int
 
 
 @dataclass(eq=False)
@@ -95,6 +107,7 @@ class _Request:
     on_step: StepCallback | None = None
     hidden: torch.Tensor | None = None  # the target's hidden states of the last commit
     seed: int | None = None  # seeded sampling keyed by position (None: the shared generator)
+    rule: DecodingRule | None = None  # its own decoding rule (None: the generator's)
     in_drafter: bool = False  # the drafter holds state for it (add_request was called)
     admitted: bool = False  # it has run (its prefix hit is recorded)
 
@@ -290,20 +303,25 @@ class SpeculativeGenerator:
         constraint: Any = None,
         on_step: StepCallback | None = None,
         seed: int | None = None,
+        rule: DecodingRule | None = None,
     ) -> int:
         """Queue a request; returns its id. It joins the running batch at a later
         :meth:`step` with room (``cache``: run it in this cache, which may already hold a
         prefix of the prompt; ``cache_salt``: its prefix-cache and drafter-corpus
         namespace; ``constraint``: its grammar, else the generator's; ``seed``: its sampling
-        seed, else the generator's ``seed``). Safe from any thread. A request that can never
-        run (past the model's positions, or larger than the whole KV pool) is refused here,
-        with nothing queued."""
+        seed, else the generator's ``seed``; ``rule``: its decoding rule, e.g. its own
+        :class:`~specdec.verify.Sampling` settings, else the generator's; requests with
+        different rules share each step's forward). Safe from any thread. A request that can
+        never run (past the model's positions, or larger than the whole KV pool) is refused
+        here, with nothing queued."""
         ids = prompt_ids(prompt)
         max_new = check_max_new_tokens(max_new_tokens)
         check_fits(self.target, ids, max_new)
         vocab = self.target.vocab_size
         stop = stop_set(stop_tokens, vocab_size=vocab)
         seed = self.seed if seed is None else check_int(seed, "seed", None, ConfigError)
+        if rule is not None and not isinstance(rule, DecodingRule):
+            raise SpecdecTypeError(f"rule must be a DecodingRule, got {type(rule).__name__}")
         if cache is not None:
             if not isinstance(cache, KVCache):
                 raise SpecdecTypeError(f"cache must be a KVCache, got {type(cache).__name__}")
@@ -339,6 +357,7 @@ class SpeculativeGenerator:
                 cache_salt=cache_salt,
                 on_step=on_step,
                 seed=seed,
+                rule=rule,
             )
             self._live.add(rid)
             self._incoming.append(req)
@@ -365,6 +384,27 @@ class SpeculativeGenerator:
     def num_waiting(self) -> int:
         with self._lock:
             return len(self._waiting) + len(self._incoming)
+
+    def max_new_tokens_for(self, prompt_len: int) -> int:
+        """The most new tokens :meth:`submit` accepts after a prompt of ``prompt_len``
+        tokens: the model's positions left, and for a paged cache what the whole pool holds
+        besides the prompt and one tree (0: the prompt alone does not fit)."""
+        n = check_int(prompt_len, "prompt_len", 1, ConfigError)
+        room = self.target.max_positions - n
+        if self.cache_kind == "paged":
+            slots = (self._pool_blocks() - 1) * self.block_size
+            room = min(room, slots - n - self.budget - 1)
+        return max(room, 0)
+
+    def kv_usage(self) -> KVUsage:
+        """The paged pool's blocks now (safe from any thread; all zero before the first
+        paged request, and for dense caches)."""
+        pool = self._pool
+        if pool is None:
+            return KVUsage(0, 0, 0, self.block_size)
+        m = pool.manager
+        total = int(m.num_blocks)
+        return KVUsage(total - m.num_free_blocks(), m.num_cached_blocks(), total, self.block_size)
 
     def has_unfinished(self) -> bool:
         """Whether any request has not been reported finished yet (safe from any thread)."""
@@ -643,6 +683,7 @@ class SpeculativeGenerator:
             [r.matcher for r in reqs],
             [r.seed for r in reqs],
             hidden=self._capture,
+            rules=[r.rule for r in reqs],
         )
         if self._capture is not None:
             rows = self._capture.states
@@ -654,7 +695,7 @@ class SpeculativeGenerator:
     def _verify_one(self, r: _Request, tree: DraftTree, drafting: bool) -> StepResult:
         assert r.cache is not None
         s = self.verifier.step(
-            tree, r.cache, constraint=r.matcher, seed=r.seed, hidden=self._capture
+            tree, r.cache, constraint=r.matcher, seed=r.seed, hidden=self._capture, rule=r.rule
         )
         if self._capture is not None:
             rows = self._capture.states

@@ -101,6 +101,14 @@ class StepResult(WalkResult):
     logits: torch.Tensor | None = None
 
 
+def _rule(rule: DecodingRule | None, default: DecodingRule) -> DecodingRule:
+    if rule is None:
+        return default
+    if not isinstance(rule, DecodingRule):
+        raise SpecdecTypeError(f"rule must be a DecodingRule, got {type(rule).__name__}")
+    return rule
+
+
 class Verifier:
     """The step API a serving loop calls: ``step(tree, cache) -> StepResult``, or
     ``step_batch(trees, caches)`` for R sequences in one forward (targets with
@@ -179,6 +187,7 @@ class Verifier:
         constraint: Constraint | None = None,
         seed: int | None = None,
         hidden: HiddenCapture | None = None,
+        rule: DecodingRule | None = None,
     ) -> StepResult:
         """Verify ``tree`` (root = the last emitted token, not yet in ``cache``) in one target
         forward, walk it with the rule's chosen tokens and commit root + accepted path.
@@ -187,7 +196,8 @@ class Verifier:
         caller advances the matcher with the step's tokens). ``seed``: seeded sampling keyed
         by position (:func:`~specdec.verify.rules.sampling.keyed_uniforms`) instead of the
         verifier's ``generator``. ``hidden``: hidden states to keep from the forward, one
-        row per tree node (a target with ``captures_hidden``)."""
+        row per tree node (a target with ``captures_hidden``). ``rule``: this sequence's
+        decoding rule instead of the verifier's."""
         if not isinstance(tree, DraftTree):
             raise SpecdecTypeError(f"tree must be a DraftTree, got {type(tree).__name__}")
         if not isinstance(cache, KVCache):
@@ -218,7 +228,7 @@ class Verifier:
             empty = None if constraint is None else mask_tree_logits(logits, tree, constraint)
             chosen = np.zeros(tree.num_nodes, dtype=np.int64)
             u = None if seed is None else _node_uniforms([tree], [prefix], [seed])[0, :n_real]
-            picked = apply_rule(self.rule, logits[:n_real], self.generator, u)
+            picked = apply_rule(_rule(rule, self.rule), logits[:n_real], self.generator, u)
             chosen[:n_real] = picked.cpu().numpy()
             t3 = self._now()
             timings["rule"] = t3 - t2
@@ -236,6 +246,31 @@ class Verifier:
         timings["commit"] = self._now() - t4
         return StepResult(w.accepted, w.bonus_token, w.accepted_tokens, timings, logits)
 
+    def _choose_rows(
+        self,
+        logits: torch.Tensor,
+        uniforms: torch.Tensor | None,
+        rules: Sequence[DecodingRule | None] | None,
+    ) -> np.ndarray:
+        """Every node's chosen token ``[R, T]``: one rule call per distinct rule, over the
+        rows of the sequences that follow it (their uniforms with them)."""
+        r, n, v = logits.shape
+        groups: dict[int, tuple[DecodingRule, list[int]]] = {}
+        for i in range(r):
+            rule = _rule(None if rules is None else rules[i], self.rule)
+            groups.setdefault(id(rule), (rule, []))[1].append(i)
+        out = np.empty((r, n), dtype=np.int64)
+        for rule, rows in groups.values():
+            if len(rows) == r:
+                lg, u = logits.reshape(r * n, v), uniforms
+            else:
+                idx = torch.tensor(rows, device=logits.device)
+                lg = logits.index_select(0, idx).reshape(len(rows) * n, v)
+                u = None if uniforms is None else uniforms.view(r, n)[idx.cpu()].reshape(-1)
+            picked = apply_rule(rule, lg, self.generator, u)
+            out[rows] = picked.view(len(rows), n).cpu().numpy()
+        return out
+
     def step_batch(
         self,
         trees: Sequence[DraftTree],
@@ -244,6 +279,7 @@ class Verifier:
         seeds: Sequence[int | None] | None = None,
         *,
         hidden: HiddenCapture | None = None,
+        rules: Sequence[DecodingRule | None] | None = None,
     ) -> list[StepResult]:
         """Verify R trees of R sequences in ONE target forward (trees padded to the largest,
         prefixes padded to the longest; needs a target with ``forward_batch``), then walk all
@@ -252,7 +288,8 @@ class Verifier:
         Every result carries the batch's timings. ``constraints``: per sequence a matcher (or
         None), as in :meth:`step`; ``seeds``: per sequence a sampling seed (or None: the
         verifier's ``generator``), as in :meth:`step`; ``hidden``: as in :meth:`step`, ``[R,
-        T, width]``."""
+        T, width]``; ``rules``: per sequence a decoding rule (or None: the verifier's), so
+        requests with their own sampling settings share the forward."""
         fb = getattr(self.target, "forward_batch", None)
         if fb is None:
             raise SpecdecTypeError(f"{type(self.target).__name__} has no forward_batch: use step()")
@@ -276,6 +313,10 @@ class Verifier:
             raise VerifyError(
                 f"need one seed (or None) per tree: {len(trees)} trees, {len(seeds)} seeds"
             )
+        if rules is not None and len(rules) != len(trees):
+            raise VerifyError(
+                f"need one rule (or None) per tree: {len(trees)} trees, {len(rules)} rules"
+            )
         timings: dict[str, float] = {}
         t0 = self._now()
         prefix = [c.committed_len for c in caches]
@@ -297,9 +338,7 @@ class Verifier:
             u = None
             if seeds is not None and any(sd is not None for sd in seeds):
                 u = _node_uniforms(trees, prefix, seeds, n, self.generator).reshape(-1)
-            flat = logits.reshape(r * n, v)
-            chosen = apply_rule(self.rule, flat, self.generator, u).view(r, n)
-            chosen_np = chosen.cpu().numpy()
+            chosen_np = self._choose_rows(logits, u, rules)
             t3 = self._now()
             timings["rule"] = t3 - t2
             walks = walk_batch(trees, chosen_np)
