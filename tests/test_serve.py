@@ -135,6 +135,24 @@ def chat(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 
 
+def test_the_readmes_serving_examples_run_against_a_server(server: Server) -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Serving") :]
+    section = section[: section.index("\n## ", 1)]
+    curl = re.search(r"```bash\n.*?\n(curl .*?)\n```", section, re.S)
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert curl is not None and code is not None
+    port = server.url.rsplit(":", 1)[1]
+    cmd = curl.group(1).replace("\\\n", " ").replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    reply = json.loads(out.stdout)
+    assert reply["choices"][0]["message"]["content"], reply
+    namespace: dict[str, Any] = {}
+    exec(code.group(1).replace("127.0.0.1:8000", f"127.0.0.1:{port}"), namespace)  # noqa: S102
+    cat = json.loads(namespace["reply"].choices[0].message.content)
+    assert isinstance(cat["name"], str)
+
+
 def test_importing_specdec_imports_no_web_framework() -> None:
     code = (
         "import sys, specdec, specdec.decode, specdec.models; "
