@@ -231,3 +231,35 @@ def test_a_rule_without_uniforms_works_unseeded_and_is_refused_seeded(target) ->
     )
     with pytest.raises(SpecdecTypeError, match="OldArgmax.choose takes no uniforms"):
         gen.generate(p, max_new_tokens=8, seed=1)
+
+
+def test_requests_with_their_own_rules_share_a_batch(target: LlamaModel) -> None:
+    """Per-request decoding rules (a server's per-request temperature / top-k / top-p): a
+    batch that mixes greedy and seeded sampling at three settings gives each request the
+    text its own rule gives alone (the oracle: plain autoregressive decoding with that rule
+    and seed)."""
+    from specdec.verify import Greedy
+
+    ps = prompts(21, 8)
+    rules = [
+        Greedy(),
+        Sampling(0.7),
+        Sampling(1.3, top_k=5),
+        Sampling(1.0, top_p=0.8),
+    ]
+    gen = SpeculativeGenerator(target, SuffixDrafter(max_depth=4), budget=6, max_batch=8)
+    rids = {}
+    for i, p in enumerate(ps):
+        rule = rules[i % 4]
+        rids[gen.submit(p, max_new_tokens=12, rule=rule, seed=100 + i)] = (p, rule, 100 + i)
+    got: dict[int, list[int]] = {}
+    while gen.has_unfinished():
+        for o in gen.step():
+            if o.finished:
+                assert o.result is not None
+                got[o.request_id] = o.result.tokens
+    for rid, (p, rule, seed) in rids.items():
+        want = autoregressive_generate(target, p, max_new_tokens=12, rule=rule, seed=seed)
+        assert got[rid] == want.tokens, (rule, seed)
+    with pytest.raises(SpecdecTypeError, match="rule"):
+        gen.submit(ps[0], max_new_tokens=2, rule="greedy")  # type: ignore[arg-type]
