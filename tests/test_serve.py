@@ -608,6 +608,9 @@ def test_queue_bound_api_key_and_sigterm(tmp_path: Path) -> None:
 
         codes = [r.status_code for r in asyncio.run(burst())]
         assert set(codes) <= {200, 429} and 429 in codes and 200 in codes, codes
+        # n above the queue can never run: a 400, not a 429 to retry forever.
+        over = httpx.post(s.base + "/completions", json={**body, "n": 2}, headers=hdr)
+        assert over.status_code == 400 and over.json()["error"]["param"] == "n", over.text
         limited = [r for r in asyncio.run(burst()) if r.status_code == 429]
         for r in limited:
             assert r.headers["retry-after"].isdigit()
