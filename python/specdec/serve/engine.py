@@ -165,9 +165,11 @@ class Engine:
         self._depth = 8
         if name == "none":
             return None
+        # Finished outputs join the suffix corpus (per cache salt, bounded): a server sees
+        # the same answers, templates and code again, as suffix decoding's global tree does.
         if name == "suffix":
             self._depth = 16
-            return SuffixDrafter(max_depth=16)
+            return SuffixDrafter(max_depth=16, remember_outputs=True)
         if name == "ngram":
             return NgramDrafter(self.model.vocab_size, max_depth=8)
         if name in ("block", "block+suffix"):
@@ -175,7 +177,8 @@ class Engine:
             self._depth = int(block.config.block_size)
             if name == "block":
                 return block
-            return CombinedDrafter(block, SuffixDrafter(max_depth=16), max_depth=self._depth)
+            suffix = SuffixDrafter(max_depth=16, remember_outputs=True)
+            return CombinedDrafter(block, suffix, max_depth=self._depth)
         raise ConfigError(f"drafter must be one of {', '.join(DRAFTERS)}, got {name!r}")
 
     def start(self, warmup: bool = True) -> None:
