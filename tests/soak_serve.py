@@ -45,11 +45,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -63,6 +61,8 @@ from typing import Any
 
 import httpx
 import jsonschema  # type: ignore[import-untyped, unused-ignore]
+
+from serve_harness import Server, poll, start_server
 
 SERVER_ARGS = "--max-batch 8 --max-queue 64 --threads 2"
 RSS_EVERY = 1000  # requests between resident-memory samples
@@ -769,80 +769,6 @@ class Stats:
         return sum(self.results[r] for r in results)
 
 
-# -- the server ------------------------------------------------------------------------------
-@dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    @property
-    def base(self) -> str:
-        return self.url + "/v1"
-
-    def metrics(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for line in httpx.get(self.url + "/metrics", timeout=30).text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-        return out
-
-    def threads(self) -> int:
-        return len(os.listdir(f"/proc/{self.proc.pid}/task"))
-
-    def rss_kb(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise RuntimeError("no VmRSS line")
-
-    def cpu_s(self) -> float:
-        """User and system CPU seconds the process has used."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def start_server(server_args: Sequence[str], log: Path | None) -> Server:
-    port = free_port()
-    if log is None:
-        log = Path(tempfile.gettempdir()) / f"soak-serve-{port}.log"
-    cmd = [sys.executable, "-m", "specdec", "serve", "--port", str(port), *server_args]
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    server = Server(proc, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited {proc.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    proc.kill()
-    raise SystemExit(f"the server did not start in 300 s:\n{server.log_tail()}")
-
-
-def poll(cond: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.2)
-    return cond()
-
-
 def warmup_plans(model: str) -> list[Plan]:
     """One request of each kind, run one at a time before the traffic."""
     hello = [{"role": "user", "content": "Hello"}]
@@ -898,7 +824,11 @@ async def run_plans(
 def soak(args: argparse.Namespace) -> dict[str, Any]:
     """Start the server, warm it up, send the traffic, check the end, stop it: the report."""
     t_start = time.perf_counter()
-    server = start_server(shlex.split(args.server_args), args.log)
+    log_dir = args.log_dir or Path(tempfile.gettempdir())
+    try:
+        server = start_server(shlex.split(args.server_args), log_dir)
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
     stats = Stats()
     report: dict[str, Any] = {
         "requests": args.requests,
@@ -1135,7 +1065,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a request may take")
     ap.add_argument("--max-rss-growth", type=float, default=5.0, help="percent")
     ap.add_argument("--progress", type=int, default=500, help="report every N requests (stderr)")
-    ap.add_argument("--log", type=Path, help="the server's log (default: a file in /tmp)")
+    ap.add_argument(
+        "--log-dir", type=Path, help="where the server's log goes (default: the temp dir)"
+    )
     ap.add_argument("--json", type=Path, help="write the summary here")
     args = ap.parse_args(argv)
     r = soak(args)
