@@ -396,11 +396,14 @@ def test_vllm_processor_validates_params() -> None:
     VllmGrammarProcessor.validate_params(Params(None))
     VllmGrammarProcessor.validate_params(Params({"other": 1}))
     VllmGrammarProcessor.validate_params(Params({"specdec": {"regex": "[0-9]+"}}))
+    VllmGrammarProcessor.validate_params(Params({"specdec": '{"choice": ["a", "b"]}'}))
     for bad, words in [
         ({"regex": "a("}, "unclosed group"),
         ({"json_schema": {"type": "objectx"}}, "objectx"),
         ({"choices": ["a"]}, "unknown key(s) 'choices'"),
-        ("yes", "must be a dict"),
+        ("yes", "not JSON text"),
+        ('["regex"]', "must be a dict"),
+        ('{"choice": ["a", 1]}', "item 1 is int"),
     ]:
         with pytest.raises(ValueError, match=re.escape(words)) as e:
             VllmGrammarProcessor.validate_params(Params({"specdec": bad}))

@@ -2,7 +2,8 @@
 
 A request opts in with ``SamplingParams(extra_args={"specdec": {...}})`` holding one grammar
 spec (``json_schema``, ``regex``, ``gbnf``, ``lark`` or ``choice``: see
-:mod:`specdec.integrations.grammars`); requests without the key are left untouched. Load it
+:mod:`specdec.integrations.grammars`), or the spec as JSON text (what an HTTP request's
+``vllm_xargs`` can carry); requests without the key are left untouched. Load it
 with ``LLM(..., logits_processors=[GrammarLogitsProcessor])`` or
 ``vllm serve ... --logits-processors specdec.integrations.vllm:GrammarLogitsProcessor``.
 
@@ -19,6 +20,7 @@ request in Rust and masks the logits rows in place.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...constrain import Matcher, Vocabulary, fill_next_token_bitmask_batch
 from ...constrain.torch import allocate_token_bitmask, apply_token_bitmask_inplace
-from ...errors import ConfigError, SpecdecError
+from ...errors import ConfigError, GrammarError, SpecdecError
 from ..grammars import GrammarCache, GrammarSpec, vocabulary_from_tokenizer
 
 if TYPE_CHECKING:
@@ -52,7 +54,15 @@ def request_spec(params: Any) -> GrammarSpec | None:
     extra = getattr(params, "extra_args", None)
     if not extra or EXTRA_ARGS_KEY not in extra:
         return None
-    return GrammarSpec.parse(extra[EXTRA_ARGS_KEY], where=f'extra_args["{EXTRA_ARGS_KEY}"]')
+    where = f'extra_args["{EXTRA_ARGS_KEY}"]'
+    spec = extra[EXTRA_ARGS_KEY]
+    if isinstance(spec, str):
+        # Over HTTP (`vllm_xargs`) values are strings: the spec comes as JSON text.
+        try:
+            spec = json.loads(spec)
+        except ValueError as e:
+            raise GrammarError(f"{where} is a str but not JSON text of a spec: {e}") from None
+    return GrammarSpec.parse(spec, where=where)
 
 
 @dataclass
