@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -224,77 +225,111 @@ def batches(kind: str, batch: int) -> list[list[str]]:
     return [[prompts[i % len(prompts)] for i in range(batch)]]
 
 
-def run_speculation(
-    model: Path, max_tokens: int, sizes: list[int], ngram: dict[str, Any]
+SUFFIX = {
+    "method": "custom_class",
+    "model": "specdec.integrations.vllm.SuffixProposer",
+    "num_speculative_tokens": K,
+    "suffix_decoding_max_spec_factor": 2.0,
+}
+CONFIGS: dict[str, dict[str, Any] | None] = {
+    "plain": None,
+    # vLLM's documented n-gram set-up (4-gram lookup), with the same longest draft.
+    "ngram": {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4},
+    # A looser lookup (2- to 5-grams): more drafts, less acceptance.
+    "ngram2-5": {
+        "method": "ngram",
+        "num_speculative_tokens": K,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 5,
+    },
+    "suffix": SUFFIX,
+}
+
+
+def speculation_unit(
+    model: Path, max_tokens: int, batch: int, name: str, spec: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
-    configs: dict[str, dict[str, Any] | None] = {
-        "plain": None,
-        "ngram": {"method": "ngram", "num_speculative_tokens": K, **ngram},
-        "suffix": {
-            "method": "custom_class",
-            "model": "specdec.integrations.vllm.SuffixProposer",
-            "num_speculative_tokens": K,
-        },
-    }
+    """One engine (``spec``: its speculative config, None for plain) at one batch size: a
+    row per prompt kind, its outputs' token ids included, and the proposer's own cost."""
     rows: list[dict[str, Any]] = []
-    plain_out: dict[tuple[int, str], list[list[int]]] = {}
-    for batch in sizes:
-        for name, spec in configs.items():
-            kwargs = {} if spec is None else {"speculative_config": spec}
-            with Engine(model, **kwargs) as eng:
-                eng.generate([WARMUP], greedy(max_tokens))
-                for kind in PROMPTS:
-                    d0 = eng.counter("vllm:spec_decode_num_draft_tokens")
-                    a0 = eng.counter("vllm:spec_decode_num_accepted_tokens")
-                    s0 = eng.counter("vllm:spec_decode_num_drafts")
-                    secs, tokens, outs = 0.0, 0, []
-                    for msgs in batches(kind, batch):
-                        dt, got = eng.generate(msgs, greedy(max_tokens))
-                        secs += dt
-                        tokens += sum(len(o.outputs[0].token_ids) for o in got)
-                        outs += [list(o.outputs[0].token_ids) for o in got]
-                    drafted = eng.counter("vllm:spec_decode_num_draft_tokens") - d0
-                    accepted = eng.counter("vllm:spec_decode_num_accepted_tokens") - a0
-                    drafts = eng.counter("vllm:spec_decode_num_drafts") - s0
-                    if name == "plain":
-                        plain_out[batch, kind] = outs
-                    row = {
-                        "batch": batch,
-                        "config": name,
-                        "kind": kind,
-                        "tokens": tokens,
-                        "seconds": secs,
-                        "tok_s": tokens / secs,
-                        "drafted": drafted,
-                        "accepted": accepted,
-                        "acceptance": accepted / drafted if drafted else None,
-                        "per_step": 1 + accepted / drafts if drafts else None,
-                        "same_as_plain": outs == plain_out.get((batch, kind)),
-                    }
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-                if name == "suffix":
-                    st = eng.runner().drafter.stats
-                    print(
-                        json.dumps(
-                            {
-                                "batch": batch,
-                                "proposer_us_per_request_step": 1e6 * st.seconds / st.requests,
-                                "proposer_calls": st.calls,
-                                "proposer_requests": st.requests,
-                            }
-                        ),
-                        flush=True,
-                    )
-                    rows.append(
-                        {
-                            "batch": batch,
-                            "config": "suffix",
-                            "kind": "proposer cost",
-                            "us_per_request_step": 1e6 * st.seconds / st.requests,
-                        }
-                    )
+    kwargs = {} if spec is None else {"speculative_config": spec}
+    with Engine(model, **kwargs) as eng:
+        eng.generate([WARMUP], greedy(max_tokens))
+        for kind in PROMPTS:
+            d0 = eng.counter("vllm:spec_decode_num_draft_tokens")
+            a0 = eng.counter("vllm:spec_decode_num_accepted_tokens")
+            s0 = eng.counter("vllm:spec_decode_num_drafts")
+            secs, tokens, outs = 0.0, 0, []
+            for msgs in batches(kind, batch):
+                dt, got = eng.generate(msgs, greedy(max_tokens))
+                secs += dt
+                tokens += sum(len(o.outputs[0].token_ids) for o in got)
+                outs += [list(o.outputs[0].token_ids) for o in got]
+            drafted = eng.counter("vllm:spec_decode_num_draft_tokens") - d0
+            accepted = eng.counter("vllm:spec_decode_num_accepted_tokens") - a0
+            drafts = eng.counter("vllm:spec_decode_num_drafts") - s0
+            rows.append(
+                {
+                    "batch": batch,
+                    "config": name,
+                    "kind": kind,
+                    "tokens": tokens,
+                    "seconds": secs,
+                    "tok_s": tokens / secs,
+                    "drafted": drafted,
+                    "accepted": accepted,
+                    "acceptance": accepted / drafted if drafted else None,
+                    "per_step": 1 + accepted / drafts if drafts else None,
+                    "outputs": outs,
+                }
+            )
+        st = getattr(getattr(eng.runner(), "drafter", None), "stats", None)
+        if st is not None and st.requests:
+            us = 1e6 * st.seconds / st.requests
+            rows.append(
+                {"batch": batch, "config": name, "kind": "proposer cost", "us_per_request_step": us}
+            )
     return rows
+
+
+def run_speculation(
+    model: Path, max_tokens: int, sizes: list[int], configs: dict[str, dict[str, Any] | None]
+) -> list[dict[str, Any]]:
+    """Every config at every batch size, each engine in a child process; marks each row
+    whose outputs equal plain vLLM's (when plain is among the configs)."""
+    rows: list[dict[str, Any]] = []
+    for batch in sizes:
+        plain: dict[str, list[list[int]]] = {}
+        for name in configs:
+            for row in child(model, ["speculation", str(max_tokens), str(batch), name]):
+                outs = row.pop("outputs", None)
+                if outs is not None:
+                    if name == "plain":
+                        plain[row["kind"]] = outs
+                    row["same_as_plain"] = plain.get(row["kind"]) == outs
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+def child(model: Path, unit: list[str]) -> list[dict[str, Any]]:
+    """Run one engine's measurements in a fresh process (vLLM's CPU platform does not
+    set up a second engine in a process once its n-gram proposer has loaded numba) and
+    return its rows."""
+    argv = [sys.executable, __file__, "--model", str(model), "--child", json.dumps(unit)]
+    out = subprocess.run(argv, capture_output=True, text=True)
+    rows = [
+        json.loads(line[len(RESULT) :])
+        for line in out.stdout.splitlines()
+        if line.startswith(RESULT)
+    ]
+    if out.returncode != 0 or not rows:
+        sys.exit(f"{unit} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
+    result: list[dict[str, Any]] = rows[0]
+    return result
+
+
+RESULT = "RESULT "
 
 
 class Timer:
@@ -343,7 +378,10 @@ def timed_structured_outputs() -> Iterator[Timer]:
         ) = saved
 
 
-def run_grammars(model: Path, max_tokens: int, sizes: list[int]) -> list[dict[str, Any]]:
+def grammar_unit(
+    model: Path, max_tokens: int, sizes: list[int], backend: str
+) -> list[dict[str, Any]]:
+    """One grammar backend's engine: a row per batch size."""
     import jsonschema  # type: ignore[import-untyped]
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
@@ -366,104 +404,107 @@ def run_grammars(model: Path, max_tokens: int, sizes: list[int]) -> list[dict[st
         )
 
     rows: list[dict[str, Any]] = []
-    for backend in ("xgrammar", "guidance", "specdec"):
+    if backend == "specdec":
+        kwargs: dict[str, Any] = {"logits_processors": [GrammarLogitsProcessor]}
+    else:
+        kwargs = {"structured_outputs_config": {"backend": backend, "disable_any_whitespace": True}}
+    with timed_structured_outputs() as timer, Engine(model, **kwargs) as eng:
+        # Every schema compiled once, unmeasured.
+        eng.generate(
+            ["Say hi as JSON."] * len(SCHEMAS), [params(backend, s) for _, s, _ in SCHEMAS]
+        )
+        proc = None
         if backend == "specdec":
-            kwargs: dict[str, Any] = {"logits_processors": [GrammarLogitsProcessor]}
-        else:
-            kwargs = {
-                "structured_outputs_config": {"backend": backend, "disable_any_whitespace": True}
-            }
-        with timed_structured_outputs() as timer, Engine(model, **kwargs) as eng:
-            # Every schema compiled once, unmeasured.
-            eng.generate(
-                ["Say hi as JSON."] * len(SCHEMAS), [params(backend, s) for _, s, _ in SCHEMAS]
+            (proc,) = [
+                p
+                for p in eng.runner().input_batch.logitsprocs.all
+                if isinstance(p, GrammarLogitsProcessor)
+            ]
+        for batch in sizes:
+            timer.seconds, timer.steps = 0.0, 0
+            if proc is not None:
+                proc.stats.seconds, proc.stats.steps = 0.0, 0
+            calls = [[r] for r in requests] if batch == 1 else [requests[:batch]]
+            secs, tokens, valid, total = 0.0, 0, 0, 0
+            for call in calls:
+                dt, outs = eng.generate([p for _, p in call], [params(backend, s) for s, _ in call])
+                secs += dt
+                for (schema, _), o in zip(call, outs, strict=True):
+                    tokens += len(o.outputs[0].token_ids)
+                    total += 1
+                    try:
+                        jsonschema.validate(json.loads(o.outputs[0].text), schema)
+                        valid += 1
+                    except (ValueError, jsonschema.ValidationError):
+                        pass
+            mask_s, steps = (
+                (proc.stats.seconds, proc.stats.steps)
+                if proc is not None
+                else (timer.seconds, timer.steps)
             )
-            proc = None
-            if backend == "specdec":
-                (proc,) = [
-                    p
-                    for p in eng.runner().input_batch.logitsprocs.all
-                    if isinstance(p, GrammarLogitsProcessor)
-                ]
-            for batch in sizes:
-                timer.seconds, timer.steps = 0.0, 0
-                if proc is not None:
-                    proc.stats.seconds, proc.stats.steps = 0.0, 0
-                calls = [[r] for r in requests] if batch == 1 else [requests[:batch]]
-                secs, tokens, valid, total = 0.0, 0, 0, 0
-                for call in calls:
-                    dt, outs = eng.generate(
-                        [p for _, p in call], [params(backend, s) for s, _ in call]
-                    )
-                    secs += dt
-                    for (schema, _), o in zip(call, outs, strict=True):
-                        tokens += len(o.outputs[0].token_ids)
-                        total += 1
-                        try:
-                            jsonschema.validate(json.loads(o.outputs[0].text), schema)
-                            valid += 1
-                        except (ValueError, jsonschema.ValidationError):
-                            pass
-                mask_s, steps = (
-                    (proc.stats.seconds, proc.stats.steps)
-                    if proc is not None
-                    else (timer.seconds, timer.steps)
-                )
-                row = {
-                    "batch": batch,
-                    "backend": backend,
-                    "tokens": tokens,
-                    "tok_s": tokens / secs,
-                    "mask_ms_per_step": 1e3 * mask_s / steps if steps else None,
-                    "steps": steps,
-                    "valid": f"{valid}/{total}",
-                }
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+            row = {
+                "batch": batch,
+                "backend": backend,
+                "tokens": tokens,
+                "tok_s": tokens / secs,
+                "mask_ms_per_step": 1e3 * mask_s / steps if steps else None,
+                "steps": steps,
+                "valid": f"{valid}/{total}",
+            }
+            rows.append(row)
+    return rows
+
+
+def run_grammars(model: Path, max_tokens: int, sizes: list[int]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for backend in ("xgrammar", "guidance", "specdec"):
+        for row in child(model, ["grammar", str(max_tokens), ",".join(map(str, sizes)), backend]):
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return rows
 
 
 def table(spec_rows: list[dict[str, Any]], grammar_rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| batch | kind | plain tok/s | ngram tok/s (acc.) | suffix tok/s (acc.) | suffix / ngram "
-        "| same output |"
-    ]
-    lines.append("|---:|---|---:|---:|---:|---:|---|")
-    sizes = sorted({r["batch"] for r in spec_rows})
-    for batch in sizes:
+    lines: list[str] = []
+    configs = list(dict.fromkeys(r["config"] for r in spec_rows if r["kind"] in PROMPTS))
+    ngrams = [c for c in configs if c.startswith("ngram")]
+    if spec_rows:
+        head = " | ".join(f"{c} tok/s (acc.)" for c in configs)
+        ratios = " | ".join(f"suffix / {c}" for c in ngrams)
+        lines.append(f"| batch | kind | {head} | {ratios} | same output |")
+        lines.append("|---:|---|" + "---:|" * (len(configs) + len(ngrams)) + "---|")
+    for batch in sorted({r["batch"] for r in spec_rows}):
         by = {(r["config"], r["kind"]): r for r in spec_rows if r["batch"] == batch}
-        kinds = [*PROMPTS, "mix"]
-        for kind in kinds:
-            if kind == "mix":
-                agg = {}
-                for cfg in ("plain", "ngram", "suffix"):
-                    rs = [by[cfg, k] for k in PROMPTS]
-                    drafted = sum(r["drafted"] for r in rs)
-                    agg[cfg] = {
-                        "tok_s": sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs),
-                        "acceptance": sum(r["accepted"] for r in rs) / drafted if drafted else None,
-                        "same_as_plain": all(r["same_as_plain"] for r in rs),
-                    }
-                p, n, s = agg["plain"], agg["ngram"], agg["suffix"]
-            else:
-                p, n, s = by["plain", kind], by["ngram", kind], by["suffix", kind]
-
-            def acc(r: dict[str, Any]) -> str:
-                return "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}"
-
-            same = "yes" if n["same_as_plain"] and s["same_as_plain"] else "NO"
-            lines.append(
-                f"| {batch} | {kind} | {p['tok_s']:.1f} | {n['tok_s']:.1f} ({acc(n)}) | "
-                f"{s['tok_s']:.1f} ({acc(s)}) | {s['tok_s'] / n['tok_s']:.2f}x | {same} |"
+        for kind in [*PROMPTS, "mix"]:
+            cells: dict[str, dict[str, Any]] = {}
+            for c in configs:
+                rs = [by[c, k] for k in PROMPTS] if kind == "mix" else [by[c, kind]]
+                drafted = sum(r["drafted"] for r in rs)
+                cells[c] = {
+                    "tok_s": sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs),
+                    "acc": sum(r["accepted"] for r in rs) / drafted if drafted else None,
+                    "same": all(r["same_as_plain"] for r in rs),
+                }
+            shown = " | ".join(
+                f"{cells[c]['tok_s']:.1f}"
+                + ("" if cells[c]["acc"] is None else f" ({cells[c]['acc']:.0%})")
+                for c in configs
             )
-    cost = [r for r in spec_rows if r["kind"] == "proposer cost"]
-    for r in cost:
-        lines.append(
-            f"\nSuffixProposer cost, batch {r['batch']}: "
-            f"{r['us_per_request_step']:.0f} µs per request per step"
-        )
-    lines.append("\n| batch | backend | tok/s | mask ms/step | valid |")
-    lines.append("|---:|---|---:|---:|---|")
+            ratio = " | ".join(
+                f"{cells['suffix']['tok_s'] / cells[c]['tok_s']:.2f}x" for c in ngrams
+            )
+            same = "yes" if all(v["same"] for v in cells.values()) else "NO"
+            name = "**mix**" if kind == "mix" else kind
+            lines.append(f"| {batch} | {name} | {shown} | {ratio} | {same} |")
+    for r in spec_rows:
+        if r["kind"] == "proposer cost":
+            lines.append(
+                f"\n{r['config']} proposer, batch {r['batch']}: "
+                f"{r['us_per_request_step']:.0f} µs per request per step"
+            )
+    if grammar_rows:
+        lines.append("\n| batch | backend | tok/s | mask ms/step | valid |")
+        lines.append("|---:|---|---:|---:|---|")
     for r in grammar_rows:
         mask = "-" if r["mask_ms_per_step"] is None else f"{r['mask_ms_per_step']:.3f}"
         lines.append(
@@ -480,9 +521,14 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-gib", type=int, default=2)
-    ap.add_argument("--ngram", default='{"prompt_lookup_min": 2, "prompt_lookup_max": 5}')
+    ap.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help=f"speculation configs to run, of {', '.join(CONFIGS)}",
+    )
     ap.add_argument("--parts", default="speculation,grammar")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     env = vllm_env(args.threads, args.kv_gib)
     libs = preload()
@@ -492,18 +538,24 @@ def main() -> None:
         )
     os.environ.update({k: v for k, v in env.items() if k not in os.environ})
     model = model_dir(args.model)
+    if args.child is not None:
+        part, max_tokens, arg, name = json.loads(args.child)
+        if part == "speculation":
+            rows = speculation_unit(model, int(max_tokens), int(arg), name, CONFIGS[name])
+        else:
+            rows = grammar_unit(model, int(max_tokens), [int(b) for b in arg.split(",")], name)
+        print(RESULT + json.dumps(rows), flush=True)
+        return
     sizes = [int(b) for b in args.batches.split(",")]
     parts = set(args.parts.split(","))
     t0 = time.perf_counter()
+    configs = {c: CONFIGS[c] for c in args.configs.split(",")}
     spec_rows = (
-        run_speculation(model, args.max_tokens, sizes, json.loads(args.ngram))
-        if "speculation" in parts
-        else []
+        run_speculation(model, args.max_tokens, sizes, configs) if "speculation" in parts else []
     )
     grammar_rows = run_grammars(model, args.grammar_max_tokens, sizes) if "grammar" in parts else []
     print(f"\nwall time {time.perf_counter() - t0:.0f} s; threads {args.threads}")
-    if spec_rows and grammar_rows:
-        print(table(spec_rows, grammar_rows))
+    print(table(spec_rows, grammar_rows))
     if args.json is not None:
         args.json.write_text(
             json.dumps({"speculation": spec_rows, "grammar": grammar_rows}, indent=1)

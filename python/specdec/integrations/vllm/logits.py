@@ -78,7 +78,8 @@ class _Row:
 @dataclass
 class MaskStats:
     """What the processor did: steps that masked at least one row, rows masked, seconds
-    spent (feeding tokens, filling bitmasks, masking logits)."""
+    spent (following the batch, feeding tokens, filling bitmasks, masking logits), and
+    the errors of requests that failed."""
 
     steps: int = 0
     rows: int = 0
@@ -157,6 +158,11 @@ class GrammarLogitsProcessor(_Base):  # type: ignore[misc]
     def update_state(self, batch_update: Any) -> None:
         if not batch_update:
             return
+        t0 = time.perf_counter()
+        self._update(batch_update)
+        self.stats.seconds += time.perf_counter() - t0
+
+    def _update(self, batch_update: Any) -> None:
         # vLLM's order: removed, then added (possibly into a removed index), then moved.
         for index in batch_update.removed:
             self._rows.pop(index, None)

@@ -8,6 +8,7 @@ indices (:class:`~specdec.draft.SuffixDrafter`).
         "model": "specdec.integrations.vllm.SuffixProposer",
         "num_speculative_tokens": 8,          # the longest draft
         "suffix_decoding_min_token_prob": 0.1,  # the least path probability drafted
+        "suffix_decoding_max_spec_factor": 2.0,  # drafts <= 2 x the matched suffix
     })
 
 Each running request has its own suffix index of its prompt and output; the outputs of
@@ -15,9 +16,11 @@ finished requests join a shared corpus (least recently used out past
 ``corpus_tokens``), so a continuation seen in any earlier output is drafted too. Each step
 a request gets the most probable chain of the tree its context's longest recurring suffix
 proposes: at most ``num_speculative_tokens`` tokens, each prefix's empirical probability at
-least ``suffix_decoding_min_token_prob`` (vLLM's setting of the same name for its own
-suffix decoding), so a draft is long where the context repeats itself and short or empty
-where no continuation is likely.
+least ``suffix_decoding_min_token_prob``, and at most ``suffix_decoding_max_spec_factor``
+times as long as the context suffix it matched (vLLM's settings of the same names for its
+own suffix decoding; a one-token match is weak evidence however often it recurred), so a
+draft is long where the context repeats itself and short or empty where no continuation is
+likely.
 
 vLLM passes a proposer only the batch's token arrays; which request each row holds
 (``input_batch.req_ids``) and which requests are still alive (finished ones leave
@@ -90,6 +93,8 @@ class SuffixChains:
         min_prob: float,
         max_match: int = 8,
         corpus_tokens: int = DEFAULT_CORPUS_TOKENS,
+        min_match: int = 1,
+        depth_factor: float | None = None,
     ) -> None:
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ConfigError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
@@ -99,6 +104,8 @@ class SuffixChains:
             min_prob=min_prob,
             remember_outputs=True,
             corpus_tokens=corpus_tokens,
+            min_match=min_match,
+            depth_factor=depth_factor,
         )
         self.max_tokens = max_tokens
         # Every node of path probability >= p lies within the best depth / p of a best-first
@@ -188,12 +195,15 @@ def _find_runner(proposer: object) -> Any:
 
 class SuffixProposer:
     """A vLLM ``custom_class`` proposer (see the module docstring). Subclass it to change
-    the class settings (``max_match``, ``corpus_tokens``; ``min_prob`` overrides the speculative
-    config's ``suffix_decoding_min_token_prob``) and name the subclass's path instead."""
+    the class settings (``max_match``, ``min_match``, ``corpus_tokens``; ``min_prob`` and
+    ``depth_factor`` override the speculative config's ``suffix_decoding_min_token_prob``
+    and ``suffix_decoding_max_spec_factor``) and name the subclass's path instead."""
 
     max_match: ClassVar[int] = 8
+    min_match: ClassVar[int] = 1
     corpus_tokens: ClassVar[int] = DEFAULT_CORPUS_TOKENS
     min_prob: ClassVar[float | None] = None
+    depth_factor: ClassVar[float | None] = None
 
     def __init__(self, vllm_config: Any) -> None:
         spec = getattr(vllm_config, "speculative_config", None)
@@ -206,11 +216,16 @@ class SuffixProposer:
         min_prob = self.min_prob
         if min_prob is None:
             min_prob = float(getattr(spec, "suffix_decoding_min_token_prob", 0.1))
+        factor = self.depth_factor
+        if factor is None:
+            factor = float(getattr(spec, "suffix_decoding_max_spec_factor", 1.0))
         self.chains = SuffixChains(
             max_tokens=k,
             min_prob=min_prob,
             max_match=self.max_match,
             corpus_tokens=self.corpus_tokens,
+            min_match=self.min_match,
+            depth_factor=factor,
         )
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.stats = ProposeStats()
