@@ -969,7 +969,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--keep-text", action="store_true", help="put the generated texts in --json too"
     )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="specdec alone, concurrency 1, one request of each kind, 8 tokens (the test suite)",
+    )
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.servers, args.concurrency, args.max_tokens, args.requests = "specdec", "1", 8, 1
     args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     args.servers = [s.strip() for s in str(args.servers).split(",") if s.strip()]
     return args
@@ -985,6 +992,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     say(f"server logs: {log_dir}")
     base = build_requests()
+    if args.smoke:
+        base = [next(r for r in base if r.kind == k) for k in dict.fromkeys(r.kind for r in base)]
     records: list[dict[str, Any]] = []
     skipped: list[str] = []
     for spec in server_specs(args, args.servers):
