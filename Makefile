@@ -27,6 +27,17 @@ bench:
 	cargo bench -p specdec-core
 	specdec bench
 
+# Not in CI (whoever merges decides): tests/vllm/ in vLLM's CPU build, in its own venv
+# .venv-vllm (made once by tests/vllm/venv.sh: vLLM on PyPI's torch, specdec editable).
+# LD_PRELOAD: the allocator and OpenMP runtime vLLM's CPU backend expects, those present.
+VLLM_VENV ?= .venv-vllm
+.PHONY: test-vllm
+test-vllm:
+	bash tests/vllm/venv.sh $(VLLM_VENV)
+	LD_PRELOAD="$$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 \
+	    $(VLLM_VENV)/lib/libiomp5.so 2>/dev/null | paste -sd:)" \
+	    $(VLLM_VENV)/bin/python -m pytest tests/vllm
+
 # Not in CI (tests/test_soak.py is the short version): a simulated serving loop, 10^5 steps.
 .PHONY: soak
 soak:

@@ -35,6 +35,8 @@ def test_suffix_index_matches_the_reference() -> None:
         live = [rng.randrange(vocab) for _ in range(rng.randrange(1, 16))]
         max_match, depth = rng.randrange(1, 5), rng.randrange(0, 6)
         budget, min_prob = rng.randrange(1, 14), rng.choice([0.0, 0.2, 0.5])
+        min_match = rng.choice([1, 1, 2, 3])
+        factor = rng.choice([None, None, 0.5, 1.0, 1.5, 2.0])
         index, shared = _core.SuffixIndex(max_match), _core.SuffixCorpus(max_match)
         salts = [rng.choice([None, b"a"]) for _ in corpus]
         for c, s in zip(corpus, salts, strict=True):
@@ -43,7 +45,9 @@ def test_suffix_index_matches_the_reference() -> None:
         index.extend(live[len(live) // 2 :])
         context = live if case % 2 else [rng.randrange(vocab) for _ in range(3)]
         salt = rng.choice([None, "a", b"b"])  # "a" is b"a"; b"b" holds nothing
-        got = paths(index.propose(context, depth, budget, min_prob, shared, salt))
+        got = paths(
+            index.propose(context, depth, budget, min_prob, shared, salt, min_match, factor)
+        )
         mine = [c for c, s in zip(corpus, salts, strict=True) if s == _bytes(salt)]
         want = reference_suffix_proposal(
             [*mine, live],
@@ -52,6 +56,8 @@ def test_suffix_index_matches_the_reference() -> None:
             max_depth=depth,
             budget=budget,
             min_prob=min_prob,
+            min_match=min_match,
+            depth_factor=factor,
         )
         assert [p for p, _ in got] == [p for p, _ in want], case
         np.testing.assert_allclose([lp for _, lp in got], [lp for _, lp in want], atol=1e-12)
@@ -142,6 +148,11 @@ def test_bad_input_raises_specdec_errors() -> None:
         (lambda: index.propose([1], 2, 1, 0.0, _core.SuffixCorpus(3)), DraftError),
         (lambda: SuffixDrafter(max_match=0), DraftError),
         (lambda: SuffixDrafter(min_prob=2.0), DraftError),
+        (lambda: SuffixDrafter(min_match=0), DraftError),
+        (lambda: SuffixDrafter(depth_factor=0.0), DraftError),
+        (lambda: SuffixDrafter(depth_factor=float("inf")), DraftError),
+        (lambda: index.propose([1], 2, 1, 0.0, None, None, 0), DraftError),
+        (lambda: index.propose([1], 2, 1, 0.0, None, None, 1, -1.0), DraftError),
         (lambda: SuffixDrafter().propose_tree([1, 2], 0), DraftError),
         (lambda: SuffixDrafter().propose_tree([], 2), ConfigError),
         (lambda: SuffixDrafter().propose_tree([1, -2], 2), TreeError),

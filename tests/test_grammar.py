@@ -263,6 +263,33 @@ def test_apply_token_bitmask_matches_reference() -> None:
     assert torch.isinf(wide[0, 96:]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_apply_token_bitmask_cpu_matches_a_per_token_loop(dtype: torch.dtype) -> None:
+    # The CPU path (byte lookups, clamping) against the definition, bit by bit: widths off
+    # the word size, vocab_size below the logits' width, a wider bitmask, rows by indices.
+    rng = np.random.default_rng(1)
+    for v, words, vocab_size, indices in [
+        (70, 3, None, None),
+        (64, 2, 50, None),
+        (40, 3, None, [2, 0]),
+        (1000, 32, 999, [1, 3, 0]),
+    ]:
+        rows = 4 if indices is None else len(indices)
+        bm = rng.integers(-(2**31), 2**31, size=(rows, words), dtype=np.int64).astype(np.int32)
+        bm[0] = -1  # a row that allows everything
+        logits = torch.randn(4, v).to(dtype)
+        ref = logits.clone()
+        n = v if vocab_size is None else vocab_size
+        for k, b in enumerate(range(4) if indices is None else indices):
+            for t in range(n):
+                if t >= 32 * words or not (int(bm[k, t // 32]) >> (t % 32)) & 1:
+                    ref[b, t] = float("-inf")
+        specdec.apply_token_bitmask_inplace(
+            logits, torch.from_numpy(bm), vocab_size=vocab_size, indices=indices
+        )
+        assert torch.equal(logits, ref), (v, words, vocab_size, indices)
+
+
 def test_apply_token_bitmask_no_allowed_tokens() -> None:
     logits = torch.randn(2, 40)
     before = logits.clone()

@@ -151,11 +151,15 @@ class SuffixIndex:
         min_prob: float = 0.0,
         corpus: SuffixCorpus | None = None,
         cache_salt: bytes | str | None = None,
+        min_match: int = 1,
+        depth_factor: float | None = None,
     ) -> TreeArrays:
         """The tree of the ``budget`` most frequent continuations of ``context`` (root: its last
         token), best-first by path probability, ``logprobs`` = log path probabilities; pooled
         over this index and the ``cache_salt`` partition of ``corpus`` (same ``max_match``),
-        whose sequences drafted from become its most recently used."""
+        whose sequences drafted from become its most recently used. Only a context suffix of
+        at least ``min_match`` tokens matches; with ``depth_factor`` the tree is at most
+        ``floor(depth_factor * matched length)`` tokens deep (at least 1)."""
 
 @final
 class SuffixCorpus:

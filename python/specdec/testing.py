@@ -200,6 +200,8 @@ def reference_suffix_proposal(
     max_depth: int,
     budget: int,
     min_prob: float = 0.0,
+    min_match: int = 1,
+    depth_factor: float | None = None,
 ) -> list[tuple[list[int], float]]:
     """What :meth:`specdec._core.SuffixIndex.propose` drafts, from scratch: the drafted paths
     (root excluded) in node order with their log path probabilities.
@@ -211,12 +213,17 @@ def reference_suffix_proposal(
     contributes its next ``max_depth`` tokens. Each distinct prefix of those continuations
     is counted and scored count / occurrences; the first ``budget`` prefixes of probability
     >= ``min_prob``, sorted by count descending then first appearance (occurrence, then
-    length), are the tree."""
+    length), are the tree. No suffix shorter than ``min_match`` matches; with
+    ``depth_factor`` a match of ``m`` tokens contributes ``floor(depth_factor * m)`` tokens
+    (at least 1, at most ``max_depth``)."""
     ctx = list(context)
-    for m in range(min(max_match, len(ctx)), 0, -1):
+    for m in range(min(max_match, len(ctx)), min_match - 1, -1):
         suffix = ctx[len(ctx) - m :]
+        depth = max_depth
+        if depth_factor is not None:
+            depth = min(max(1, math.floor(depth_factor * m)), max(max_depth, 1))
         conts = [
-            list(seq[end : end + max_depth])
+            list(seq[end : end + depth])
             for seq in sequences
             for end in range(m, len(seq))
             if list(seq[end - m : end]) == suffix

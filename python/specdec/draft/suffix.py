@@ -66,7 +66,10 @@ class SuffixDrafter:
     (:class:`~specdec.protocols.RequestLifecycle`).
 
     ``max_match``: longest context suffix looked up; ``max_depth``: deepest drafted node;
-    ``min_prob``: smallest path probability drafted.
+    ``min_prob``: smallest path probability drafted; ``min_match``: shortest context suffix
+    that counts as a match; ``depth_factor``: with it, a match of ``m`` tokens drafts at most
+    ``floor(depth_factor * m)`` tokens deep (a short match is weak evidence however often it
+    occurred: suffix decoding's ``max_spec_factor``).
 
     A request added with :meth:`add_request` gets its own index of its prompt; each
     :class:`~specdec.protocols.DraftRequest` with its ``request_id`` must extend the tokens
@@ -88,12 +91,20 @@ class SuffixDrafter:
         min_prob: float = 0.0,
         remember_outputs: bool = False,
         corpus_tokens: int = DEFAULT_CORPUS_TOKENS,
+        min_match: int = 1,
+        depth_factor: float | None = None,
     ) -> None:
         self.max_match = check_int(max_match, "max_match", 1, DraftError)
         self.max_depth = check_int(max_depth, "max_depth", 1, DraftError)
         self.min_prob = check_float(min_prob, "min_prob", DraftError)
         if not 0.0 <= self.min_prob <= 1.0:
             raise DraftError(f"min_prob must be in [0, 1], got {self.min_prob}")
+        self.min_match = check_int(min_match, "min_match", 1, DraftError)
+        self.depth_factor = (
+            None if depth_factor is None else check_float(depth_factor, "depth_factor", DraftError)
+        )
+        if self.depth_factor is not None and not 0.0 < self.depth_factor < float("inf"):
+            raise DraftError(f"depth_factor must be finite and > 0, got {self.depth_factor}")
         self.remember_outputs = bool(remember_outputs)
         self.corpus_tokens = check_int(corpus_tokens, "corpus_tokens", 0, DraftError)
         self._corpus = _core.SuffixCorpus(self.max_match, self.corpus_tokens)
@@ -180,7 +191,14 @@ class SuffixDrafter:
                 state.seen.extend(new)
             tail = state.seen[-self.max_match :]  # a proposal reads no more of the context
             arrays = state.index.propose(
-                tail, self.max_depth, budget, self.min_prob, self._corpus, state.salt
+                tail,
+                self.max_depth,
+                budget,
+                self.min_prob,
+                self._corpus,
+                state.salt,
+                self.min_match,
+                self.depth_factor,
             )
             out.append(DraftTree._from_core(arrays))
         return out

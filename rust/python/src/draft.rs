@@ -105,8 +105,12 @@ impl SuffixIndex {
 
     /// The tree of the `budget` most frequent continuations of `context`, pooled with the
     /// `cache_salt` partition of `corpus`; the corpus sequences drafted from become its most
-    /// recently used.
-    #[pyo3(signature = (context, max_depth, budget, min_prob=0.0, corpus=None, cache_salt=None))]
+    /// recently used. `min_match`: the shortest suffix that counts as a match;
+    /// `depth_factor`: at most `floor(depth_factor x matched length)` tokens deep.
+    #[pyo3(signature = (
+        context, max_depth, budget, min_prob=0.0, corpus=None, cache_salt=None, min_match=1,
+        depth_factor=None,
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn propose(
         &self,
@@ -117,18 +121,32 @@ impl SuffixIndex {
         #[pyo3(from_py_with = draft_arg)] min_prob: f64,
         corpus: Option<&Bound<'_, SuffixCorpus>>,
         #[pyo3(from_py_with = draft_salt_arg)] cache_salt: Option<Vec<u8>>,
+        #[pyo3(from_py_with = draft_arg)] min_match: usize,
+        #[pyo3(from_py_with = draft_arg)] depth_factor: Option<f64>,
     ) -> PyResult<TreeArrays> {
         let corpus: Option<&SuffixCorpus> = corpus.map(Bound::get);
+        let limits = core::MatchLimits {
+            min_match,
+            depth_factor,
+        };
         let built = py
             .detach(|| {
                 let index = self.lock()?;
                 let Some(corpus) = corpus else {
-                    return Ok(index.propose(&context, None, max_depth, budget, min_prob)?);
+                    return Ok(index
+                        .propose_limited(&context, None, max_depth, budget, min_prob, limits)?);
                 };
                 let proposal = {
                     let held = corpus.inner.read()?;
                     let part = held.part(cache_salt.as_deref());
-                    index.propose(&context, Some(part), max_depth, budget, min_prob)?
+                    index.propose_limited(
+                        &context,
+                        Some(part),
+                        max_depth,
+                        budget,
+                        min_prob,
+                        limits,
+                    )?
                 };
                 drop(index);
                 if !proposal.matched.is_empty() {

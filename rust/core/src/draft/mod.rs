@@ -7,7 +7,7 @@ mod corpus;
 mod suffix;
 
 pub use corpus::{CorpusPart, SuffixCorpus};
-pub use suffix::{CorpusId, Proposal, SuffixIndex};
+pub use suffix::{CorpusId, MatchLimits, Proposal, SuffixIndex};
 
 use thiserror::Error;
 
@@ -33,4 +33,8 @@ pub enum DraftError {
     MaxMatchMismatch { index: usize, corpus: usize },
     #[error("propose needs a context of at least one token (its last token is the root)")]
     EmptyContext,
+    #[error("min_match must be >= 1, got {0}")]
+    MinMatch(usize),
+    #[error("depth_factor must be finite and > 0, got {0}")]
+    DepthFactor(f64),
 }

@@ -152,6 +152,46 @@ pub struct Proposal {
     pub matched: Vec<CorpusId>,
 }
 
+/// How short a match a proposal accepts and how deep it drafts from it: a suffix of at least
+/// `min_match` tokens must have occurred, and with `depth_factor` the tree is at most
+/// `floor(depth_factor x matched length)` tokens deep (at least 1). A short match is weak
+/// evidence however often it occurred: one token seen before predicts little of what
+/// follows, eight tokens seen before mostly do (suffix decoding's `max_spec_factor`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MatchLimits {
+    pub min_match: usize,
+    pub depth_factor: Option<f64>,
+}
+
+impl Default for MatchLimits {
+    fn default() -> Self {
+        MatchLimits {
+            min_match: 1,
+            depth_factor: None,
+        }
+    }
+}
+
+impl MatchLimits {
+    fn check(&self) -> Result<(), DraftError> {
+        if self.min_match == 0 {
+            return Err(DraftError::MinMatch(self.min_match));
+        }
+        match self.depth_factor {
+            Some(f) if !(f.is_finite() && f > 0.0) => Err(DraftError::DepthFactor(f)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The depth drafted after a match of `matched` tokens, within `max_depth`.
+    fn depth(&self, matched: usize, max_depth: usize) -> usize {
+        match self.depth_factor {
+            None => max_depth,
+            Some(f) => ((f * matched as f64).floor() as usize).clamp(1, max_depth.max(1)),
+        }
+    }
+}
+
 /// A node of the continuation trie built for one proposal.
 struct TrieNode {
     token: i64,
@@ -213,6 +253,28 @@ impl SuffixIndex {
         budget: i64,
         min_prob: f64,
     ) -> Result<Proposal, DraftError> {
+        self.propose_limited(
+            context,
+            corpus,
+            max_depth,
+            budget,
+            min_prob,
+            MatchLimits::default(),
+        )
+    }
+
+    /// [`propose`](Self::propose) with [`MatchLimits`]: no match shorter than
+    /// `limits.min_match` counts, and the tree's depth follows the matched length.
+    pub fn propose_limited(
+        &self,
+        context: &[i64],
+        corpus: Option<CorpusPart<'_>>,
+        max_depth: usize,
+        budget: i64,
+        min_prob: f64,
+        limits: MatchLimits,
+    ) -> Result<Proposal, DraftError> {
+        limits.check()?;
         if budget < 1 {
             return Err(TreeError::Budget(budget).into());
         }
@@ -234,7 +296,7 @@ impl SuffixIndex {
         let (continuations, matched) = if max_depth == 0 {
             (Vec::new(), Vec::new())
         } else {
-            self.longest_match(context, corpus.as_ref(), max_depth)
+            self.longest_match(context, corpus.as_ref(), max_depth, limits)
         };
         let trie = trie(&continuations);
         let total = continuations.len() as f64;
@@ -268,18 +330,20 @@ impl SuffixIndex {
         })
     }
 
-    /// The continuations (at most `max_depth` tokens) of every occurrence of the longest
-    /// suffix of `context` (at most `max_match` tokens) that occurred with at least one token
-    /// after it, the corpus's first, and the corpus sequences they came from; empty when no
-    /// suffix did.
+    /// The continuations (at most `limits.depth(m, max_depth)` tokens) of every occurrence
+    /// of the longest suffix of `context` (`m` tokens: at most `max_match`, at least
+    /// `limits.min_match`) that occurred with at least one token after it, the corpus's
+    /// first, and the corpus sequences they came from; empty when no suffix did.
     fn longest_match<'a>(
         &'a self,
         context: &[i64],
         corpus: Option<&CorpusPart<'a>>,
         max_depth: usize,
+        limits: MatchLimits,
     ) -> (Vec<&'a [i64]>, Vec<CorpusId>) {
-        let cont = |s: &'a [i64], end: usize| &s[end..(end + max_depth).min(s.len())];
-        for m in (1..=self.max_match.min(context.len())).rev() {
+        for m in (limits.min_match..=self.max_match.min(context.len())).rev() {
+            let depth = limits.depth(m, max_depth);
+            let cont = |s: &'a [i64], end: usize| &s[end..(end + depth).min(s.len())];
             let gram = &context[context.len() - m..];
             let mut found = Vec::new();
             let mut matched: Vec<CorpusId> = Vec::new();
@@ -651,6 +715,60 @@ mod tests {
             idx.propose(&[1], None, 0, 4, 0.0).unwrap().built.tree.len(),
             1
         );
+    }
+
+    #[test]
+    fn match_limits_bound_the_match_and_the_depth() {
+        let mut idx = SuffixIndex::new(4).unwrap();
+        // "3 4" recurs followed by "5 6 7 8"; "9 3" and "1 2 3 4" occur once each.
+        idx.extend(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 3, 4, 5, 6, 7, 8, 0])
+            .unwrap();
+        let limited = |ctx: &[i64], min_match: usize, depth_factor: Option<f64>| {
+            let limits = MatchLimits {
+                min_match,
+                depth_factor,
+            };
+            tokens_of(&idx.propose_limited(ctx, None, 8, 16, 0.0, limits).unwrap())
+        };
+        // Context "... 0 3 4": the longest match is "3 4" (2 tokens, twice): "5 6 7 8" then
+        // "9 3 4 5" (first seen) and "0".
+        let all = [4, 5, 6, 7, 8, 9, 3, 4, 5, 0];
+        assert_eq!(limited(&[0, 3, 4], 1, None), all);
+        assert_eq!(limited(&[0, 3, 4], 2, None), all);
+        // No 3-token match: the root alone.
+        assert_eq!(limited(&[0, 3, 4], 3, None), [4]);
+        // depth_factor 1.5: floor(1.5 x 2) = 3 tokens deep; 0.1: still 1.
+        assert_eq!(limited(&[0, 3, 4], 1, Some(1.5)), [4, 5, 6, 7]);
+        assert_eq!(limited(&[0, 3, 4], 1, Some(0.1)), [4, 5]);
+        // A 4-token match "1 2 3 4" drafts 8 deep at factor 2.
+        assert_eq!(
+            limited(&[1, 2, 3, 4], 4, Some(2.0)),
+            [4, 5, 6, 7, 8, 9, 3, 4, 5]
+        );
+        // The defaults are propose's.
+        assert_eq!(
+            limited(&[0, 3, 4], 1, None),
+            tokens_of(&idx.propose(&[0, 3, 4], None, 8, 16, 0.0).unwrap())
+        );
+        for (min_match, factor, err) in [
+            (0, None, DraftError::MinMatch(0)),
+            (1, Some(0.0), DraftError::DepthFactor(0.0)),
+            (
+                1,
+                Some(f64::INFINITY),
+                DraftError::DepthFactor(f64::INFINITY),
+            ),
+        ] {
+            let limits = MatchLimits {
+                min_match,
+                depth_factor: factor,
+            };
+            assert_eq!(
+                idx.propose_limited(&[3, 4], None, 8, 4, 0.0, limits)
+                    .unwrap_err(),
+                err
+            );
+        }
     }
 
     #[test]

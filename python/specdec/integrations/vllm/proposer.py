@@ -1,0 +1,281 @@
+"""Suffix decoding in vLLM: a ``custom_class`` speculative proposer over specdec's suffix
+indices (:class:`~specdec.draft.SuffixDrafter`).
+
+::
+
+    LLM(model, speculative_config={
+        "method": "custom_class",
+        "model": "specdec.integrations.vllm.SuffixProposer",
+        "num_speculative_tokens": 8,          # the longest draft
+        "suffix_decoding_min_token_prob": 0.1,  # the least path probability drafted
+        "suffix_decoding_max_spec_factor": 2.0,  # drafts <= 2 x the matched suffix
+    })
+
+Each running request has its own suffix index of its prompt and output; the outputs of
+finished requests join a shared corpus (least recently used out past
+``corpus_tokens``), so a continuation seen in any earlier output is drafted too. Each step
+a request gets the most probable chain of the tree its context's longest recurring suffix
+proposes: at most ``num_speculative_tokens`` tokens, each prefix's empirical probability at
+least ``suffix_decoding_min_token_prob``, and at most ``suffix_decoding_max_spec_factor``
+times as long as the context suffix it matched (vLLM's settings of the same names for its
+own suffix decoding; a one-token match is weak evidence however often it recurred), so a
+draft is long where the context repeats itself and short or empty where no continuation is
+likely.
+
+vLLM passes a proposer only the batch's token arrays; which request each row holds
+(``input_batch.req_ids``) and which requests are still alive (finished ones leave
+``requests``; preempted ones stay there while out of the batch) are read from the model
+runner that owns the proposer, found when it calls :meth:`SuffixProposer.load_model`.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Container, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ...draft.suffix import DEFAULT_CORPUS_TOKENS, SuffixDrafter
+from ...errors import ConfigError, DraftError
+from ...protocols import DraftRequest
+from ...tree import DraftTree
+
+__all__ = ["SuffixProposer", "SuffixChains", "ProposeStats", "best_chain"]
+
+
+def best_chain(tree: DraftTree, limit: int) -> list[int]:
+    """The tokens of ``tree``'s most probable path from the root (at each node the child of
+    highest path log-prob, the first on ties), at most ``limit`` of them."""
+    n = tree.num_real
+    if n <= 1 or limit <= 0:
+        return []
+    parents = tree.parents[:n].tolist()
+    logprobs = tree.logprobs[:n].tolist()
+    tokens = tree.tokens[:n].tolist()
+    best: dict[int, int] = {}
+    for i in range(1, n):
+        p = parents[i]
+        j = best.get(p)
+        if j is None or logprobs[i] > logprobs[j]:
+            best[p] = i
+    chain: list[int] = []
+    node = best.get(0)
+    while node is not None and len(chain) < limit:
+        chain.append(tokens[node])
+        node = best.get(node)
+    return chain
+
+
+@dataclass
+class _Request:
+    """A tracked request: its drafter id, prompt length, and the context last drafted from
+    (its output joins the corpus when the request finishes)."""
+
+    rid: int
+    prompt_len: int
+    context: list[int]
+
+
+class SuffixChains:
+    """Chains drafted per request from suffix indices, requests keyed by any hashable id
+    (vLLM's request ids); the engine-independent part of :class:`SuffixProposer`.
+
+    ``max_tokens``: the longest chain; ``min_prob``: the least path probability drafted;
+    ``max_match``: the longest context suffix looked up; ``corpus_tokens``: the bound of the
+    shared corpus of finished outputs."""
+
+    def __init__(
+        self,
+        *,
+        max_tokens: int,
+        min_prob: float,
+        max_match: int = 8,
+        corpus_tokens: int = DEFAULT_CORPUS_TOKENS,
+        min_match: int = 1,
+        depth_factor: float | None = None,
+    ) -> None:
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ConfigError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+        self.drafter = SuffixDrafter(
+            max_match=max_match,
+            max_depth=max_tokens,
+            min_prob=min_prob,
+            remember_outputs=True,
+            corpus_tokens=corpus_tokens,
+            min_match=min_match,
+            depth_factor=depth_factor,
+        )
+        self.max_tokens = max_tokens
+        # Every node of path probability >= p lies within the best depth / p of a best-first
+        # tree, so this budget holds the whole best chain when min_prob >= 1/8.
+        p = self.drafter.min_prob
+        per_depth = 8 if p <= 0 else min(8, math.ceil(1 / p))
+        self.budget = max_tokens * per_depth
+        self._requests: dict[Any, _Request] = {}
+        self._next_id = 0
+
+    @property
+    def num_requests(self) -> int:
+        """Requests tracked (running or preempted)."""
+        return len(self._requests)
+
+    def _add(self, key: Any, context: list[int], prompt_len: int) -> _Request:
+        rid = self._next_id
+        self._next_id += 1
+        prompt_len = max(0, min(prompt_len, len(context)))
+        self.drafter.add_request(rid, context[:prompt_len])
+        req = _Request(rid, prompt_len, context[:prompt_len])
+        self._requests[key] = req
+        return req
+
+    def draft(self, key: Any, context: list[int], prompt_len: int, limit: int) -> list[int]:
+        """The chain after ``context`` (prompt and output so far) for request ``key``, at most
+        ``limit`` tokens; a request not seen before starts with its first ``prompt_len``
+        tokens as its prompt. A context that does not extend the one last drafted from (the
+        same id reused for another request) starts the request afresh."""
+        req = self._requests.get(key) or self._add(key, context, prompt_len)
+        try:
+            tree = self.drafter.propose([DraftRequest(context, request_id=req.rid)], self.budget)
+        except DraftError:
+            self.drop(key)
+            req = self._add(key, context, prompt_len)
+            tree = self.drafter.propose([DraftRequest(context, request_id=req.rid)], self.budget)
+        req.context = context
+        return best_chain(tree[0], min(limit, self.max_tokens))
+
+    def finish(self, key: Any) -> None:
+        """Request ``key`` ended: its output joins the corpus and its index is freed."""
+        req = self._requests.pop(key, None)
+        if req is not None:
+            self.drafter.remove_request(req.rid, req.context[req.prompt_len :])
+
+    def drop(self, key: Any) -> None:
+        """Forget request ``key`` without keeping its output."""
+        req = self._requests.pop(key, None)
+        if req is not None:
+            self.drafter.remove_request(req.rid, None)
+
+    def retain(self, alive: Container[Any]) -> None:
+        """Finish every tracked request that is not in ``alive``."""
+        for key in [k for k in self._requests if k not in alive]:
+            self.finish(key)
+
+
+@dataclass
+class ProposeStats:
+    """What the proposer did: ``propose`` calls, requests drafted for, tokens drafted, and
+    the seconds spent in ``propose`` (drafting and bookkeeping)."""
+
+    calls: int = 0
+    requests: int = 0
+    drafted: int = 0
+    seconds: float = 0.0
+
+
+def _find_runner(proposer: object) -> Any:
+    """The vLLM model runner that owns ``proposer`` (its ``drafter``), looked up on the call
+    stack: vLLM's proposer interface passes no request ids, its runner holds them."""
+    frame = sys._getframe(1)
+    for _ in range(16):
+        if frame is None:
+            break
+        obj = frame.f_locals.get("self")
+        if (
+            obj is not None
+            and getattr(obj, "drafter", None) is proposer
+            and hasattr(obj, "input_batch")
+            and hasattr(obj, "requests")
+        ):
+            return obj
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+class SuffixProposer:
+    """A vLLM ``custom_class`` proposer (see the module docstring). Subclass it to change
+    the class settings (``max_match``, ``min_match``, ``corpus_tokens``; ``min_prob`` and
+    ``depth_factor`` override the speculative config's ``suffix_decoding_min_token_prob``
+    and ``suffix_decoding_max_spec_factor``) and name the subclass's path instead."""
+
+    max_match: ClassVar[int] = 8
+    min_match: ClassVar[int] = 1
+    corpus_tokens: ClassVar[int] = DEFAULT_CORPUS_TOKENS
+    min_prob: ClassVar[float | None] = None
+    depth_factor: ClassVar[float | None] = None
+
+    def __init__(self, vllm_config: Any) -> None:
+        spec = getattr(vllm_config, "speculative_config", None)
+        k = getattr(spec, "num_speculative_tokens", None)
+        if not isinstance(k, int) or k < 1:
+            raise ConfigError(
+                "SuffixProposer needs speculative_config.num_speculative_tokens >= 1 (the "
+                f"longest draft), got {k!r}"
+            )
+        min_prob = self.min_prob
+        if min_prob is None:
+            min_prob = float(getattr(spec, "suffix_decoding_min_token_prob", 0.1))
+        factor = self.depth_factor
+        if factor is None:
+            factor = float(getattr(spec, "suffix_decoding_max_spec_factor", 1.0))
+        self.chains = SuffixChains(
+            max_tokens=k,
+            min_prob=min_prob,
+            max_match=self.max_match,
+            corpus_tokens=self.corpus_tokens,
+            min_match=self.min_match,
+            depth_factor=factor,
+        )
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.stats = ProposeStats()
+        self._runner: Any = None
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """No model to load; finds the runner that calls it (see the module docstring)."""
+        self._runner = _find_runner(self)
+
+    def _the_runner(self) -> Any:
+        if self._runner is None:
+            self._runner = _find_runner(self)
+        if self._runner is None:
+            raise ConfigError(
+                "SuffixProposer cannot see vLLM's request ids: no model runner with this "
+                "proposer as its drafter called load_model or propose (an unsupported vLLM "
+                "version?)"
+            )
+        return self._runner
+
+    def propose(
+        self,
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: Any,
+        token_ids_cpu: Any,
+        slot_mappings: Any = None,
+        **kwargs: Any,
+    ) -> list[list[int]]:
+        """One draft per batch row: empty for a row that sampled nothing this step (a prefill
+        chunk) or has no room left before ``max_model_len``."""
+        t0 = time.perf_counter()
+        runner = self._the_runner()
+        batch = runner.input_batch
+        req_ids = batch.req_ids
+        # Finished requests leave runner.requests; preempted ones stay there.
+        self.chains.retain(runner.requests)
+        out: list[list[int]] = []
+        drafted = 0
+        for i, sampled in enumerate(sampled_token_ids):
+            n = int(num_tokens_no_spec[i])
+            room = self.max_model_len - n - 1
+            if not sampled or room <= 0:
+                out.append([])
+                continue
+            context = token_ids_cpu[i, :n].tolist()
+            chain = self.chains.draft(req_ids[i], context, int(batch.num_prompt_tokens[i]), room)
+            drafted += 1
+            out.append(chain)
+        self.stats.calls += 1
+        self.stats.requests += drafted
+        self.stats.drafted += sum(len(c) for c in out)
+        self.stats.seconds += time.perf_counter() - t0
+        return out
