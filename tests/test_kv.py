@@ -59,9 +59,11 @@ class Model:
     def __init__(self, extra: object) -> None:
         self.extra = extra
         self.values: list[int] = []
+        self.tokens: list[int] = []
         self.written: list[bool] = []  # position i's K/V is in the storage
 
     def push(self, token: int) -> int:
+        self.tokens.append(token)
         self.values.append(content(self.values[-1] if self.values else 7, token, self.extra))
         self.written.append(True)
         return self.values[-1]
@@ -72,6 +74,7 @@ class Model:
     def copy(self) -> Model:
         m = Model(self.extra)
         m.values = list(self.values)
+        m.tokens = list(self.tokens)
         m.written = list(self.written)
         return m
 
@@ -148,6 +151,29 @@ class BlockManagerMachine(RuleBasedStateMachine):
         late=st.booleans(),
     )
     def allocate_tokens(
+        self,
+        seq: int,
+        tokens: list[int],
+        extra: int,
+        salt: bytes | str | None,
+        prefix_only: bool,
+        late: bool,
+    ) -> None:
+        self.allocate(seq, tokens, extra, salt, prefix_only, late)
+
+    @rule(src=SEQ, dst=SEQ, prefix_only=st.booleans(), late=st.booleans())
+    def allocate_seen_prompt(self, src: int, dst: int, prefix_only: bool, late: bool) -> None:
+        """A new request with a live sequence's exact tokens and key: the common prefix hit
+        (a chat turn resent, ``n`` choices of one prompt); keeps hits frequent in every run."""
+        src = self.live(src)
+        if src not in self.model or dst in self.model:
+            return
+        mod = self.model[src]
+        extra, salt = mod.extra
+        self.allocate(dst, list(mod.tokens), extra, salt, prefix_only, late)
+
+    # ---- the allocation both allocate rules share ----------------------------------------
+    def allocate(
         self,
         seq: int,
         tokens: list[int],
@@ -287,6 +313,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             return self.refuse(KVCacheError, self.m.truncate, seq, cut)
         self.m.truncate(seq, cut)
         del self.model[seq].values[cut:]
+        del self.model[seq].tokens[cut:]
         del self.model[seq].written[cut:]
         BlockManagerMachine.ops += 1
 
