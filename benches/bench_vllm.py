@@ -1,14 +1,14 @@
-"""specdec inside vLLM (CPU backend, SmolLM2-135M-Instruct float32), in one process and one
-run so every figure shares the machine state.
+"""specdec inside vLLM (CPU backend, SmolLM2-135M-Instruct float32).
 
-Speculation: vLLM plain, with its ngram proposer, and with specdec's ``SuffixProposer``, on
-the demo's prompt kinds (``specdec.demo_prompts``: code, edit, qa), greedy, one request at a
-time and in batches of 8 (a kind's prompts cycled to 8 requests). A fresh engine per
-proposer and batch size (so the suffix corpus starts empty each time), warmed up with one
-unmeasured prompt that is not measured later. Figures: output tokens/s (tokens over the wall
-time of ``generate``), acceptance (accepted / drafted tokens) and tokens per step (accepted
-per draft + 1), vLLM's own counters; whether every output equals vLLM's plain one; the
-proposer's own cost per request per step.
+Speculation: vLLM plain, with its n-gram proposer (``ngram``: the documented 4-gram lookup;
+``ngram2-5``: 2- to 5-grams, with ``--configs``), and with specdec's ``SuffixProposer``
+(``suffix_decoding_max_spec_factor`` 2), the longest draft 8 tokens for both, on the demo's
+prompt kinds (``specdec.demo_prompts``: code, edit, qa), greedy, one request at a time and
+in batches of 8 (a kind's prompts cycled to 8 requests). A fresh engine per proposer and
+batch size (so the suffix corpus starts empty each time), warmed up with one unmeasured
+prompt that is not measured later. Figures: output tokens/s (tokens over the wall time of
+``generate``), acceptance (accepted / drafted tokens, vLLM's own counters), whether every
+output equals vLLM's plain one, and the proposer's own cost per request per step.
 
 Grammars: JSON-schema requests (four schemas, two prompts each) through vLLM's structured
 outputs with its xgrammar and guidance backends (compact JSON: ``disable_any_whitespace``)
@@ -18,12 +18,18 @@ scheduler plus applying them in the worker; specdec: the processor's ``update_st
 ``apply``), and how many outputs validate (jsonschema). Each schema is compiled in an
 unmeasured warm-up first.
 
+Every engine runs in a child process of its own (vLLM's CPU platform fails to set up a
+second engine in a process once its n-gram proposer has loaded numba), ``--repeats`` times
+in alternating order; each cell keeps its fastest repeat (a shared machine's bursts of load
+land on different configs each time; every repeat's figure is in the JSON).
+
 Run it with vLLM's venv (``make test-vllm`` makes one)::
 
-    .venv-vllm/bin/python benches/bench_vllm.py [--max-tokens 256] [--json out.json]
+    .venv-vllm/bin/python benches/bench_vllm.py [--max-tokens 128] [--repeats 2] [--json F]
 
 It re-executes itself with LD_PRELOAD set to tcmalloc and libiomp5 when present (vLLM's CPU
-backend expects them) and runs the engine in this process.
+backend expects them); the engines run in-process in their child (so the proposer's and the
+processor's own figures can be read).
 """
 
 from __future__ import annotations

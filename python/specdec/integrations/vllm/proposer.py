@@ -18,9 +18,12 @@ a request gets the most probable chain of the tree its context's longest recurri
 proposes: at most ``num_speculative_tokens`` tokens, each prefix's empirical probability at
 least ``suffix_decoding_min_token_prob``, and at most ``suffix_decoding_max_spec_factor``
 times as long as the context suffix it matched (vLLM's settings of the same names for its
-own suffix decoding; a one-token match is weak evidence however often it recurred), so a
-draft is long where the context repeats itself and short or empty where no continuation is
-likely.
+own suffix decoding; a one-token match is weak evidence however often it recurred). The
+chain is then cut where its calibrated chance of acceptance (learnt from every chain's
+outcome) falls below what a verified token costs against what the steps yield
+(:class:`StepCosts`, from the steps' own timings: at batch 8 on two CPU cores a token must
+be likelier than at batch 1, on a GPU almost any token pays). So a draft is long where the
+context repeats itself and short or empty where no continuation is likely.
 
 vLLM passes a proposer only the batch's token arrays; which request each row holds
 (``input_batch.req_ids``) and which requests are still alive (finished ones leave
@@ -33,6 +36,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections import deque
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -237,33 +241,36 @@ class StepCosts:
     def __init__(self, window: int = 64, least: int = 8) -> None:
         self.window = window
         self.least = least
-        self._fed: list[int] = []
-        self._seconds: list[float] = []
-        self._out: list[int] = []
+        self._steps: deque[tuple[int, float, int]] = deque()
+        # Running sums over the window: fed, seconds, fed^2, fed x seconds, output tokens.
+        self._sums = [0.0, 0.0, 0.0, 0.0, 0.0]
+
+    def _count(self, step: tuple[int, float, int], sign: float) -> None:
+        f, t, o = step
+        for i, x in enumerate((f, t, f * f, f * t, o)):
+            self._sums[i] += sign * x
 
     def add(self, fed: int, seconds: float, out: int) -> None:
         """A step verified ``fed`` tokens (every request's draft and bonus position) in
         ``seconds`` and committed ``out`` tokens."""
-        self._fed = [*self._fed[1 - self.window :], fed]
-        self._seconds = [*self._seconds[1 - self.window :], seconds]
-        self._out = [*self._out[1 - self.window :], out]
+        step = (fed, seconds, out)
+        self._steps.append(step)
+        self._count(step, 1.0)
+        if len(self._steps) > self.window:
+            self._count(self._steps.popleft(), -1.0)
 
     def threshold(self) -> float:
         """Seconds per verified token x output tokens per second (0 until ``least`` steps
         with different token counts are seen), at most 0.9."""
-        n = len(self._fed)
+        n = len(self._steps)
         if n < self.least:
             return 0.0
-        mean_f = sum(self._fed) / n
-        mean_s = sum(self._seconds) / n
-        var = sum((f - mean_f) ** 2 for f in self._fed)
-        if var <= 0.0:
+        sf, st, sff, sft, so = self._sums
+        var = sff - sf * sf / n
+        if var <= 1e-9 * max(sff, 1.0):  # one token count only: the slope is unknown
             return 0.0
-        cov = sum(
-            (f - mean_f) * (t - mean_s) for f, t in zip(self._fed, self._seconds, strict=True)
-        )
-        per_token = max(cov / var, 0.0)
-        rate = sum(self._out) / max(sum(self._seconds), 1e-9)
+        per_token = max((sft - sf * st / n) / var, 0.0)
+        rate = so / max(st, 1e-9)
         return min(per_token * rate, 0.9)
 
 
