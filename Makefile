@@ -43,6 +43,13 @@ test-vllm:
 soak:
 	$(PYTHON) tests/soak.py --steps 100000
 
+# Not in CI (tests/test_serve.py covers each feature once): `specdec serve` under 10^4 requests of
+# mixed, seeded traffic over HTTP (streams, grammars, cancellations, malformed bodies), then
+# no 5xx, no broken stream, no leaked KV block or thread, bounded RSS growth, exit 0 on SIGTERM.
+.PHONY: soak-serve
+soak-serve:
+	$(PYTHON) tests/soak_serve.py --requests 10000
+
 # Not in CI (tests/test_fuzz.py is the short version): the Rust proptest suites at high case
 # counts, then every Python entry point until it has made FUZZ_INPUTS calls: hypothesis
 # examples, each called as drawn and as FUZZ_VARIANTS - 1 distinct variants of it.

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +21,7 @@ import jsonschema
 import openai
 import pytest
 
+from serve_harness import Server, poll, start_server
 from specdec.decode import autoregressive_generate
 from specdec.models import smollm2
 from specdec.serve.text import render_chat
@@ -32,74 +29,16 @@ from specdec.serve.text import render_chat
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    @property
-    def base(self) -> str:
-        return self.url + "/v1"
-
-    def client(self, **kw: Any) -> openai.OpenAI:
-        kw.setdefault("api_key", "unused")
-        return openai.OpenAI(base_url=self.base, max_retries=0, timeout=120, **kw)
-
-    def metrics(self) -> dict[str, float]:
-        text = httpx.get(self.url + "/metrics").text
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-        return out
-
-    def threads(self) -> int:
-        return len(os.listdir(f"/proc/{self.proc.pid}/task"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def start_server(tmp: Path, *args: str) -> Server:
-    port = _free_port()
-    log = tmp / f"serve-{port}.log"
-    cmd = [sys.executable, "-m", "specdec", "serve", "--port", str(port), "--threads", "1"]
-    proc = subprocess.Popen([*cmd, *args], stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the server exited {proc.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return Server(proc, url, log)
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    proc.kill()
-    raise AssertionError(f"the server did not start:\n{log.read_text()}")
-
-
-def stop_server(server: Server) -> int:
-    server.proc.send_signal(signal.SIGTERM)
-    try:
-        return server.proc.wait(timeout=60)
-    finally:
-        if server.proc.poll() is None:
-            server.proc.kill()
+def openai_client(server: Server, **kw: Any) -> openai.OpenAI:
+    kw.setdefault("api_key", "unused")
+    return openai.OpenAI(base_url=server.base, max_retries=0, timeout=120, **kw)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(tmp_path_factory.mktemp("serve"), "--max-batch", "8")
+    s = start_server(["--threads", "1", "--max-batch", "8"], tmp_path_factory.mktemp("serve"))
     yield s
-    assert stop_server(s) == 0, s.log.read_text()
+    assert s.stop() == 0, s.log.read_text()
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +47,7 @@ def lm() -> Any:
 
 
 def model_name(server: Server) -> str:
-    name: str = server.client().models.list().data[0].id
+    name: str = openai_client(server).models.list().data[0].id
     return name
 
 
@@ -164,7 +103,7 @@ def test_importing_specdec_imports_no_web_framework() -> None:
 
 
 def test_greedy_chat_equals_the_librarys_greedy_generation(server: Server, lm: Any) -> None:
-    client = server.client()
+    client = openai_client(server)
     name = model_name(server)
     for p in PROMPTS[:3]:
         want, reason = reference(lm, chat(p), 48)
@@ -180,7 +119,7 @@ def test_greedy_chat_equals_the_librarys_greedy_generation(server: Server, lm: A
 
 
 def test_completions_take_text_and_token_ids(server: Server, lm: Any) -> None:
-    client = server.client()
+    client = openai_client(server)
     name = model_name(server)
     ids = list(
         lm.tokenizer.encode("The first five prime numbers are", add_special_tokens=False).ids
@@ -197,7 +136,7 @@ def test_completions_take_text_and_token_ids(server: Server, lm: Any) -> None:
 
 
 def test_a_stream_equals_the_non_streamed_reply(server: Server) -> None:
-    client = server.client()
+    client = openai_client(server)
     name = model_name(server)
     for p in PROMPTS[:2] + ["Write the word 'naïve', then 日本語, then an emoji: 🙂."]:
         whole = client.chat.completions.create(
@@ -233,7 +172,7 @@ def test_a_stream_equals_the_non_streamed_reply(server: Server) -> None:
 
 
 def test_stop_strings_that_span_tokens_end_the_text_before_them(server: Server, lm: Any) -> None:
-    client = server.client()
+    client = openai_client(server)
     name = model_name(server)
     p = PROMPTS[2]
     want, _ = reference(lm, chat(p), 48)
@@ -283,7 +222,7 @@ SCHEMA = {
 
 
 def test_json_schema_replies_validate(server: Server) -> None:
-    client = server.client()
+    client = openai_client(server)
     name = model_name(server)
     for p in ["Describe a person called Ana who is 31 and has a cat.", "Describe a child."]:
         r = client.chat.completions.create(
@@ -311,7 +250,7 @@ def test_json_schema_replies_validate(server: Server) -> None:
 
 
 def test_regex_gbnf_and_lark_fields(server: Server) -> None:
-    client = server.client()
+    client = openai_client(server)
     name = model_name(server)
     msgs = chat("What is 2 + 2? Answer with a number.")
     cases = [
@@ -335,7 +274,7 @@ def test_regex_gbnf_and_lark_fields(server: Server) -> None:
 
 
 def test_seeded_sampling_repeats_and_n_gives_several_choices(server: Server) -> None:
-    client = server.client()
+    client = openai_client(server)
     name = model_name(server)
     kw: dict[str, Any] = dict(
         model=name, messages=chat(PROMPTS[3]), max_tokens=20, temperature=0.9, top_p=0.95
@@ -382,15 +321,6 @@ def test_32_concurrent_streams_all_finish_correctly(server: Server, lm: Any) -> 
         assert text == want[p]
 
 
-def _poll(cond: Any, seconds: float = 30.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_a_client_that_disconnects_mid_stream_is_cancelled(server: Server) -> None:
     name = model_name(server)
     before = server.metrics().get('specdec:request_success_total{finish_reason="cancelled"}', 0)
@@ -410,14 +340,15 @@ def test_a_client_that_disconnects_mid_stream_is_cancelled(server: Server) -> No
         for _ in range(6):
             next(lines)
     # The connection is closed: the request ends long before its 600 tokens.
-    assert _poll(
+    assert poll(
         lambda: (
             server.metrics().get('specdec:request_success_total{finish_reason="cancelled"}', 0)
             == before + 1
-        )
+        ),
+        30,
     )
-    assert _poll(lambda: server.metrics()["specdec:kv_blocks_used"] == 0)
-    r2 = server.client().chat.completions.create(
+    assert poll(lambda: server.metrics()["specdec:kv_blocks_used"] == 0, 30)
+    r2 = openai_client(server).chat.completions.create(
         model=name,
         messages=chat(PROMPTS[3]),
         max_tokens=8,
@@ -427,7 +358,7 @@ def test_a_client_that_disconnects_mid_stream_is_cancelled(server: Server) -> No
 
 
 def test_multi_turn_chat_starts_its_second_turn_from_the_prefix_cache(server: Server) -> None:
-    client = server.client()
+    client = openai_client(server)
     name = model_name(server)
     msgs: list[dict[str, str]] = [
         {"role": "system", "content": "You are a terse assistant. Salt: 83127."},
@@ -525,14 +456,14 @@ def test_bad_requests_get_4xx_with_openais_error_body_and_the_server_goes_on(
             assert r.json()["error"]["message"]
     # The SDK raises its typed errors on them.
     with pytest.raises(openai.NotFoundError):
-        server.client().chat.completions.create(model="gpt-9", messages=chat("x"))  # type: ignore[arg-type]
+        openai_client(server).chat.completions.create(model="gpt-9", messages=chat("x"))  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError):
-        server.client().chat.completions.create(
+        openai_client(server).chat.completions.create(
             model=name,
             messages=chat("x"),
             max_tokens=10**6,  # type: ignore[arg-type]
         )
-    r = server.client().chat.completions.create(
+    r = openai_client(server).chat.completions.create(
         model=name,
         messages=chat(PROMPTS[3]),
         max_tokens=8,
@@ -542,7 +473,7 @@ def test_bad_requests_get_4xx_with_openais_error_body_and_the_server_goes_on(
 
 
 def test_metrics_count_requests_and_tokens(server: Server) -> None:
-    client = server.client()
+    client = openai_client(server)
     name = model_name(server)
     m0 = server.metrics()
     usages = []
@@ -565,7 +496,7 @@ def test_metrics_count_requests_and_tokens(server: Server) -> None:
 
 
 def test_after_many_requests_the_pool_is_empty_and_no_thread_leaked(server: Server) -> None:
-    client = server.client()
+    client = openai_client(server)
     name = model_name(server)
     client.chat.completions.create(model=name, messages=chat("hi"), max_tokens=2)  # type: ignore[arg-type]
     threads = server.threads()
@@ -585,19 +516,21 @@ def test_after_many_requests_the_pool_is_empty_and_no_thread_leaked(server: Serv
             await c.close()
 
     asyncio.run(burst())
-    assert _poll(lambda: server.metrics()["specdec:kv_blocks_used"] == 0)
+    assert poll(lambda: server.metrics()["specdec:kv_blocks_used"] == 0, 30)
     assert server.metrics()["specdec:num_requests_running"] == 0
-    assert _poll(lambda: server.threads() <= threads), (server.threads(), threads)
+    assert poll(lambda: server.threads() <= threads, 30), (server.threads(), threads)
 
 
 def test_queue_bound_api_key_and_sigterm(tmp_path: Path) -> None:
     """A second server: one request at a time, one waiting, a key. Past the queue: 429 with
     Retry-After; a wrong key: 401; SIGTERM with a stream in flight: it finishes, exit 0."""
-    s = start_server(tmp_path, "--max-batch", "1", "--max-queue", "1", "--api-key", "sekrit")
+    s = start_server(
+        ["--threads", "1", "--max-batch", "1", "--max-queue", "1", "--api-key", "sekrit"], tmp_path
+    )
     try:
-        name = s.client(api_key="sekrit").models.list().data[0].id
+        name = openai_client(s, api_key="sekrit").models.list().data[0].id
         with pytest.raises(openai.AuthenticationError):
-            s.client(api_key="wrong").models.list()
+            openai_client(s, api_key="wrong").models.list()
         assert httpx.get(s.url + "/health").status_code == 200  # open without the key
         body = {"model": name, "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0}
         hdr = {"authorization": "Bearer sekrit"}
@@ -608,6 +541,9 @@ def test_queue_bound_api_key_and_sigterm(tmp_path: Path) -> None:
 
         codes = [r.status_code for r in asyncio.run(burst())]
         assert set(codes) <= {200, 429} and 429 in codes and 200 in codes, codes
+        # n above the queue can never run: a 400, not a 429 to retry forever.
+        over = httpx.post(s.base + "/completions", json={**body, "n": 2}, headers=hdr)
+        assert over.status_code == 400 and over.json()["error"]["param"] == "n", over.text
         limited = [r for r in asyncio.run(burst()) if r.status_code == 429]
         for r in limited:
             assert r.headers["retry-after"].isdigit()

@@ -125,7 +125,8 @@ def _apply_cpu(lg: torch.Tensor, bm: torch.Tensor, v: int, rows: list[int] | Non
     if rem:
         allowed_any |= (words[:, full] & np.int32((1 << rem) - 1)) != 0
     check_rows_allow_some(allowed_any)
-    bounds = np.take(_byte_bounds(), words.view(np.uint8), axis=0).reshape(len(words), -1)
+    bounds = np.take(_byte_bounds(), words.view(np.uint8), axis=0)
+    bounds = bounds.reshape(len(words), 32 * words.shape[1])
     bound = torch.from_numpy(bounds)[:, :n].to(lg.dtype)
     try:
         if rows is None:

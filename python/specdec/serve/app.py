@@ -251,6 +251,7 @@ class _Server:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
         choices: list[_Choice] = []
+        batch: list[tuple[EngineRequest, Callable[[RequestOutput], None]]] = []
         for p, ids in enumerate(prompts):
             for j in range(req.n):
                 c = _Choice(len(choices), p, TextStream(engine.tokenizer, req.stop_strings))
@@ -272,12 +273,20 @@ class _Server:
                 def sink(o: RequestOutput, i: int = c.index) -> None:
                     loop.call_soon_threadsafe(queue.put_nowait, (i, o))
 
-                try:
-                    c.rid = engine.submit(er, sink, endpoint="chat" if chat else "completions")
-                except BaseException as e:
-                    for done in choices[:-1]:
-                        engine.cancel(done.rid)
-                    raise self._refusal(e, param) from None
+                batch.append((er, sink))
+        if len(batch) > engine.config.max_queue:
+            raise OpenAIError(
+                400,
+                f"n: {len(batch)} completions in one request, more than the server queues "
+                f"(--max-queue {engine.config.max_queue})",
+                param="n",
+            )
+        try:
+            rids = engine.submit_all(batch, endpoint="chat" if chat else "completions")
+        except BaseException as e:
+            raise self._refusal(e, param) from None
+        for c, rid in zip(choices, rids, strict=True):
+            c.rid = rid
         call = _Call(self, req, prompts, choices, queue, chat)
         if req.stream:
             return StreamingResponse(

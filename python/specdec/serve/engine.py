@@ -165,9 +165,11 @@ class Engine:
         self._depth = 8
         if name == "none":
             return None
+        # Finished outputs join the suffix corpus (per cache salt, bounded): a server sees
+        # the same answers, templates and code again, as suffix decoding's global tree does.
         if name == "suffix":
             self._depth = 16
-            return SuffixDrafter(max_depth=16)
+            return SuffixDrafter(max_depth=16, remember_outputs=True)
         if name == "ngram":
             return NgramDrafter(self.model.vocab_size, max_depth=8)
         if name in ("block", "block+suffix"):
@@ -175,7 +177,8 @@ class Engine:
             self._depth = int(block.config.block_size)
             if name == "block":
                 return block
-            return CombinedDrafter(block, SuffixDrafter(max_depth=16), max_depth=self._depth)
+            suffix = SuffixDrafter(max_depth=16, remember_outputs=True)
+            return CombinedDrafter(block, suffix, max_depth=self._depth)
         raise ConfigError(f"drafter must be one of {', '.join(DRAFTERS)}, got {name!r}")
 
     def start(self, warmup: bool = True) -> None:
@@ -232,34 +235,60 @@ class Engine:
         return g
 
     def submit(self, req: EngineRequest, sink: Sink, *, endpoint: str = "") -> int:
-        """Queue ``req``; returns its id. Raises :class:`ShuttingDown`, :class:`QueueFull`,
-        or the generator's refusal (``VerifyError``: past the model's positions;
+        """Queue ``req``; returns its id (as :meth:`submit_all` for one request)."""
+        return self.submit_all([(req, sink)], endpoint=endpoint)[0]
+
+    def submit_all(
+        self, requests: Sequence[tuple[EngineRequest, Sink]], *, endpoint: str = ""
+    ) -> list[int]:
+        """Queue several requests (an HTTP request's choices) together, all or none;
+        returns their ids. Raises :class:`ShuttingDown`, :class:`QueueFull` (they would
+        take the queue past ``max_queue``; a ``ConfigError`` when they alone would), or the
+        generator's refusal (``VerifyError``: past the model's positions;
         ``KVCacheError``: larger than the KV pool; ``GrammarError``: a bad grammar)."""
-        constraint = None if req.constraint is None else self.compile(req.constraint)
-        stops = set(req.stop_token_ids)
-        if not req.ignore_eos and self.eos_token_id is not None:
-            stops.add(self.eos_token_id)
+        if endpoint != "warmup" and len(requests) > self.config.max_queue:
+            raise ConfigError(
+                f"{len(requests)} completions in one request, more than the queue holds "
+                f"(--max-queue {self.config.max_queue})"
+            )
+        prepared = []
+        for req, sink in requests:
+            constraint = None if req.constraint is None else self.compile(req.constraint)
+            stops = set(req.stop_token_ids)
+            if not req.ignore_eos and self.eos_token_id is not None:
+                stops.add(self.eos_token_id)
+            prepared.append((req, sink, constraint, stops))
+        rids: list[int] = []
         with self._lock:
             if self._stopping or self._failure is not None:
                 raise ShuttingDown("the server is shutting down")
-            if endpoint != "warmup" and self.generator.num_waiting >= self.config.max_queue:
+            waiting = self.generator.num_waiting
+            if endpoint != "warmup" and waiting + len(requests) > self.config.max_queue:
                 raise QueueFull(
-                    f"{self.generator.num_waiting} requests are waiting (--max-queue "
-                    f"{self.config.max_queue}); retry later"
+                    f"{waiting} requests are waiting (--max-queue {self.config.max_queue}); "
+                    "retry later"
                 )
-            rid = self.generator.submit(
-                req.prompt,
-                max_new_tokens=req.max_tokens,
-                stop_tokens=stops,
-                constraint=constraint,
-                cache_salt=req.cache_salt,
-                seed=req.seed,
-                rule=req.rule(),
-            )
-            self._entries[rid] = _Entry(sink, time.perf_counter(), endpoint=endpoint)
+            try:
+                for req, sink, constraint, stops in prepared:
+                    rid = self.generator.submit(
+                        req.prompt,
+                        max_new_tokens=req.max_tokens,
+                        stop_tokens=stops,
+                        constraint=constraint,
+                        cache_salt=req.cache_salt,
+                        seed=req.seed,
+                        rule=req.rule(),
+                    )
+                    rids.append(rid)
+                    self._entries[rid] = _Entry(sink, time.perf_counter(), endpoint=endpoint)
+            except BaseException:
+                for rid in rids:  # none of them runs: their outputs go nowhere
+                    self._entries.pop(rid, None)
+                    self.generator.cancel(rid)
+                raise
             self._wake.notify()
         self.metrics.queued(self.generator.num_waiting)
-        return rid
+        return rids
 
     def cancel(self, request_id: int) -> bool:
         """End a request at the next step (its KV blocks are freed then)."""
