@@ -492,13 +492,19 @@ def grammar_unit(
     return rows
 
 
+BACKENDS = ("xgrammar", "guidance", "specdec")
+
+
 def run_grammars(
-    model: Path, max_tokens: int, sizes: list[int], repeats: int
+    model: Path,
+    max_tokens: int,
+    sizes: list[int],
+    repeats: int,
+    backends: list[str],
 ) -> list[dict[str, Any]]:
     """Each backend's engine in a child process, ``repeats`` times in alternating order;
     each cell keeps its fastest repeat's tokens/s and its least mask time per step, and
     every repeat's validity."""
-    backends = ["xgrammar", "guidance", "specdec"]
     runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for r in range(repeats):
         for backend in backends if r % 2 == 0 else list(reversed(backends)):
@@ -530,9 +536,8 @@ def table(spec_rows: list[dict[str, Any]], grammar_rows: list[dict[str, Any]]) -
     configs = list(dict.fromkeys(r["config"] for r in spec_rows if r["kind"] in PROMPTS))
     ngrams = [c for c in configs if c.startswith("ngram")]
     if spec_rows:
-        head = " | ".join(f"{c} tok/s (acc.)" for c in configs)
-        ratios = " | ".join(f"suffix / {c}" for c in ngrams)
-        lines.append(f"| batch | kind | {head} | {ratios} | same output |")
+        head = [f"{c} tok/s (acc.)" for c in configs] + [f"suffix / {c}" for c in ngrams]
+        lines.append(f"| batch | kind | {' | '.join(head)} | same output |")
         lines.append("|---:|---|" + "---:|" * (len(configs) + len(ngrams)) + "---|")
     for batch in sorted({r["batch"] for r in spec_rows}):
         by = {(r["config"], r["kind"]): r for r in spec_rows if r["batch"] == batch}
@@ -546,17 +551,15 @@ def table(spec_rows: list[dict[str, Any]], grammar_rows: list[dict[str, Any]]) -
                     "acc": sum(r["accepted"] for r in rs) / drafted if drafted else None,
                     "same": all(r["same_as_plain"] for r in rs),
                 }
-            shown = " | ".join(
+            shown = [
                 f"{cells[c]['tok_s']:.1f}"
                 + ("" if cells[c]["acc"] is None else f" ({cells[c]['acc']:.0%})")
                 for c in configs
-            )
-            ratio = " | ".join(
-                f"{cells['suffix']['tok_s'] / cells[c]['tok_s']:.2f}x" for c in ngrams
-            )
+            ]
+            shown += [f"{cells['suffix']['tok_s'] / cells[c]['tok_s']:.2f}x" for c in ngrams]
             same = "yes" if all(v["same"] for v in cells.values()) else "NO"
             name = "**mix**" if kind == "mix" else kind
-            lines.append(f"| {batch} | {name} | {shown} | {ratio} | {same} |")
+            lines.append(f"| {batch} | {name} | {' | '.join(shown)} | {same} |")
     for r in spec_rows:
         if r["kind"] == "proposer cost":
             lines.append(
@@ -590,9 +593,18 @@ def main() -> None:
     )
     ap.add_argument("--parts", default="speculation,grammar")
     ap.add_argument("--repeats", type=int, default=2, help="runs per cell, the fastest kept")
+    ap.add_argument("--backends", default=",".join(BACKENDS), help="grammar backends to run")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="8 tokens, batch 1, one repeat, plain and suffix, specdec's grammars (the suite)",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.smoke:
+        args.max_tokens, args.grammar_max_tokens, args.batches = 8, 8, "1"
+        args.repeats, args.configs, args.backends = 1, "plain,suffix", "specdec"
     env = vllm_env(args.threads, args.kv_gib)
     libs = preload()
     if libs and "LD_PRELOAD" not in os.environ:
@@ -619,7 +631,7 @@ def main() -> None:
         else []
     )
     grammar_rows = (
-        run_grammars(model, args.grammar_max_tokens, sizes, args.repeats)
+        run_grammars(model, args.grammar_max_tokens, sizes, args.repeats, args.backends.split(","))
         if "grammar" in parts
         else []
     )
