@@ -408,3 +408,37 @@ def test_vllm_processor_validates_params() -> None:
         with pytest.raises(ValueError, match=re.escape(words)) as e:
             VllmGrammarProcessor.validate_params(Params({"specdec": bad}))
         assert str(e.value).startswith("specdec grammar: ")
+
+
+def test_step_costs_threshold_is_slope_times_rate() -> None:
+    from specdec.integrations.vllm.proposer import StepCosts
+
+    rng = np.random.default_rng(6)
+    costs = StepCosts(window=32, least=8)
+    fed = rng.integers(8, 40, size=50)
+    secs = 0.05 + 0.002 * fed + rng.normal(0, 1e-4, size=50)
+    out = rng.integers(8, 20, size=50)
+    for i, (f, t, o) in enumerate(zip(fed, secs, out, strict=True)):
+        if i == 7:
+            assert costs.threshold() == 0.0  # fewer than `least` steps: no cut yet
+        costs.add(int(f), float(t), int(o))
+    slope = np.polyfit(fed[-32:], secs[-32:], 1)[0]
+    assert costs.threshold() == pytest.approx(slope * out[-32:].sum() / secs[-32:].sum())
+    flat = StepCosts(least=2)
+    for _ in range(4):
+        flat.add(8, 0.05, 8)
+    assert flat.threshold() == 0.0  # one token count only: the slope is unknown
+
+
+def test_chains_cut_where_calibrated_acceptance_falls() -> None:
+    rng = random.Random(7)
+    period = rng.sample(range(1000), 5)
+    ctx = period * 4
+    chains = SuffixChains(max_tokens=8, min_prob=0.1)
+    assert len(chains.draft("a", ctx, 5, 8, threshold=0.5)) == 8  # uncalibrated: trusted
+    # Its first tokens keep failing: the calibrated values fall below the threshold.
+    for _ in range(30):
+        chains.draft("a", ctx, 5, 8, threshold=0.5)
+        chains.learn("a", [period[0] + 1])
+    assert chains.draft("a", ctx, 5, 8, threshold=0.5) == []
+    assert len(chains.draft("a", ctx, 5, 8, threshold=0.0)) == 8  # no threshold, no cut

@@ -4,10 +4,9 @@ benches/bench_serve.py runs the same weights.
 
     python3 benches/peers/smollm2_hf.py [--out DIR] [--check-vllm]
 
-transformers dequantises the GGUF to float32. ``save_pretrained`` refuses a GGUF-quantised
-model, so the state dict goes to ``model.safetensors`` directly (without ``lm_head.weight`` when
-the embeddings are tied), next to the config without its ``quantization_config`` entry and the
-tokenizer. Output: ``--out``, default ``$SPECDEC_PEERS/smollm2-hf`` (``SPECDEC_PEERS`` defaults
+The conversion is :func:`specdec.integrations.vllm.export_smollm2` (transformers
+dequantises the GGUF to float32; the state dict, config and tokenizer are written for vLLM).
+Output: ``--out``, default ``$SPECDEC_PEERS/smollm2-hf`` (``SPECDEC_PEERS`` defaults
 to ``~/.cache/specdec-peers``). ``--check-vllm`` then has vLLM (the venv that
 benches/peers/vllm.sh makes) generate a few tokens from the directory.
 """
@@ -15,7 +14,6 @@ benches/peers/vllm.sh makes) generate a few tokens from the directory.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -35,41 +33,11 @@ def peers_dir() -> Path:
 
 
 def convert(out: Path) -> None:
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    from specdec.integrations.vllm import export_smollm2
     from specdec.models.gguf import smollm2_path
 
-    gguf = smollm2_path()
-    print(f"GGUF: {gguf}")
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-    )
-    out.mkdir(parents=True, exist_ok=True)
-
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    if getattr(model.config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    # The GGUF loader leaves these unset; vLLM picks its model class from `architectures`.
-    config["architectures"] = [type(model).__name__]
-    config["_name_or_path"] = out.name
-    config["torch_dtype"] = "float32"
-    # transformers 5 writes `rope_parameters`; readers older than transformers 5 (an older vLLM)
-    # look for the flat `rope_theta`.
-    rope = config.get("rope_parameters") or {}
-    if "rope_theta" in rope:
-        config.setdefault("rope_theta", rope["rope_theta"])
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    model.generation_config.save_pretrained(out)
-
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tok.save_pretrained(out)
-    print(f"wrote {out} ({len(state)} tensors)")
+    print(f"GGUF: {smollm2_path()}")
+    print(f"wrote {export_smollm2(out)}")
 
 
 CHECK = """

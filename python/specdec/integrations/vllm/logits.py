@@ -218,7 +218,13 @@ class GrammarLogitsProcessor(_Base):  # type: ignore[misc]
                 live_rows.append(k)
         if live:
             fill_next_token_bitmask_batch(live, bitmask, live_rows)
-        apply_token_bitmask_inplace(logits, bitmask, indices=indices, vocab_size=self.vocab_size)
+        if indices[-1] == len(indices) - 1 and len(indices) == logits.shape[0]:
+            # Every row constrained (sorted, so 0..n-1): one masking pass over the batch.
+            apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size)
+        else:
+            apply_token_bitmask_inplace(
+                logits, bitmask, indices=indices, vocab_size=self.vocab_size
+            )
         self.stats.steps += 1
         self.stats.rows += len(indices)
         self.stats.seconds += time.perf_counter() - t0

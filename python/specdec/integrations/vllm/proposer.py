@@ -18,9 +18,12 @@ a request gets the most probable chain of the tree its context's longest recurri
 proposes: at most ``num_speculative_tokens`` tokens, each prefix's empirical probability at
 least ``suffix_decoding_min_token_prob``, and at most ``suffix_decoding_max_spec_factor``
 times as long as the context suffix it matched (vLLM's settings of the same names for its
-own suffix decoding; a one-token match is weak evidence however often it recurred), so a
-draft is long where the context repeats itself and short or empty where no continuation is
-likely.
+own suffix decoding; a one-token match is weak evidence however often it recurred). The
+chain is then cut where its calibrated chance of acceptance (learnt from every chain's
+outcome) falls below what a verified token costs against what the steps yield
+(:class:`StepCosts`, from the steps' own timings: at batch 8 on two CPU cores a token must
+be likelier than at batch 1, on a GPU almost any token pays). So a draft is long where the
+context repeats itself and short or empty where no continuation is likely.
 
 vLLM passes a proposer only the batch's token arrays; which request each row holds
 (``input_batch.req_ids``) and which requests are still alive (finished ones leave
@@ -33,24 +36,31 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections import deque
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ...decode import AdaptiveBudget, CostModel
 from ...draft.suffix import DEFAULT_CORPUS_TOKENS, SuffixDrafter
 from ...errors import ConfigError, DraftError
 from ...protocols import DraftRequest
 from ...tree import DraftTree
 
-__all__ = ["SuffixProposer", "SuffixChains", "ProposeStats", "best_chain"]
+__all__ = ["SuffixProposer", "SuffixChains", "StepCosts", "ProposeStats", "best_chain"]
 
 
 def best_chain(tree: DraftTree, limit: int) -> list[int]:
     """The tokens of ``tree``'s most probable path from the root (at each node the child of
     highest path log-prob, the first on ties), at most ``limit`` of them."""
+    return _best_path(tree, limit)[0]
+
+
+def _best_path(tree: DraftTree, limit: int) -> tuple[list[int], list[float]]:
+    """:func:`best_chain` with each token's path log-prob."""
     n = tree.num_real
     if n <= 1 or limit <= 0:
-        return []
+        return [], []
     parents = tree.parents[:n].tolist()
     logprobs = tree.logprobs[:n].tolist()
     tokens = tree.tokens[:n].tolist()
@@ -61,11 +71,18 @@ def best_chain(tree: DraftTree, limit: int) -> list[int]:
         if j is None or logprobs[i] > logprobs[j]:
             best[p] = i
     chain: list[int] = []
+    lps: list[float] = []
     node = best.get(0)
     while node is not None and len(chain) < limit:
         chain.append(tokens[node])
+        lps.append(logprobs[node])
         node = best.get(node)
-    return chain
+    return chain, lps
+
+
+def _chain_tree(root: int, chain: list[int], logprobs: list[float]) -> DraftTree:
+    n = len(chain)
+    return DraftTree([root, *chain], list(range(-1, n)), list(range(n + 1)), [0.0, *logprobs])
 
 
 @dataclass
@@ -76,6 +93,7 @@ class _Request:
     rid: int
     prompt_len: int
     context: list[int]
+    last: DraftTree | None = None  # the whole chain last drafted, until its outcome is learnt
 
 
 class SuffixChains:
@@ -84,7 +102,15 @@ class SuffixChains:
 
     ``max_tokens``: the longest chain; ``min_prob``: the least path probability drafted;
     ``max_match``: the longest context suffix looked up; ``corpus_tokens``: the bound of the
-    shared corpus of finished outputs."""
+    shared corpus of finished outputs; ``min_match`` and ``depth_factor``: see
+    :class:`~specdec.draft.SuffixDrafter`.
+
+    A suffix index's probabilities are counts: a continuation seen once has probability 1.
+    So each chain token is also valued by its calibrated acceptance (an
+    :class:`~specdec.decode.AdaptiveBudget`'s node values: the path probability with each
+    step's conditional probability scaled by how often tokens of that probability were
+    accepted so far, learnt from every chain's outcome, :meth:`learn`), and
+    :meth:`draft` cuts the chain where that falls below its ``threshold``."""
 
     def __init__(
         self,
@@ -115,6 +141,8 @@ class SuffixChains:
         self.budget = max_tokens * per_depth
         self._requests: dict[Any, _Request] = {}
         self._next_id = 0
+        # Used for its calibration only (node_values, learn): no cost model is consulted.
+        self.calibration = AdaptiveBudget(CostModel([1], [1.0]), max_tokens)
 
     @property
     def num_requests(self) -> int:
@@ -130,11 +158,19 @@ class SuffixChains:
         self._requests[key] = req
         return req
 
-    def draft(self, key: Any, context: list[int], prompt_len: int, limit: int) -> list[int]:
+    def draft(
+        self,
+        key: Any,
+        context: list[int],
+        prompt_len: int,
+        limit: int,
+        threshold: float = 0.0,
+    ) -> list[int]:
         """The chain after ``context`` (prompt and output so far) for request ``key``, at most
-        ``limit`` tokens; a request not seen before starts with its first ``prompt_len``
-        tokens as its prompt. A context that does not extend the one last drafted from (the
-        same id reused for another request) starts the request afresh."""
+        ``limit`` tokens, cut before the first token whose calibrated acceptance is below
+        ``threshold``; a request not seen before starts with its first ``prompt_len`` tokens
+        as its prompt. A context that does not extend the one last drafted from (the same id
+        reused for another request) starts the request afresh."""
         req = self._requests.get(key) or self._add(key, context, prompt_len)
         try:
             tree = self.drafter.propose([DraftRequest(context, request_id=req.rid)], self.budget)
@@ -143,7 +179,28 @@ class SuffixChains:
             req = self._add(key, context, prompt_len)
             tree = self.drafter.propose([DraftRequest(context, request_id=req.rid)], self.budget)
         req.context = context
-        return best_chain(tree[0], min(limit, self.max_tokens))
+        chain, logprobs = _best_path(tree[0], min(limit, self.max_tokens))
+        if not chain:
+            req.last = None
+            return []
+        req.last = _chain_tree(context[-1], chain, logprobs)
+        if threshold <= 0.0:
+            return chain
+        values = self.calibration.node_values(req.last, sized=False)
+        keep = 0
+        while keep < len(chain) and values[keep] >= threshold:
+            keep += 1
+        return chain[:keep]
+
+    def learn(self, key: Any, committed: Sequence[int]) -> None:
+        """The step after :meth:`draft` committed ``committed`` for request ``key`` (the
+        accepted draft tokens, then the bonus one): the calibration learns from its whole
+        last chain, verified or cut."""
+        req = self._requests.get(key)
+        if req is None or req.last is None or not committed:
+            return
+        self.calibration.learn([req.last], [int(t) for t in committed])
+        req.last = None
 
     def finish(self, key: Any) -> None:
         """Request ``key`` ended: its output joins the corpus and its index is freed."""
@@ -172,6 +229,49 @@ class ProposeStats:
     requests: int = 0
     drafted: int = 0
     seconds: float = 0.0
+
+
+class StepCosts:
+    """What a verified token costs, from the steps themselves: over the last ``window``
+    steps, seconds against tokens verified (least squares: seconds per extra token) and
+    output tokens per second. A draft token pays when its chance of being accepted is above
+    :meth:`threshold`, their product: on two CPU cores each token verified at batch 8 costs
+    a few percent of a step, at batch 1 far less, on a GPU next to nothing."""
+
+    def __init__(self, window: int = 64, least: int = 8) -> None:
+        self.window = window
+        self.least = least
+        self._steps: deque[tuple[int, float, int]] = deque()
+        # Running sums over the window: fed, seconds, fed^2, fed x seconds, output tokens.
+        self._sums = [0.0, 0.0, 0.0, 0.0, 0.0]
+
+    def _count(self, step: tuple[int, float, int], sign: float) -> None:
+        f, t, o = step
+        for i, x in enumerate((f, t, f * f, f * t, o)):
+            self._sums[i] += sign * x
+
+    def add(self, fed: int, seconds: float, out: int) -> None:
+        """A step verified ``fed`` tokens (every request's draft and bonus position) in
+        ``seconds`` and committed ``out`` tokens."""
+        step = (fed, seconds, out)
+        self._steps.append(step)
+        self._count(step, 1.0)
+        if len(self._steps) > self.window:
+            self._count(self._steps.popleft(), -1.0)
+
+    def threshold(self) -> float:
+        """Seconds per verified token x output tokens per second (0 until ``least`` steps
+        with different token counts are seen), at most 0.9."""
+        n = len(self._steps)
+        if n < self.least:
+            return 0.0
+        sf, st, sff, sft, so = self._sums
+        var = sff - sf * sf / n
+        if var <= 1e-9 * max(sff, 1.0):  # one token count only: the slope is unknown
+            return 0.0
+        per_token = max((sft - sf * st / n) / var, 0.0)
+        rate = so / max(st, 1e-9)
+        return min(per_token * rate, 0.9)
 
 
 def _find_runner(proposer: object) -> Any:
@@ -229,7 +329,12 @@ class SuffixProposer:
         )
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.stats = ProposeStats()
+        self.costs = StepCosts()
         self._runner: Any = None
+        # The last step: its rows' request ids, tokens it verifies, and when drafting ended.
+        self._last_ids: list[str] = []
+        self._fed = 0
+        self._t_end: float | None = None
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No model to load; finds the runner that calls it (see the module docstring)."""
@@ -259,23 +364,40 @@ class SuffixProposer:
         t0 = time.perf_counter()
         runner = self._the_runner()
         batch = runner.input_batch
-        req_ids = batch.req_ids
+        req_ids = list(batch.req_ids)
+        # The step since the last call verified the drafts then made: learn its cost when it
+        # held the same requests, none of them in a prefill.
+        if (
+            self._t_end is not None
+            and req_ids == self._last_ids
+            and all(len(s) > 0 for s in sampled_token_ids)
+        ):
+            out_tokens = sum(len(s) for s in sampled_token_ids)
+            self.costs.add(self._fed, t0 - self._t_end, out_tokens)
         # Finished requests leave runner.requests; preempted ones stay there.
         self.chains.retain(runner.requests)
+        threshold = self.costs.threshold()
         out: list[list[int]] = []
         drafted = 0
         for i, sampled in enumerate(sampled_token_ids):
             n = int(num_tokens_no_spec[i])
             room = self.max_model_len - n - 1
+            if sampled:
+                self.chains.learn(req_ids[i], sampled)
             if not sampled or room <= 0:
                 out.append([])
                 continue
             context = token_ids_cpu[i, :n].tolist()
-            chain = self.chains.draft(req_ids[i], context, int(batch.num_prompt_tokens[i]), room)
+            chain = self.chains.draft(
+                req_ids[i], context, int(batch.num_prompt_tokens[i]), room, threshold
+            )
             drafted += 1
             out.append(chain)
+        self._last_ids = req_ids
+        self._fed = sum(1 + len(c) for c in out)
         self.stats.calls += 1
         self.stats.requests += drafted
         self.stats.drafted += sum(len(c) for c in out)
-        self.stats.seconds += time.perf_counter() - t0
+        self._t_end = time.perf_counter()
+        self.stats.seconds += self._t_end - t0
         return out
