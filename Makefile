@@ -27,8 +27,8 @@ bench:
 	cargo bench -p specdec-core
 	specdec bench
 
-# Not in CI (whoever merges decides): tests/vllm/ in vLLM's CPU build, in its own venv
-# .venv-vllm (made once by tests/vllm/venv.sh: vLLM on PyPI's torch, specdec editable).
+# tests/vllm/ in vLLM's CPU build, in its own venv .venv-vllm (made once by
+# tests/vllm/venv.sh: vLLM on PyPI's torch, specdec editable); `.ci/run` runs it after `make test`.
 # LD_PRELOAD: the allocator and OpenMP runtime vLLM's CPU backend expects, those present.
 VLLM_VENV ?= .venv-vllm
 .PHONY: test-vllm
