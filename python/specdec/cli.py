@@ -131,7 +131,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import os
 
     # OpenMP threads that spin between torch ops take the cores the engine's own kernels and
-    # the HTTP thread need as soon as anything else runs (time to first token went from
+    # the HTTP thread need as soon as anything else runs (time to first token goes from
     # 0.2 s to 3-4 s under load); set before torch starts its pool.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
