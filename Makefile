@@ -22,6 +22,7 @@ lint:
 	$(PYTHON) -m ruff format --check python tests benches
 	$(PYTHON) -m mypy --strict python/specdec benches
 	$(PYTHON) -m mypy.stubtest specdec._core --allowlist stubtest_allowlist.txt
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --quiet
 
 bench:
 	cargo bench -p specdec-core

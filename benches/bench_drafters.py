@@ -14,11 +14,11 @@ with seeded sampling keyed by position, seed 0: all of them sample the same text
 token-identical to specdec AR's, so the t=1 columns compare speed on one text);
 ``--repeats N``: times are the fastest of N runs, made in N rounds over all of a prompt's
 configurations (transformers': of N before and N after them); every run's seconds go to the
-JSON, and the script prints target (d), the adaptive budget over the best fixed
+JSON, and the script prints the adaptive budget over the best fixed
 configuration per drafter, prompt kind and mode, then the same with each run timed by the
 fastest of only k of its rounds, for every k-round subset (how much of a miss the clock
-makes: "best fixed" is the largest of several noisy figures); ``--from-json FILE``: the tables of an
-earlier run; ``--plot DIR``: acceptance and speed against the budget, one PNG per prompt
+makes: "best fixed" is the largest of several noisy figures); ``--from-json FILE``: the tables of a
+saved run; ``--plot DIR``: acceptance and speed against the budget, one PNG per prompt
 kind and mode; ``--draft-vocab full,auto,FILE``: the trained drafters once per draft vocabulary
 (``auto``: the checkpoint's ``draft_vocab.json`` when it has one, the default; ``full``: the
 whole vocabulary; a suffix ``@f32`` / ``@bf16`` sets the drafters' packed precision, default
@@ -67,7 +67,7 @@ class Row:
     accept_len: float
     identical: bool | None
     # Every timed run's seconds, in round order (``seconds`` is their minimum): the noise
-    # the (d) table's resampling reads (transformers': its N runs before and N after).
+    # the adaptive-budget table's resampling reads (transformers': its N runs before and N after).
     rounds: list[float] = field(default_factory=list)
 
     @property
@@ -413,7 +413,7 @@ def pivot(rows: list[Row]) -> str:
 
 @dataclass(frozen=True)
 class VsFixed:
-    """One cell of target (d): the adaptive budget's tokens/s over ``best``'s, the best
+    """One cell of the adaptive-budget table: its tokens/s over ``best``'s, the best
     fixed configuration; ``moved``: either one's t=1 text left specdec AR's."""
 
     ratio: float
@@ -424,7 +424,7 @@ class VsFixed:
 def adaptive_ratios(
     rows: list[Row], keep: Sequence[int] | None = None
 ) -> dict[tuple[str, str, str], VsFixed]:
-    """Target (d) per (prompt kind, mode, drafter): the adaptive budget against its best
+    """The adaptive budget per (prompt kind, mode, drafter) against its best
     fixed configuration (chain or DDTree budget; tokens over seconds summed over the
     prompts). ``keep``: time each run by the fastest of only these rounds (default: all)."""
 
@@ -490,10 +490,10 @@ def rounds_run(rows: list[Row]) -> int:
 
 
 def resampled(rows: list[Row], k: int, within: float = 0.05) -> str:
-    """How (d) depends on the clock: every run timed by the fastest of only ``k`` of its
-    rounds, for every ``k``-round subset of them (the same rounds for every configuration
-    of a prompt, as they ran side by side), the count of cells within ``within``; and each
-    cell that is not within it under some subset."""
+    """How the adaptive-budget table depends on the clock: every run timed by the fastest
+    of only ``k`` of its rounds, for every ``k``-round subset of them (the same rounds for
+    every configuration of a prompt, as they ran side by side), the count of cells within
+    ``within``; and each cell that is not within it under some subset."""
     n = rounds_run(rows)
     if not 0 < k < n:
         return ""

@@ -1,4 +1,4 @@
-"""Beam search: the issue's worked example, equality with transformers'
+"""Beam search: a worked example (a fixed logits table), equality with transformers'
 ``generate(num_beams=..., do_sample=False)`` on a tiny random Llama (every early-stopping
 mode, three length penalties, widths 2 and 4, one and two returned sequences, batches), a
 grammar against transformers' ``prefix_allowed_tokens_fn``, and the paged KV sharing: prompt
@@ -31,7 +31,7 @@ OTHERWISE = [-4.0, -4.0, -4.0, 4.0]
 
 
 class TableTarget:
-    """The issue's logits table, keyed by the generated tokens. The target stores each
+    """A fixed logits table, keyed by the generated tokens. The target stores each
     token id as its key and reads the context back from the cache, so a beam whose block
     table were reordered wrongly would see another beam's tokens."""
 

@@ -1,6 +1,6 @@
 """The README's Python examples run as written (in order, sharing one namespace). The
-serving section's examples need a server: tests/test_serve.py runs them against one; the
-vLLM example needs vLLM: tests/vllm/test_readme.py runs it."""
+serving section's examples need a server: tests/test_serve.py runs them against one; vLLM
+examples need vLLM: tests/vllm/test_readme.py runs them."""
 
 import pathlib
 import re

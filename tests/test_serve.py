@@ -74,22 +74,40 @@ def chat(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 
 
-def test_the_readmes_serving_examples_run_against_a_server(server: Server) -> None:
+def serving_examples() -> list[tuple[str, str, str | None]]:
+    """(where, Python block, curl command or None) for the README's serving section and the
+    docs' serving page."""
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Serving") :]
     section = section[: section.index("\n## ", 1)]
-    curl = re.search(r"```bash\n.*?\n(curl .*?)\n```", section, re.S)
-    code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert curl is not None and code is not None
+    out: list[tuple[str, str, str | None]] = []
+    for where, body in (("README.md", section), ("docs/guide/serving.md", None)):
+        if body is None:
+            body = (ROOT / where).read_text()
+        curl = re.search(r"```bash\n.*?\n(curl .*?)\n```", body, re.S)
+        blocks = re.findall(r"```python\n(.*?)```", body, re.S)
+        assert blocks, f"no Python example in {where}"
+        for i, code in enumerate(blocks):
+            out.append((where, code, curl.group(1) if curl is not None and i == 0 else None))
+    return out
+
+
+def test_the_serving_examples_run_against_a_server(server: Server) -> None:
+    """The README's and the docs' serving examples (curl and the openai client) as written,
+    pointed at the test server's port."""
     port = server.url.rsplit(":", 1)[1]
-    cmd = curl.group(1).replace("\\\n", " ").replace("127.0.0.1:8000", f"127.0.0.1:{port}")
-    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
-    reply = json.loads(out.stdout)
-    assert reply["choices"][0]["message"]["content"], reply
-    namespace: dict[str, Any] = {}
-    exec(code.group(1).replace("127.0.0.1:8000", f"127.0.0.1:{port}"), namespace)  # noqa: S102
-    cat = json.loads(namespace["reply"].choices[0].message.content)
-    assert isinstance(cat["name"], str)
+    for where, code, curl in serving_examples():
+        if curl is not None:
+            cmd = curl.replace("\\\n", " ").replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+            out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+            reply = json.loads(out.stdout)
+            assert reply["choices"][0]["message"]["content"], (where, reply)
+        namespace: dict[str, Any] = {}
+        code = code.replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+        exec(compile(code, where, "exec"), namespace)  # noqa: S102
+        if "reply" in namespace and "json_schema" in code:
+            cat = json.loads(namespace["reply"].choices[0].message.content)
+            assert isinstance(cat["name"], str), where
 
 
 def test_importing_specdec_imports_no_web_framework() -> None:

@@ -2,12 +2,17 @@
 
 SmolLM2-135M-Instruct (the GGUF the set-up installs) runs held-out prompts of three kinds
 (write code, edit or repeat given text, answer a question) through transformers ``generate``
-(greedy autoregressive, and its prompt-lookup decoding) and through specdec (autoregressive,
-chain, DDTree at several budgets and the adaptive budget, with the suffix and n-gram
-drafters, and the shipped block drafter and Medusa heads when present), on the same
-weights and threads. For each it prints the acceptance length (tokens
-per target forward), tokens/s and the speed-up over transformers' autoregressive decoding,
-and checks that every greedy output is token-identical to transformers'.
+and through specdec, on the same weights and threads. For each engine it prints the
+acceptance length (tokens per target forward), tokens/s and the speed-up over transformers'
+autoregressive decoding, and checks that every greedy output is token-identical to
+transformers'.
+
+By default (:data:`DEFAULT_ENGINES`) it runs one prompt per kind through the engines that
+matter: transformers autoregressive and prompt lookup, specdec autoregressive, the suffix
+drafter with the adaptive budget, and the shipped block drafter combined with the suffix
+drafter, adaptive budget too. ``engines=None`` (``specdec demo --full``) runs the whole
+sweep: every prompt; chain, DDTree at several budgets and the adaptive budget, with the
+suffix and n-gram drafters, and the shipped block drafter and Medusa heads when present.
 
 With ``--json-schema FILE`` (:func:`run_json_schema_demo`) it runs constrained generation
 instead: the schema compiled against SmolLM2's vocabulary masks every drafted tree node, and
@@ -21,6 +26,7 @@ import functools
 import json
 import math
 import platform
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,7 +38,17 @@ import torch
 from .demo_prompts import PROMPTS
 from .errors import ConfigError
 
-__all__ = ["DemoRun", "JsonSchemaRun", "run_demo", "run_json_schema_demo"]
+__all__ = ["DEFAULT_ENGINES", "DemoRun", "JsonSchemaRun", "run_demo", "run_json_schema_demo"]
+
+#: The engines ``specdec demo`` runs by default (``--full``: every engine). transformers AR
+#: always runs: its output is the reference.
+DEFAULT_ENGINES = (
+    "transformers AR",
+    "transformers prompt lookup",
+    "specdec AR",
+    "suffix ddtree auto",
+    "block+suffix ddtree auto",
+)
 
 
 @dataclass
@@ -159,17 +175,32 @@ def _trained_engines(
             out.append((f"{kind} ddtree B={b}", b, functools.partial(mk, budget=b)))
         auto = functools.partial(mk, budget="auto", max_budget=max(budgets), cost_model=cost)
         out.append((f"{kind} ddtree auto", None, auto))
+        if kind == "block":  # the block drafter's tree or the suffix index's, per step
+            combined = functools.partial(
+                _trained_generator, cls=cls, loaded=loaded, combined=True, budget="auto",
+                max_budget=max(budgets), cost_model=cost,
+            )  # fmt: skip
+            out.append(("block+suffix ddtree auto", None, combined))
     return out
 
 
-def _trained_generator(t: Any, *, cls: Any, loaded: dict[int, Any], **kw: Any) -> Any:
+def _trained_generator(
+    t: Any, *, cls: Any, loaded: dict[int, Any], combined: bool = False, **kw: Any
+) -> Any:
     from .decode import SpeculativeGenerator
+    from .draft import CombinedDrafter, SuffixDrafter
 
     if id(t) not in loaded:
         loaded[id(t)] = cls.shipped(t)
     d = loaded[id(t)]
     depth = getattr(d.config, "block_size", None) or d.config.num_heads
+    if combined:
+        d = CombinedDrafter(d, SuffixDrafter(max_depth=16), max_depth=depth)
     return SpeculativeGenerator(t, d, max_depth=depth, **kw)
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def run_demo(
@@ -183,18 +214,25 @@ def run_demo(
     json_path: str | None = None,
     log: Callable[[str], None] = print,
     packed_linear: bool = True,
+    engines: Sequence[str] | None = DEFAULT_ENGINES,
+    progress: Callable[[str], None] = _stderr,
 ) -> list[DemoRun]:
-    """Run the comparison; returns every run (and prints the tables). With ``repeats`` > 1
+    """Run the comparison; returns every run (and prints the tables through ``log``, what
+    it is doing through ``progress``: standard error by default). ``engines``: the names
+    of the engines to run (default :data:`DEFAULT_ENGINES`; None: every engine, with fixed
+    budgets ``budgets``; the adaptive budget goes up to ``max(budgets)``); ``transformers
+    AR`` always runs. ``prompts_per_kind``: None runs every prompt. With ``repeats`` > 1
     every engine runs that many times per prompt, interleaved with the others, and its
     fastest run counts (timing noise only ever slows a run down). ``packed_linear``: the
     model's :attr:`~specdec.models.llama.LlamaModel.packed_linear` (False: plain
     ``F.linear``, and not the GGUF blocks either)."""
-    from .decode import CostModel
+    from .decode import CostModel, SpeculativeGenerator
     from .models import smollm2
     from .models.gguf import smollm2_path
 
     if threads is not None:
         torch.set_num_threads(threads)
+    progress("loading SmolLM2-135M-Instruct into specdec and transformers")
     lm = smollm2()
     target, eos = lm.model, lm.eos_token_id
     target.packed_linear = packed_linear
@@ -206,18 +244,27 @@ def run_demo(
         f"{platform.machine()}; {tokens} new tokens per prompt, greedy; specdec linears: "
         + linears_label(target)
     )
+    progress("timing the target's forwards (the adaptive budget's cost model)")
     t0 = time.perf_counter()
-    cost = CostModel.calibrate(target)
+    # Trees of up to max(budgets) drafted nodes and the root: no larger forward is timed.
+    most = max(budgets) + 1
+    cost = CostModel.calibrate(target, sizes=CostModel.ladder(most))
     log(
         f"cost model ({time.perf_counter() - t0:.1f} s): forward of n tokens / of 1 token: "
-        + ", ".join(f"{n}: {cost(n) / cost(1):.2f}" for n in (2, 4, 5, 7, 8, 16, 32, 64))
+        + ", ".join(
+            f"{n}: {cost(n) / cost(1):.2f}" for n in (2, 4, 5, 7, 8, 16, 32, 64) if n <= most
+        )
     )
-    engines = _engines(target.vocab_size, budgets, cost)
+    specdec_engines = [
+        e for e in _engines(target.vocab_size, budgets, cost) if engines is None or e[0] in engines
+    ]
+    lookup = engines is None or "transformers prompt lookup" in engines
     # Warm both sides up (first-call allocations) outside the timings.
+    progress("warming up")
     warm = lm.encode_chat([{"role": "user", "content": "Hi"}])
     with torch.no_grad():
         hf.generate(torch.tensor([warm]), max_new_tokens=4, do_sample=False)
-    engines[0][2](target).generate(warm, max_new_tokens=4)
+    SpeculativeGenerator(target, strategy="ar").generate(warm, max_new_tokens=4)
 
     runs: list[DemoRun] = []
     for kind, texts in PROMPTS.items():
@@ -225,11 +272,12 @@ def run_demo(
             ids = lm.encode_chat([{"role": "user", "content": text}])
             best: dict[str, DemoRun] = {}
             for _ in range(repeats):  # interleaved; each engine's fastest run counts
-                ref, hf_runs = _run_hf(hf, ids, tokens, eos, kind, i)
-                fresh = hf_runs + [
-                    _run_specdec(make(target), ids, tokens, eos, ref, kind, i, name, budget)
-                    for name, budget, make in engines
-                ]
+                ref, hf_runs = _run_hf(hf, ids, tokens, eos, kind, i, lookup, progress)
+                fresh = hf_runs
+                for name, budget, make in specdec_engines:
+                    r = _run_specdec(make(target), ids, tokens, eos, ref, kind, i, name, budget)
+                    progress(_progress_line(r))
+                    fresh.append(r)
                 for r in fresh:
                     old = best.get(r.engine)
                     r.identical = r.identical and (old is None or old.identical)
@@ -288,16 +336,31 @@ def _run_specdec(
     )  # fmt: skip
 
 
+def _progress_line(r: DemoRun) -> str:
+    same = "" if r.identical else ", NOT identical to transformers AR"
+    return (
+        f"[{r.kind} #{r.prompt}] {r.engine}: {r.tokens} tokens in {r.seconds:.1f} s "
+        f"({r.tok_s:.1f} tok/s){same}"
+    )
+
+
 def _run_hf(
-    hf: Any, ids: list[int], tokens: int, eos: int | None, kind: str, i: int
+    hf: Any,
+    ids: list[int],
+    tokens: int,
+    eos: int | None,
+    kind: str,
+    i: int,
+    lookup: bool = True,
+    progress: Callable[[str], None] = _stderr,
 ) -> tuple[list[int], list[DemoRun]]:
-    """transformers greedy AR (the reference output) and prompt lookup."""
+    """transformers greedy AR (the reference output) and, with ``lookup``, prompt lookup."""
     runs = []
     ref: list[int] = []
-    for name, kw in (
-        ("transformers AR", {}),
-        ("transformers prompt lookup", {"prompt_lookup_num_tokens": 8}),
-    ):
+    settings: list[tuple[str, dict[str, Any]]] = [("transformers AR", {})]
+    if lookup:
+        settings.append(("transformers prompt lookup", {"prompt_lookup_num_tokens": 8}))
+    for name, kw in settings:
         t0 = time.perf_counter()
         with torch.no_grad():
             out = hf.generate(
@@ -308,6 +371,7 @@ def _run_hf(
         if not ref:
             ref = out
         runs.append(DemoRun(kind, i, name, len(out), dt, out == ref))
+        progress(_progress_line(runs[-1]))
     return ref, runs
 
 
@@ -377,11 +441,32 @@ def _plot(runs: list[DemoRun], out: Path) -> list[Path]:
     fig.tight_layout()
     fig.savefig(files[-1], dpi=120)
     plt.close(fig)
+    kinds = list(dict.fromkeys(r.kind for r in runs))
+    engines = list(dict.fromkeys(r.engine for r in runs))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / max(len(engines), 1)
+    for j, name in enumerate(engines):
+        ys = [
+            _geomean([r.speedup for r in runs if r.engine == name and r.kind == k]) for k in kinds
+        ]
+        ax.bar([x + j * width for x in range(len(kinds))], ys, width, label=name)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(kinds))], kinds)
+    ax.set_ylabel("speed-up over transformers AR")
+    ax.legend(fontsize=6)
+    files.append(out / "speedup.png")
+    fig.tight_layout()
+    fig.savefig(files[-1], dpi=120)
+    plt.close(fig)
+    fixed = {r.budget for r in runs if r.engine.startswith("suffix ddtree B=")} - {None}
+    if not fixed:  # the default engines: adaptive budgets only
+        return files
     fig, ax = plt.subplots(figsize=(6, 4))
-    for kind in dict.fromkeys(r.kind for r in runs):
+    for kind in kinds:
         pts = sorted(
-            {
-                b: _geomean(
+            (
+                b,
+                _geomean(
                     [
                         r.speedup
                         for r in runs
@@ -389,10 +474,10 @@ def _plot(runs: list[DemoRun], out: Path) -> list[Path]:
                         and r.budget == b
                         and r.engine.startswith("suffix ddtree B=")
                     ]
-                )  # fmt: skip
-                for b in {r.budget for r in runs if r.engine.startswith("suffix ddtree B=")}
-                if b is not None
-            }.items()
+                ),
+            )
+            for b in fixed
+            if b is not None
         )
         ax.plot([b for b, _ in pts], [s for _, s in pts], marker="o", label=kind)
     ax.axhline(1.0, color="gray", lw=0.8)
