@@ -652,12 +652,23 @@ class QuantMatrix:
     def cols(self) -> int: ...
     @property
     def nbytes(self) -> int: ...
-    def matmul(self, x: npt.NDArray[np.float32], out: npt.NDArray[np.float32]) -> None:
+    def matmul(
+        self,
+        x: npt.NDArray[np.float32],
+        out: npt.NDArray[np.float32],
+        *,
+        numeric: Literal["exact", "int8"] = "exact",
+    ) -> None:
         """``out[:] = x @ W.T``: ``x`` ``[m, cols]``, ``out`` C-contiguous ``[m, rows]``;
-        the GIL released, the work split over the cores."""
+        the GIL released, the work split over the cores. ``numeric="int8"``: each row
+        quantized per block of 32 to 8 bits and multiplied by the quants with integer dot
+        products (llama.cpp's numeric class; a non-finite input raises ``ConfigError``)."""
 
     def dequantize(self) -> npt.NDArray[np.float32]:
         """The float32 weights ``[rows, cols]``, as gguf-py dequantizes them."""
 
 def quant_simd_available() -> bool:
     """Whether the fast (AVX-512) kernel runs on this CPU."""
+
+def quant_int8_simd_available() -> bool:
+    """Whether the int8 mode's fast (AVX-512 VNNI) kernel runs on this CPU."""

@@ -86,13 +86,26 @@ impl QuantMatrix {
         self.0.nbytes()
     }
 
-    /// `out[:] = x @ W.T`: `x` float32 `[m, cols]`, `out` a C-contiguous float32 `[m, rows]`.
+    /// `out[:] = x @ W.T`: `x` float32 `[m, cols]`, `out` a C-contiguous float32 `[m, rows]`;
+    /// `numeric`: `"exact"` (float32 products) or `"int8"` (see `core::int8`).
+    #[pyo3(signature = (x, out, *, numeric = "exact"))]
     fn matmul(
         &self,
         py: Python<'_>,
         #[pyo3(from_py_with = config_arg)] x: PyReadonlyArray2<'_, f32>,
         #[pyo3(from_py_with = config_arg)] mut out: PyReadwriteArray2<'_, f32>,
+        numeric: &str,
     ) -> PyResult<()> {
+        let int8 = match numeric {
+            "exact" => false,
+            "int8" => true,
+            other => {
+                return Err(raise(
+                    Class::Config,
+                    format!("numeric must be 'exact' or 'int8', got {other:?}"),
+                ))
+            }
+        };
         let m = x.shape()[0];
         if x.shape()[1] != self.0.cols() {
             let e = core::LinearError::InputWidth {
@@ -110,7 +123,11 @@ impl QuantMatrix {
             ));
         };
         let w = &self.0;
-        py.detach(|| w.matmul(&xs, m, o)).or_raise()
+        if int8 {
+            py.detach(|| w.matmul_int8(&xs, m, o)).or_raise()
+        } else {
+            py.detach(|| w.matmul(&xs, m, o)).or_raise()
+        }
     }
 
     /// The float32 weights `[rows, cols]`, as gguf-py dequantizes them.
@@ -136,8 +153,15 @@ fn quant_simd_available() -> bool {
     core::simd_available()
 }
 
+/// Whether the int8 mode's fast (AVX-512 VNNI) kernel runs on this CPU.
+#[pyfunction]
+fn quant_int8_simd_available() -> bool {
+    core::int8_simd_available()
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<QuantMatrix>()?;
     m.add_function(wrap_pyfunction!(quant_simd_available, m)?)?;
+    m.add_function(wrap_pyfunction!(quant_int8_simd_available, m)?)?;
     Ok(())
 }

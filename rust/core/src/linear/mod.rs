@@ -12,12 +12,13 @@
 //! order, so they agree bit for bit.
 
 mod format;
+pub mod int8;
 mod kernel;
 mod matrix;
 mod pool;
 
 pub use format::{BlockFormat, BLOCK};
-pub use matrix::{simd_available, QuantMatrix};
+pub use matrix::{int8_simd_available, simd_available, QuantMatrix};
 
 use thiserror::Error;
 
@@ -47,6 +48,10 @@ pub enum LinearError {
         expected: usize,
         got: usize,
     },
+    #[error(
+        "input row {row} has a non-finite value at column {col}: the int8 mode cannot quantize it"
+    )]
+    NonFinite { row: usize, col: usize },
     #[error("cannot join matrices with {0} and {1} columns (or of different formats)")]
     Join(usize, usize),
 }
