@@ -10,6 +10,10 @@
 //! and one over odd `k`, added at the end, whatever the number of rows (a row's result does
 //! not depend on the rows beside it). The AVX-512 kernel and the portable one follow that
 //! order, so they agree bit for bit.
+//!
+//! [`int8`] is the opt-in fast numeric mode: the input rows quantized to 8 bits per block
+//! and integer dot products with the quants (llama.cpp's numeric class), a VNNI kernel and a
+//! portable one that agree bit for bit.
 
 mod format;
 pub mod int8;
