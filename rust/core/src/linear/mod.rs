@@ -14,7 +14,7 @@
 mod format;
 mod kernel;
 mod matrix;
-mod pool;
+pub(crate) mod pool;
 
 pub use format::{BlockFormat, BLOCK};
 pub use matrix::{simd_available, QuantMatrix};
