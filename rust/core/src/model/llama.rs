@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use super::kv::{KvBuffer, StepRows, Strides};
-use super::ops::{self, simd};
+use super::ops;
 use super::ModelError;
 use crate::linear::{pool, simd_available, QuantMatrix};
 
@@ -124,18 +124,149 @@ thread_local! {
     static SCRATCH: RefCell<(Vec<usize>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-simd! {
-    /// One query's attention over the K/V rows at `offs` of `k` / `v`: `out = softmax(q .
-    /// k * scale) @ v` (`scores`: room for `offs.len()` values).
-    fn attend_query(q: &[f32], k: &[f32], v: &[f32], offs: &[usize], scale: f32, scores: &mut [f32], out: &mut [f32]) {
-        let d = q.len();
-        for (s, &o) in scores.iter_mut().zip(offs) {
-            *s = ops::dot(q, &k[o..o + d]) * scale;
+/// One query's attention over the K/V rows at `offs` of `k` / `v`: `out = softmax(q . k *
+/// scale) @ v` (`scores`: room for `offs.len()` values; every `o + q.len()` within `k` and
+/// `v`, which the step's checks guarantee). The AVX-512 kernel where the CPU has it and the
+/// head dim is a multiple of 16 (the same math, summed in another order).
+#[allow(clippy::too_many_arguments)]
+fn attend_query(
+    simd: bool,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    offs: &[usize],
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let d = q.len();
+    #[cfg(target_arch = "x86_64")]
+    if simd && d.is_multiple_of(16) && d <= 256 {
+        let end = offs.iter().max().map_or(0, |&o| o + d);
+        assert!(end <= k.len() && end <= v.len() && scores.len() == offs.len());
+        assert_eq!(out.len(), d);
+        // SAFETY: AVX-512F is present (`simd`); every row read lies within `k` / `v`
+        // (asserted above) and `out` holds `d` values.
+        unsafe { fast::attend_query(q, k, v, offs, scale, scores, out) };
+        return;
+    }
+    let _ = simd;
+    for (s, &o) in scores.iter_mut().zip(offs) {
+        *s = ops::dot(q, &k[o..o + d]) * scale;
+    }
+    ops::softmax_in_place(scores);
+    out.fill(0.0);
+    for (&p, &o) in scores.iter().zip(offs) {
+        ops::axpy(out, p, &v[o..o + d]);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod fast {
+    use std::arch::x86_64::*;
+
+    /// `e^x` 16 lanes at a time: [`super::ops::exp`]'s operations.
+    ///
+    /// # Safety
+    /// AVX-512F present.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn exp16(x: __m512) -> __m512 {
+        let x = _mm512_min_ps(
+            _mm512_max_ps(x, _mm512_set1_ps(-87.0)),
+            _mm512_set1_ps(88.0),
+        );
+        let t = _mm512_add_ps(
+            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+            _mm512_set1_ps(12_582_912.0),
+        );
+        let fx = _mm512_sub_ps(t, _mm512_set1_ps(12_582_912.0));
+        let n = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B40_0000));
+        let r = _mm512_sub_ps(x, _mm512_mul_ps(fx, _mm512_set1_ps(0.693_359_4)));
+        let r = _mm512_sub_ps(r, _mm512_mul_ps(fx, _mm512_set1_ps(-2.121_944_4e-4)));
+        let z = _mm512_mul_ps(r, r);
+        let c = |a: f32| _mm512_set1_ps(a);
+        let mut y = _mm512_add_ps(_mm512_mul_ps(c(1.987_569_1e-4), r), c(1.398_199_9e-3));
+        y = _mm512_add_ps(_mm512_mul_ps(y, r), c(8.333_452e-3));
+        y = _mm512_add_ps(_mm512_mul_ps(y, r), c(4.166_579_6e-2));
+        y = _mm512_add_ps(_mm512_mul_ps(y, r), c(1.666_666_5e-1));
+        y = _mm512_add_ps(_mm512_mul_ps(y, r), c(0.5));
+        y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, z), r), c(1.0));
+        let pow2 = _mm512_slli_epi32::<23>(_mm512_add_epi32(n, _mm512_set1_epi32(127)));
+        _mm512_mul_ps(y, _mm512_castsi512_ps(pow2))
+    }
+
+    /// [`super::attend_query`] for a head dim `d = 16 * nv`, `nv <= 16`.
+    ///
+    /// # Safety
+    /// AVX-512F present; `q` and `out` hold `d` values, `scores` one per offset, and
+    /// `o + d` is within `k` and `v` for every offset `o`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn attend_query(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        offs: &[usize],
+        scale: f32,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let nv = q.len() / 16;
+        let mut qv = [_mm512_setzero_ps(); 16];
+        for (c, lane) in qv.iter_mut().enumerate().take(nv) {
+            // SAFETY: q holds 16 * nv values.
+            *lane = unsafe { _mm512_loadu_ps(q.as_ptr().add(16 * c)) };
         }
-        ops::softmax_in_place(scores);
-        out.fill(0.0);
-        for (&p, &o) in scores.iter().zip(offs) {
-            ops::axpy(out, p, &v[o..o + d]);
+        let mut m = f32::NEG_INFINITY;
+        for (s, &o) in scores.iter_mut().zip(offs) {
+            // SAFETY: o + 16 * nv is within k (the caller's contract).
+            let kp = unsafe { k.as_ptr().add(o) };
+            let mut acc = _mm512_setzero_ps();
+            for (c, &qc) in qv.iter().enumerate().take(nv) {
+                // SAFETY: as above.
+                acc = _mm512_fmadd_ps(qc, unsafe { _mm512_loadu_ps(kp.add(16 * c)) }, acc);
+            }
+            *s = _mm512_reduce_add_ps(acc) * scale;
+            m = m.max(*s);
+        }
+        // Softmax: e^(s - max), summed in 16 lanes, then divided by the sum.
+        let n = scores.len();
+        let full = n / 16 * 16;
+        let mv = _mm512_set1_ps(m);
+        let mut total = _mm512_setzero_ps();
+        let p = scores.as_mut_ptr();
+        for i in (0..full).step_by(16) {
+            // SAFETY: i + 16 <= n.
+            unsafe {
+                let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), mv));
+                _mm512_storeu_ps(p.add(i), e);
+                total = _mm512_add_ps(total, e);
+            }
+        }
+        let mut sum = _mm512_reduce_add_ps(total);
+        if full < n {
+            let mask: __mmask16 = (1u32 << (n - full)).wrapping_sub(1) as __mmask16;
+            // SAFETY: the masked lanes are i < n.
+            unsafe {
+                let x = _mm512_maskz_loadu_ps(mask, p.add(full));
+                let e = exp16(_mm512_sub_ps(x, mv));
+                _mm512_mask_storeu_ps(p.add(full), mask, e);
+                sum += _mm512_reduce_add_ps(_mm512_maskz_mov_ps(mask, e));
+            }
+        }
+        let inv = 1.0 / sum;
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for (&e, &o) in scores.iter().zip(offs) {
+            let pv = _mm512_set1_ps(e * inv);
+            // SAFETY: o + 16 * nv is within v (the caller's contract).
+            let vp = unsafe { v.as_ptr().add(o) };
+            for (c, a) in acc.iter_mut().enumerate().take(nv) {
+                // SAFETY: as above.
+                *a = _mm512_fmadd_ps(pv, unsafe { _mm512_loadu_ps(vp.add(16 * c)) }, *a);
+            }
+        }
+        for (c, a) in acc.iter().enumerate().take(nv) {
+            // SAFETY: out holds 16 * nv values.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * c), *a) };
         }
     }
 }

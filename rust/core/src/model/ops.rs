@@ -31,7 +31,6 @@ macro_rules! simd {
         }
     };
 }
-pub(crate) use simd;
 
 /// The 16 lanes summed pairwise (a fixed order).
 #[inline(always)]
