@@ -493,7 +493,7 @@ class LlamaModel(nn.Module):
         # of either) runs as one Rust call over the whole stack (``LlamaStack``): the same
         # float32 math up to summation order, without ~120 products' and ~300 small ops'
         # dispatch from Python. False: layer by layer in torch (the reference).
-        self.fused_step = True
+        self.fused_step: bool = True
         self._fused: _Fused | None = None
         # After release_plain_linears: (module, group, offset) for each freed weight.
         self._released: list[tuple[nn.Linear, int, int]] = []

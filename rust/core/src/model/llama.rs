@@ -124,13 +124,16 @@ thread_local! {
     static SCRATCH: RefCell<(Vec<usize>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// One query's attention over the K/V rows at `offs` of `k` / `v`: `out = softmax(q . k *
-/// scale) @ v` (`scores`: room for `offs.len()` values; every `o + q.len()` within `k` and
-/// `v`, which the step's checks guarantee). The AVX-512 kernel where the CPU has it and the
-/// head dim is a multiple of 16 (the same math, summed in another order).
+/// The attention of `nh` query heads sharing one K/V head (`q`, `out`: `nh` rows of
+/// `d`) over the K/V rows at `offs` of `k` / `v`: `out = softmax(q . k * scale) @ v`
+/// (`scores`: room for `nh * offs.len()` values; every `o + d` within `k` and `v`, which the
+/// step's checks guarantee). The AVX-512 kernel where the CPU has it and the head dim is a
+/// multiple of 16 (the same math, summed in another order): it reads each K/V row once for
+/// the `nh` heads.
 #[allow(clippy::too_many_arguments)]
-fn attend_query(
+fn attend_heads(
     simd: bool,
+    d: usize,
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -139,25 +142,38 @@ fn attend_query(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    let d = q.len();
+    let (n, nh) = (offs.len(), q.len() / d);
+    assert!(scores.len() == nh * n && out.len() == nh * d && q.len() == nh * d);
     #[cfg(target_arch = "x86_64")]
-    if simd && d.is_multiple_of(16) && d <= 256 {
+    if simd && d.is_multiple_of(16) && d <= 128 && (1..=4).contains(&nh) {
         let end = offs.iter().max().map_or(0, |&o| o + d);
-        assert!(end <= k.len() && end <= v.len() && scores.len() == offs.len());
-        assert_eq!(out.len(), d);
+        assert!(end <= k.len() && end <= v.len());
         // SAFETY: AVX-512F is present (`simd`); every row read lies within `k` / `v`
-        // (asserted above) and `out` holds `d` values.
-        unsafe { fast::attend_query(q, k, v, offs, scale, scores, out) };
+        // (asserted above); `q`, `out` and `scores` have the sizes asserted above.
+        unsafe {
+            match nh {
+                1 => fast::attend::<1>(d, q, k, v, offs, scale, scores, out),
+                2 => fast::attend::<2>(d, q, k, v, offs, scale, scores, out),
+                3 => fast::attend::<3>(d, q, k, v, offs, scale, scores, out),
+                _ => fast::attend::<4>(d, q, k, v, offs, scale, scores, out),
+            }
+        }
         return;
     }
     let _ = simd;
-    for (s, &o) in scores.iter_mut().zip(offs) {
-        *s = ops::dot(q, &k[o..o + d]) * scale;
-    }
-    ops::softmax_in_place(scores);
-    out.fill(0.0);
-    for (&p, &o) in scores.iter().zip(offs) {
-        ops::axpy(out, p, &v[o..o + d]);
+    for ((qh, sh), oh) in q
+        .chunks_exact(d)
+        .zip(scores.chunks_exact_mut(n))
+        .zip(out.chunks_exact_mut(d))
+    {
+        for (s, &o) in sh.iter_mut().zip(offs) {
+            *s = ops::dot(qh, &k[o..o + d]) * scale;
+        }
+        ops::softmax_in_place(sh);
+        oh.fill(0.0);
+        for (&p, &o) in sh.iter().zip(offs) {
+            ops::axpy(oh, p, &v[o..o + d]);
+        }
     }
 }
 
@@ -195,13 +211,15 @@ mod fast {
         _mm512_mul_ps(y, _mm512_castsi512_ps(pow2))
     }
 
-    /// [`super::attend_query`] for a head dim `d = 16 * nv`, `nv <= 16`.
+    /// [`super::attend_heads`] for `NH` heads and a head dim `d = 16 * nv`, `nv <= 8`.
     ///
     /// # Safety
-    /// AVX-512F present; `q` and `out` hold `d` values, `scores` one per offset, and
+    /// AVX-512F present; `q` and `out` hold `NH * d` values, `scores` `NH` per offset, and
     /// `o + d` is within `k` and `v` for every offset `o`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn attend_query(
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn attend<const NH: usize>(
+        d: usize,
         q: &[f32],
         k: &[f32],
         v: &[f32],
@@ -210,63 +228,86 @@ mod fast {
         scores: &mut [f32],
         out: &mut [f32],
     ) {
-        let nv = q.len() / 16;
-        let mut qv = [_mm512_setzero_ps(); 16];
-        for (c, lane) in qv.iter_mut().enumerate().take(nv) {
-            // SAFETY: q holds 16 * nv values.
-            *lane = unsafe { _mm512_loadu_ps(q.as_ptr().add(16 * c)) };
+        let nv = d / 16;
+        let n = offs.len();
+        let mut qv = [[_mm512_setzero_ps(); 8]; NH];
+        for (h, qh) in qv.iter_mut().enumerate() {
+            for (c, lane) in qh.iter_mut().enumerate().take(nv) {
+                // SAFETY: q holds NH * 16 * nv values.
+                *lane = unsafe { _mm512_loadu_ps(q.as_ptr().add(h * d + 16 * c)) };
+            }
         }
-        let mut m = f32::NEG_INFINITY;
-        for (s, &o) in scores.iter_mut().zip(offs) {
+        let mut m = [f32::NEG_INFINITY; NH];
+        let sp = scores.as_mut_ptr();
+        for (j, &o) in offs.iter().enumerate() {
             // SAFETY: o + 16 * nv is within k (the caller's contract).
             let kp = unsafe { k.as_ptr().add(o) };
-            let mut acc = _mm512_setzero_ps();
-            for (c, &qc) in qv.iter().enumerate().take(nv) {
+            let mut acc = [_mm512_setzero_ps(); NH];
+            for c in 0..nv {
                 // SAFETY: as above.
-                acc = _mm512_fmadd_ps(qc, unsafe { _mm512_loadu_ps(kp.add(16 * c)) }, acc);
+                let kc = unsafe { _mm512_loadu_ps(kp.add(16 * c)) };
+                for h in 0..NH {
+                    acc[h] = _mm512_fmadd_ps(qv[h][c], kc, acc[h]);
+                }
             }
-            *s = _mm512_reduce_add_ps(acc) * scale;
-            m = m.max(*s);
-        }
-        // Softmax: e^(s - max), summed in 16 lanes, then divided by the sum.
-        let n = scores.len();
-        let full = n / 16 * 16;
-        let mv = _mm512_set1_ps(m);
-        let mut total = _mm512_setzero_ps();
-        let p = scores.as_mut_ptr();
-        for i in (0..full).step_by(16) {
-            // SAFETY: i + 16 <= n.
-            unsafe {
-                let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), mv));
-                _mm512_storeu_ps(p.add(i), e);
-                total = _mm512_add_ps(total, e);
+            for h in 0..NH {
+                let s = _mm512_reduce_add_ps(acc[h]) * scale;
+                // SAFETY: h * n + j < NH * n.
+                unsafe { *sp.add(h * n + j) = s };
+                m[h] = m[h].max(s);
             }
         }
-        let mut sum = _mm512_reduce_add_ps(total);
-        if full < n {
-            let mask: __mmask16 = (1u32 << (n - full)).wrapping_sub(1) as __mmask16;
-            // SAFETY: the masked lanes are i < n.
-            unsafe {
-                let x = _mm512_maskz_loadu_ps(mask, p.add(full));
-                let e = exp16(_mm512_sub_ps(x, mv));
-                _mm512_mask_storeu_ps(p.add(full), mask, e);
-                sum += _mm512_reduce_add_ps(_mm512_maskz_mov_ps(mask, e));
+        // Softmax per head: e^(s - max), summed in 16 lanes, then scaled by 1 / sum.
+        let mut inv = [0f32; NH];
+        for h in 0..NH {
+            // SAFETY: head h's scores are sp[h * n .. (h + 1) * n].
+            let p = unsafe { sp.add(h * n) };
+            let full = n / 16 * 16;
+            let mv = _mm512_set1_ps(m[h]);
+            let mut total = _mm512_setzero_ps();
+            for i in (0..full).step_by(16) {
+                // SAFETY: i + 16 <= n.
+                unsafe {
+                    let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), mv));
+                    _mm512_storeu_ps(p.add(i), e);
+                    total = _mm512_add_ps(total, e);
+                }
             }
+            let mut sum = _mm512_reduce_add_ps(total);
+            if full < n {
+                let mask: __mmask16 = (1u32 << (n - full)).wrapping_sub(1) as __mmask16;
+                // SAFETY: the masked lanes are i < n.
+                unsafe {
+                    let x = _mm512_maskz_loadu_ps(mask, p.add(full));
+                    let e = exp16(_mm512_sub_ps(x, mv));
+                    _mm512_mask_storeu_ps(p.add(full), mask, e);
+                    sum += _mm512_reduce_add_ps(_mm512_maskz_mov_ps(mask, e));
+                }
+            }
+            inv[h] = 1.0 / sum;
         }
-        let inv = 1.0 / sum;
-        let mut acc = [_mm512_setzero_ps(); 16];
-        for (&e, &o) in scores.iter().zip(offs) {
-            let pv = _mm512_set1_ps(e * inv);
+        let mut acc = [[_mm512_setzero_ps(); 8]; NH];
+        for (j, &o) in offs.iter().enumerate() {
             // SAFETY: o + 16 * nv is within v (the caller's contract).
             let vp = unsafe { v.as_ptr().add(o) };
-            for (c, a) in acc.iter_mut().enumerate().take(nv) {
+            let mut pv = [_mm512_setzero_ps(); NH];
+            for h in 0..NH {
+                // SAFETY: h * n + j < NH * n.
+                pv[h] = _mm512_set1_ps(unsafe { *sp.add(h * n + j) } * inv[h]);
+            }
+            for c in 0..nv {
                 // SAFETY: as above.
-                *a = _mm512_fmadd_ps(pv, unsafe { _mm512_loadu_ps(vp.add(16 * c)) }, *a);
+                let vc = unsafe { _mm512_loadu_ps(vp.add(16 * c)) };
+                for h in 0..NH {
+                    acc[h][c] = _mm512_fmadd_ps(pv[h], vc, acc[h][c]);
+                }
             }
         }
-        for (c, a) in acc.iter().enumerate().take(nv) {
-            // SAFETY: out holds 16 * nv values.
-            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * c), *a) };
+        for (h, ah) in acc.iter().enumerate() {
+            for (c, a) in ah.iter().enumerate().take(nv) {
+                // SAFETY: out holds NH * 16 * nv values.
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(h * d + 16 * c), *a) };
+            }
         }
     }
 }
@@ -535,9 +576,18 @@ impl LlamaStack {
         let (hd, hq, t_new) = (d.head_dim, d.heads, rows.tokens);
         let group = hq / d.kv_heads;
         let scale = 1.0 / (hd as f32).sqrt();
+        // A chunk: one token's queries of `nh` heads of one K/V group (each K/V row read
+        // once for them); whole groups where that still gives the cores enough chunks.
+        let nh = if rows.rows * t_new * d.kv_heads >= 8 && group <= 4 {
+            group
+        } else {
+            1
+        };
+        let per_token = hq / nh;
         let ptr = OutPtr(out.as_mut_ptr());
         let run = |chunk: usize| {
-            let (r, h) = (chunk / hq, chunk % hq);
+            let (i, h) = (chunk / per_token, chunk % per_token * nh);
+            let (r, t) = (i / t_new, i % t_new);
             let b = rows.buffers[r] as usize;
             let (buf, st) = (&kv[b], strides[b]);
             let base = st.at(l, h / group, 0);
@@ -546,33 +596,30 @@ impl LlamaStack {
             SCRATCH.with(|cell| {
                 let mut cell = cell.borrow_mut();
                 let (offs, scores) = &mut *cell;
-                for t in 0..t_new {
-                    offs.clear();
-                    for (c, &s) in row_slots.iter().enumerate() {
-                        if rows.visible(r, t, c) {
-                            offs.push(st.at(0, 0, s as usize));
-                        }
+                offs.clear();
+                for (c, &s) in row_slots.iter().enumerate() {
+                    if rows.visible(r, t, c) {
+                        offs.push(st.at(0, 0, s as usize));
                     }
-                    if scores.len() < offs.len() {
-                        scores.resize(offs.len(), 0.0);
-                    }
-                    let i = r * t_new + t;
-                    let q = &qkv[i * d.qkv_width() + h * hd..][..hd];
-                    let at = (i * hq + h) * hd;
-                    // SAFETY: `at + hd <= out.len()` (i < rows * tokens, h < heads), and
-                    // chunk (r, h) alone writes columns [h * hd, (h + 1) * hd) of row r's
-                    // tokens: no two chunks touch one value, and `out` outlives the run.
-                    let o = unsafe { std::slice::from_raw_parts_mut(ptr.add(at), hd) };
-                    if offs.is_empty() {
-                        o.fill(0.0);
-                    } else {
-                        let sc = &mut scores[..offs.len()];
-                        attend_query(simd, q, k, v, offs, scale, sc, o);
-                    }
+                }
+                if scores.len() < nh * offs.len() {
+                    scores.resize(nh * offs.len(), 0.0);
+                }
+                let q = &qkv[i * d.qkv_width() + h * hd..][..nh * hd];
+                let at = (i * hq + h) * hd;
+                // SAFETY: `at + nh * hd <= out.len()` (i < rows * tokens, h + nh <= heads),
+                // and chunk (i, h) alone writes token i's heads h..h + nh: no two chunks
+                // touch one value, and `out` outlives the run.
+                let o = unsafe { std::slice::from_raw_parts_mut(ptr.add(at), nh * hd) };
+                if offs.is_empty() {
+                    o.fill(0.0);
+                } else {
+                    let sc = &mut scores[..nh * offs.len()];
+                    attend_heads(simd, hd, q, k, v, offs, scale, sc, o);
                 }
             });
         };
-        let chunks = rows.rows * hq;
+        let chunks = rows.rows * t_new * per_token;
         let work = rows.rows * t_new * hq * rows.width * hd;
         if work < 1 << 15 {
             (0..chunks).for_each(run);
