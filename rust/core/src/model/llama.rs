@@ -576,13 +576,12 @@ impl LlamaStack {
         let (hd, hq, t_new) = (d.head_dim, d.heads, rows.tokens);
         let group = hq / d.kv_heads;
         let scale = 1.0 / (hd as f32).sqrt();
-        // A chunk: one token's queries of `nh` heads of one K/V group (each K/V row read
-        // once for them); whole groups where that still gives the cores enough chunks.
-        let nh = if rows.rows * t_new * d.kv_heads >= 8 && group <= 4 {
-            group
-        } else {
-            1
-        };
+        // A chunk: one token's queries of `nh` heads of one K/V group, each K/V row read
+        // once for them (at a long prefix the K/V reads, not the arithmetic, set the pace).
+        let nh = (1..=group.min(4))
+            .rev()
+            .find(|n| group.is_multiple_of(*n))
+            .unwrap_or(1);
         let per_token = hq / nh;
         let ptr = OutPtr(out.as_mut_ptr());
         let run = |chunk: usize| {
