@@ -217,7 +217,7 @@ mod fast {
     /// AVX-512F present; `q` and `out` hold `NH * d` values, `scores` `NH` per offset, and
     /// `o + d` is within `k` and `v` for every offset `o`.
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // heads x lanes
     pub(super) unsafe fn attend<const NH: usize>(
         d: usize,
         q: &[f32],
