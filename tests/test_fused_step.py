@@ -441,3 +441,44 @@ def test_bad_step_input_raises_specdec_errors(lm: Any) -> None:
             np.ones((8, 64), dtype=np.float32),
             np.ones((8, 64), dtype=np.float32),
         )
+
+
+def test_threads_stepping_sequences_of_one_pool_wait_for_each_other(lm: Any) -> None:
+    """Steps on sequences of one pool from several threads at once: each thread's logits equal
+    a single-threaded run's (the oracle), none fails on the shared K/V arrays."""
+    import threading
+
+    m: LlamaModel = lm.model
+    pool = PagedKVPool(30, 3, 64, 64, 4)
+
+    def work(seed: int) -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        seq = pool.sequence()
+        out = []
+        for _ in range(6):
+            n = int(torch.randint(1, 4, (1,), generator=g))
+            ids = torch.randint(0, 49152, (n,), generator=g)
+            at = seq.committed_len
+            out.append(m(ids, torch.arange(at, at + n), seq))
+            seq.commit_fed(ids)
+        seq.free()
+        return out
+
+    want = [work(s) for s in range(4)]
+    got: dict[int, list[torch.Tensor]] = {}
+    errors: list[BaseException] = []
+
+    def run(s: int) -> None:
+        try:
+            got[s] = work(s)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for s in range(4):
+        close(want[s], got[s], 0.0)

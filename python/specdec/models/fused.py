@@ -11,6 +11,7 @@ head_dim]`` buffer (slots from its block table). Other caches, dtypes and device
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,12 @@ from ..protocols import HiddenCapture, KVCache
 __all__ = ["StepKV", "batch_kv", "pool_kv", "single_kv", "run_step"]
 
 _KV = tuple[np.ndarray, np.ndarray, bool]
+
+# A step holds the K/V arrays of its caches as mutable slices while it runs (the GIL
+# released): two steps at once on sequences of one pool would alias them. Steps wait for
+# each other instead, as calls on every shared object do (the kernel's thread pool runs one
+# product at a time anyway).
+_STEP_LOCK = threading.Lock()
 
 
 @dataclass
@@ -142,18 +149,19 @@ def run_step(
     if hidden is not None and hidden.active:
         layers, final = tuple(int(i) for i in hidden.layers), bool(hidden.final)
         states = torch.empty(r * t, (len(layers) + final) * x.shape[1], dtype=torch.float32)
-    stack.step(
-        x.numpy(),
-        positions,
-        kv.kv,
-        kv.buffers,
-        kv.slots,
-        kv.new_slots,
-        None if mask is None else mask.numpy(),
-        logits.numpy(),
-        last,
-        layers,
-        final,
-        None if states is None else states.numpy(),
-    )
+    with _STEP_LOCK:
+        stack.step(
+            x.numpy(),
+            positions,
+            kv.kv,
+            kv.buffers,
+            kv.slots,
+            kv.new_slots,
+            None if mask is None else mask.numpy(),
+            logits.numpy(),
+            last,
+            layers,
+            final,
+            None if states is None else states.numpy(),
+        )
     return logits, states
