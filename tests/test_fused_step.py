@@ -482,3 +482,18 @@ def test_threads_stepping_sequences_of_one_pool_wait_for_each_other(lm: Any) -> 
     assert not errors, errors
     for s in range(4):
         close(want[s], got[s], 0.0)
+
+
+def test_rope_tables_grow_with_the_positions(lm: Any, fused_calls: list[int]) -> None:
+    m: LlamaModel = lm.model
+
+    def run() -> torch.Tensor:
+        cache = m.new_cache(8)
+        m(torch.tensor([1, 2]), torch.tensor([0, 1]), cache)
+        cache.commit([0, 1])
+        return m(torch.tensor([3, 4]), torch.tensor([700, 5000]), cache)  # past the tables
+
+    ref, got = both(m, run)
+    assert len(fused_calls) == 2
+    close(ref, got)
+    assert m._fused is not None and m._fused.stack.rope_positions >= 5001

@@ -659,15 +659,21 @@ class LlamaModel(nn.Module):
             out += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
         return [*out, self.model.norm.weight]
 
-    def _fused_stack(self, plan: _Groups | None) -> LlamaStack | None:
+    def _fused_stack(self, plan: _Groups | None, pos: Tensor) -> LlamaStack | None:
         """The fused-step stack where a step's linear groups are the quantized blocks
         (``plan``, from :meth:`_linear_plan`: its checks hold for them) and
-        :attr:`fused_step` is on; built on first use and again when a norm weight was
-        replaced or changed in place (it holds copies of them)."""
+        :attr:`fused_step` is on; built on first use, again when a norm weight was
+        replaced or changed in place (it holds copies of them), and with longer RoPE
+        tables when positions ``pos`` pass the end of its own (grown as
+        :meth:`_rope_tables` grows, not sized for the model's maximum at once)."""
         qz = self.quantized
         if not self.fused_step or qz is None or plan is not qz.plan:
             return None
+        need = int(pos.max()) + 1
         f = self._fused
+        have = 0 if f is None else f.stack.rope_positions
+        if need > have:
+            f = None
         if f is not None and f.quantized is qz:
             if f.registrations != _registrations:
                 norms = self._norm_weights()
@@ -683,10 +689,9 @@ class LlamaModel(nn.Module):
             return None
         c = self.config
         hd = c.head_dim or 0
-        # The tables of _rope_tables, for every position.
-        cos, sin = rope_cos_sin(
-            torch.arange(c.max_position_embeddings), hd, c.rope_theta, torch.float32
-        )
+        # The tables of _rope_tables (a position's values do not depend on the length).
+        n = max(need, min(c.max_position_embeddings, max(256, 2 * have)))
+        cos, sin = rope_cos_sin(torch.arange(n), hd, c.rope_theta, torch.float32)
         sin = torch.cat((-sin[:, : hd // 2], sin[:, hd // 2 :]), dim=-1)
         mats = [m for m, _ in qz.plan]
         if not all(isinstance(m, QuantMatrix) for m in mats):
@@ -929,7 +934,7 @@ class LlamaModel(nn.Module):
         """``mask`` None: causal."""
         t_new = ids.shape[0]
         plan = self._linear_plan(pk, t_new)  # None: plain F.linear calls
-        stack = self._fused_stack(plan)
+        stack = self._fused_stack(plan, pos)
         kv = None if stack is None else single_kv(cache, t_new)
         if stack is not None and kv is not None:
             logits, states = run_step(
@@ -1067,7 +1072,7 @@ class LlamaModel(nn.Module):
         hidden: HiddenCapture | None,
     ) -> torch.Tensor:
         plan = self._linear_plan(self.packed_linear, ids.numel())  # None: F.linear calls
-        stack = self._fused_stack(plan)
+        stack = self._fused_stack(plan, pos)
         r, t_new = ids.shape
         kv = None if stack is None else batch_kv(caches, t_new, p_max)
         if stack is not None and kv is not None:
@@ -1184,7 +1189,7 @@ class LlamaModel(nn.Module):
         self, ids: Tensor, pos: Tensor, pool: PagedKVPool, step: PagedDecodeStep
     ) -> Tensor:
         plan = self._linear_plan(self.packed_linear, ids.shape[0])  # None: F.linear calls
-        stack = self._fused_stack(plan)
+        stack = self._fused_stack(plan, pos)
         pkv = None if stack is None else pool_kv(pool)
         if stack is not None and pkv is not None:
             table = step.table.numpy()
