@@ -1,6 +1,8 @@
 //! Bindings of `specdec_core::linear`: `QuantMatrix` as a `#[pyclass]` newtype; products
 //! read and write numpy arrays in place (no copies) with the GIL released.
 
+use std::sync::Arc;
+
 use numpy::{
     PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods,
 };
@@ -12,7 +14,14 @@ use crate::errors::{config_arg, raise, Class, OrRaise};
 
 /// A weight matrix in a GGUF block format (Q4_1, Q8_0), multiplied without dequantizing it.
 #[pyclass(module = "specdec._core", name = "QuantMatrix", frozen)]
-pub struct QuantMatrix(core::QuantMatrix);
+pub struct QuantMatrix(Arc<core::QuantMatrix>);
+
+impl QuantMatrix {
+    /// The matrix, shared (a model stack holds the same blocks, not a copy).
+    pub fn shared(&self) -> Arc<core::QuantMatrix> {
+        Arc::clone(&self.0)
+    }
+}
 
 fn format(name: &str) -> PyResult<core::BlockFormat> {
     core::BlockFormat::from_name(name).or_raise()
@@ -34,7 +43,7 @@ impl QuantMatrix {
         let m = py
             .detach(|| core::QuantMatrix::from_gguf(f, rows, cols, &bytes))
             .or_raise()?;
-        Ok(QuantMatrix(m))
+        Ok(QuantMatrix(Arc::new(m)))
     }
 
     /// The matrices' rows concatenated: `parts` of `(format, rows, cols, raw)`.
@@ -59,9 +68,9 @@ impl QuantMatrix {
             .zip(&bytes)
             .map(|((p, &f), b)| (f, p.1, p.2, &b[..]))
             .collect();
-        Ok(QuantMatrix(
+        Ok(QuantMatrix(Arc::new(
             py.detach(|| core::QuantMatrix::stack(&args)).or_raise()?,
-        ))
+        )))
     }
 
     #[getter]

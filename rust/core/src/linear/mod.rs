@@ -19,7 +19,7 @@ mod format;
 pub mod int8;
 mod kernel;
 mod matrix;
-mod pool;
+pub(crate) mod pool;
 
 pub use format::{BlockFormat, BLOCK};
 pub use matrix::{int8_simd_available, simd_available, QuantMatrix};
