@@ -706,6 +706,8 @@ class LlamaStack:
         capture_layers: Sequence[int],
         capture_final: bool,
         hidden: npt.NDArray[np.float32] | None,
+        *,
+        numeric: Literal["exact", "int8"] = "exact",
     ) -> None:
         """One step of ``R`` rows of ``T`` new tokens: ``x`` ``[R * T, hidden]`` (their
         embeddings), ``positions`` ``[R * T]``. ``kv``: the step's K/V buffers, each
@@ -718,7 +720,7 @@ class LlamaStack:
         vocab]``, each row's last token) and, where ``capture_layers`` / ``capture_final``
         ask, ``hidden`` ``[R * T, width]``. Bad sizes and positions raise
         ``VerifyError``, slots or buffers out of range ``KVCacheError``; nothing is written
-        then."""
+        then. ``numeric``: how the products round, as in :meth:`QuantMatrix.matmul`."""
 
 def quant_simd_available() -> bool:
     """Whether the fast (AVX-512) kernel runs on this CPU."""

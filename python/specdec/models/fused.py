@@ -23,6 +23,7 @@ from .._core import LlamaStack
 from ..cache.dense import DenseKVCache
 from ..cache.paged import PagedKVCache, PagedKVPool
 from ..protocols import HiddenCapture, KVCache
+from .quant import Numeric
 
 __all__ = ["StepKV", "batch_kv", "pool_kv", "single_kv", "run_step"]
 
@@ -134,6 +135,7 @@ def run_step(
     last: bool,
     hidden: HiddenCapture | None,
     vocab: int,
+    numeric: Numeric = "exact",
 ) -> tuple[Tensor, Tensor | None]:
     """The step through ``stack``: logits ``[R * T, vocab]`` (``last``: ``[R, vocab]``) and
     the captured hidden states ``[R * T, width]`` (None without a capture). ``mask``:
@@ -163,5 +165,6 @@ def run_step(
             layers,
             final,
             None if states is None else states.numpy(),
+            numeric=numeric,
         )
     return logits, states

@@ -29,6 +29,8 @@ from ..protocols import HiddenCapture, KVCache, Target
 from ..verify.attention import Backend, FlexFallback, attend, check_bool_mask
 from .fused import StepKV, batch_kv, pool_kv, run_step, single_kv
 from .quant import (
+    NUMERIC_MODES,
+    Numeric,
     QuantBlocks,
     QuantizedLinears,
     kernel_available,
@@ -323,10 +325,12 @@ def _restore_hook(module: LlamaModel, *_: object) -> None:
     module.restore_plain_linears()
 
 
-def _pointwise(x: Tensor, wb: tuple[Tensor | QuantMatrix, Tensor | None]) -> Tensor:
+def _pointwise(
+    x: Tensor, wb: tuple[Tensor | QuantMatrix, Tensor | None], numeric: Numeric = "exact"
+) -> Tensor:
     w = wb[0]
     if isinstance(w, QuantMatrix):
-        return quant_matmul(x, w, wb[1])
+        return quant_matmul(x, w, wb[1], numeric)
     out: Tensor = torch.ops.mkldnn._linear_pointwise(x, w, wb[1], "none", [], "")
     return out
 
@@ -495,6 +499,7 @@ class LlamaModel(nn.Module):
         # dispatch from Python. False: layer by layer in torch (the reference).
         self.fused_step: bool = True
         self._fused: _Fused | None = None
+        self._numeric: Numeric = "exact"
         # After release_plain_linears: (module, group, offset) for each freed weight.
         self._released: list[tuple[nn.Linear, int, int]] = []
         self._hooked = False
@@ -504,6 +509,30 @@ class LlamaModel(nn.Module):
     # Per call (``hidden=HiddenCapture(...)``), never per model: one model serves several
     # generators, each with its own drafter's layers.
     captures_hidden = True
+
+    @property
+    def numeric(self) -> Numeric:
+        """How products on the GGUF blocks round: ``"exact"`` (the default: the float32
+        product, within 1e-4 of the float reference) or ``"int8"`` (each input row
+        quantized per block of 32 to 8 bits, integer dot products with the quants:
+        llama.cpp's numeric class, faster; logits differ from the float reference by the
+        activations' rounding). In ``"int8"`` every step runs on the blocks, whatever its
+        rows (a tree step and the one-token steps of plain decoding round alike), so
+        speculation stays lossless against the same mode's own plain decoding. Needs the
+        blocks (:func:`~specdec.models.gguf.load_gguf` attaches them on CPUs with
+        AVX-512)."""
+        return self._numeric
+
+    @numeric.setter
+    def numeric(self, mode: str) -> None:
+        if mode not in NUMERIC_MODES:
+            raise ConfigError(f"numeric must be 'exact' or 'int8', got {mode!r}")
+        if mode == "int8" and self.quantized is None:
+            raise ConfigError(
+                "numeric='int8' multiplies by the GGUF blocks, and this model has none "
+                "(load it with load_gguf from Q4_1/Q8_0 weights on a CPU with AVX-512)"
+            )
+        self._numeric = mode
 
     def check_capture(self, hidden: HiddenCapture) -> None:
         """Raise a ``ConfigError`` when ``hidden`` names layers this model lacks."""
@@ -620,7 +649,9 @@ class LlamaModel(nn.Module):
         """:attr:`quantized` as a step's groups where it applies to ``rows`` rows and still
         stands for the model's weights (none replaced, none changed in place)."""
         qz = self.quantized
-        if qz is None or not self.quant_linear or rows > self.quant_max_rows:
+        if qz is None or not self.quant_linear:
+            return None
+        if rows > self.quant_max_rows and self.numeric == "exact":
             return None
         if torch.is_grad_enabled():
             return None
@@ -784,7 +815,7 @@ class LlamaModel(nn.Module):
         packed oneDNN call with a ``plan``, else plain ``F.linear`` calls."""
         if plan is None:
             return self._lin(x, *mods, packed=False)
-        out = _pointwise(x, plan[j])
+        out = _pointwise(x, plan[j], self.numeric)
         if len(mods) == 1:
             return (out,)
         return tuple(torch.split(out, [m.out_features for m in mods], dim=-1))
@@ -795,7 +826,7 @@ class LlamaModel(nn.Module):
 
     def _head(self, x: Tensor, plan: _Groups | None) -> Tensor:
         if plan is not None:
-            return _pointwise(x, plan[-1])
+            return _pointwise(x, plan[-1], self.numeric)
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return linears(x, [w], [None], packed=False)[0]
 
@@ -947,6 +978,7 @@ class LlamaModel(nn.Module):
                 last=last,
                 hidden=hidden,
                 vocab=self.config.vocab_size,
+                numeric=self.numeric,
             )
             if hidden is not None:
                 hidden.states = states
@@ -984,7 +1016,7 @@ class LlamaModel(nn.Module):
             if plan is None:
                 qkv = self._lin(h, a.q_proj, a.k_proj, a.v_proj, packed=False, cat=True)[0]
             else:  # the packed q/k/v come out concatenated
-                qkv = _pointwise(h, plan[4 * i])
+                qkv = _pointwise(h, plan[4 * i], self.numeric)
             qkv = qkv.view(t_new, nqk + hkv, hd)
             qk = _rope(qkv[:, :nqk], cos, sin)
             k_all, v_all = cache.append(i, qk[:, hq:].transpose(0, 1), qkv[:, nqk:].transpose(0, 1))
@@ -1002,11 +1034,13 @@ class LlamaModel(nn.Module):
                 x = x + self._lin(o, a.o_proj, packed=False)[0]
                 x = x + self._mlp(m, _norm(x, layer.post_attention_layernorm), None, i)
             else:
-                x = x + _pointwise(o, plan[4 * i + 1])
+                x = x + _pointwise(o, plan[4 * i + 1], self.numeric)
                 h = _norm(x, layer.post_attention_layernorm)
-                gu = _pointwise(h, plan[4 * i + 2])  # narrow: cheaper than torch.split
+                gu = _pointwise(
+                    h, plan[4 * i + 2], self.numeric
+                )  # narrow: cheaper than torch.split
                 g, u = gu.narrow(-1, 0, inter), gu.narrow(-1, inter, inter)
-                x = x + _pointwise(silu(g) * u, plan[4 * i + 3])
+                x = x + _pointwise(silu(g) * u, plan[4 * i + 3], self.numeric)
             if i in keep:
                 kept.append(x)
         x = self.model.norm(x)
@@ -1086,6 +1120,7 @@ class LlamaModel(nn.Module):
                 last=False,
                 hidden=hidden,
                 vocab=self.config.vocab_size,
+                numeric=self.numeric,
             )
             if hidden is not None:
                 hidden.states = None if states is None else states.view(r, t_new, -1)
@@ -1206,6 +1241,7 @@ class LlamaModel(nn.Module):
                 last=False,
                 hidden=None,
                 vocab=self.config.vocab_size,
+                numeric=self.numeric,
             )
             return logits
         with _kernel_threads(plan, self.kernel_torch_threads):
@@ -1238,7 +1274,7 @@ class LlamaModel(nn.Module):
             if plan is None:
                 qkv = self._lin(h, a.q_proj, a.k_proj, a.v_proj, packed=False, cat=True)[0]
             else:  # the packed q/k/v come out concatenated
-                qkv = _pointwise(h, plan[4 * i])
+                qkv = _pointwise(h, plan[4 * i], self.numeric)
             qkv = qkv.view(r, a.h + 2 * a.hkv, hd)
             qk = qkv[:, : a.h + a.hkv]
             qk = _rope(qk, cos, sin)
@@ -1258,11 +1294,11 @@ class LlamaModel(nn.Module):
                 x = x + self._lin(o, a.o_proj, packed=False)[0]
                 x = x + self._mlp(m, layer.post_attention_layernorm(x), None, i)
             else:
-                x = x + _pointwise(o, plan[4 * i + 1])
-                gu = _pointwise(layer.post_attention_layernorm(x), plan[4 * i + 2])
+                x = x + _pointwise(o, plan[4 * i + 1], self.numeric)
+                gu = _pointwise(layer.post_attention_layernorm(x), plan[4 * i + 2], self.numeric)
                 n = m.gate_proj.out_features
                 g, u = gu.narrow(-1, 0, n), gu.narrow(-1, n, n)
-                x = x + _pointwise(silu(g) * u, plan[4 * i + 3])
+                x = x + _pointwise(silu(g) * u, plan[4 * i + 3], self.numeric)
         x = self.model.norm(x[:, 0])
         return self._head(x, plan)
 

@@ -105,15 +105,11 @@ impl QuantMatrix {
         #[pyo3(from_py_with = config_arg)] mut out: PyReadwriteArray2<'_, f32>,
         numeric: &str,
     ) -> PyResult<()> {
-        let int8 = match numeric {
-            "exact" => false,
-            "int8" => true,
-            other => {
-                return Err(raise(
-                    Class::Config,
-                    format!("numeric must be 'exact' or 'int8', got {other:?}"),
-                ))
-            }
+        let Some(numeric) = core::Numeric::from_name(numeric) else {
+            return Err(raise(
+                Class::Config,
+                format!("numeric must be 'exact' or 'int8', got {numeric:?}"),
+            ));
         };
         let m = x.shape()[0];
         if x.shape()[1] != self.0.cols() {
@@ -132,11 +128,7 @@ impl QuantMatrix {
             ));
         };
         let w = &self.0;
-        if int8 {
-            py.detach(|| w.matmul_int8(&xs, m, o)).or_raise()
-        } else {
-            py.detach(|| w.matmul(&xs, m, o)).or_raise()
-        }
+        py.detach(|| w.matmul_in(numeric, &xs, m, o)).or_raise()
     }
 
     /// The float32 weights `[rows, cols]`, as gguf-py dequantizes them.

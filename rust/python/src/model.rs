@@ -7,6 +7,7 @@ use numpy::{
     PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
+use specdec_core::linear::Numeric;
 use specdec_core::model as core;
 
 use crate::arrays::as_slice;
@@ -108,7 +109,7 @@ impl LlamaStack {
 
     /// One step of `R` rows of `T` tokens (see the stub for the arguments).
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (x, positions, kv, buffers, slots, new_slots, mask, logits, last, capture_layers, capture_final, hidden))]
+    #[pyo3(signature = (x, positions, kv, buffers, slots, new_slots, mask, logits, last, capture_layers, capture_final, hidden, *, numeric = "exact"))]
     fn step(
         &self,
         py: Python<'_>,
@@ -128,7 +129,14 @@ impl LlamaStack {
         #[pyo3(from_py_with = config_arg)] capture_layers: Vec<usize>,
         #[pyo3(from_py_with = config_arg)] capture_final: bool,
         #[pyo3(from_py_with = config_arg)] hidden: Option<PyReadwriteArray2<'_, f32>>,
+        numeric: &str,
     ) -> PyResult<()> {
+        let Some(numeric) = Numeric::from_name(numeric) else {
+            return Err(raise(
+                Class::Config,
+                format!("numeric must be 'exact' or 'int8', got {numeric:?}"),
+            ));
+        };
         let d = *self.0.dims();
         let (rows, tokens) = (new_slots.shape()[0], new_slots.shape()[1]);
         let width = slots.shape()[1];
@@ -246,7 +254,7 @@ impl LlamaStack {
                 last_norm: capture_final,
                 out,
             });
-            stack.step(&xs, &step_rows, &mut bufs, last, logits, capture)
+            stack.step_in(numeric, &xs, &step_rows, &mut bufs, last, logits, capture)
         })
         .or_raise()
     }

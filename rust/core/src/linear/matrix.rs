@@ -7,7 +7,7 @@ use super::format::{BlockFormat, BLOCK};
 use super::int8::{self, int8_block_bytes, Int8Rows};
 use super::kernel::{self, tile_block_bytes, MAX_ROWS, TILE};
 use super::pool;
-use super::LinearError;
+use super::{LinearError, Numeric};
 
 /// Whether the fast kernel runs on this CPU (AVX-512F). Without it [`QuantMatrix::matmul`]
 /// runs the portable kernel: the same results, many times slower than a BLAS.
@@ -208,6 +208,20 @@ impl QuantMatrix {
         self.check(x, m, out)?;
         self.matmul_with(x, m, out, simd_available());
         Ok(())
+    }
+
+    /// [`matmul`](Self::matmul) or [`matmul_int8`](Self::matmul_int8), as `numeric` says.
+    pub fn matmul_in(
+        &self,
+        numeric: Numeric,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) -> Result<(), LinearError> {
+        match numeric {
+            Numeric::Exact => self.matmul(x, m, out),
+            Numeric::Int8 => self.matmul_int8(x, m, out),
+        }
     }
 
     /// [`matmul`](Self::matmul) with the portable kernel only (the reference).

@@ -22,6 +22,27 @@ mod matrix;
 pub(crate) mod pool;
 
 pub use format::{BlockFormat, BLOCK};
+
+/// How a product rounds: [`Numeric::Exact`], the float32 product of the dequantized weights
+/// (up to summation order); [`Numeric::Int8`], the inputs quantized to 8 bits per block
+/// and integer dot products ([`int8`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Numeric {
+    #[default]
+    Exact,
+    Int8,
+}
+
+impl Numeric {
+    /// The mode of a name (`"exact"`, `"int8"`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "exact" => Some(Self::Exact),
+            "int8" => Some(Self::Int8),
+            _ => None,
+        }
+    }
+}
 pub use matrix::{int8_simd_available, simd_available, QuantMatrix};
 
 use thiserror::Error;

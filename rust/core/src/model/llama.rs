@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::kv::{KvBuffer, StepRows, Strides};
 use super::ops;
 use super::ModelError;
-use crate::linear::{pool, simd_available, QuantMatrix};
+use crate::linear::{pool, simd_available, Numeric, QuantMatrix};
 
 /// The model's dimensions.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -55,9 +55,15 @@ impl Linear {
         }
     }
 
-    /// `out = x @ W.T + bias` for `m` rows.
-    fn apply(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), ModelError> {
-        self.weight.matmul(x, m, out)?;
+    /// `out = x @ W.T + bias` for `m` rows, rounded as `numeric` says.
+    fn apply(
+        &self,
+        numeric: Numeric,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        self.weight.matmul_in(numeric, x, m, out)?;
         if let Some(b) = &self.bias {
             for row in out.chunks_exact_mut(b.len()) {
                 for (o, &c) in row.iter_mut().zip(b) {
@@ -421,6 +427,21 @@ impl LlamaStack {
         logits: &mut [f32],
         capture: Option<Capture<'_>>,
     ) -> Result<(), ModelError> {
+        self.step_in(Numeric::Exact, x, rows, kv, last, logits, capture)
+    }
+
+    /// [`step`](Self::step) with the products rounded as `numeric` says.
+    #[allow(clippy::too_many_arguments)]
+    pub fn step_in(
+        &self,
+        numeric: Numeric,
+        x: &[f32],
+        rows: &StepRows<'_>,
+        kv: &mut [KvBuffer<'_>],
+        last: bool,
+        logits: &mut [f32],
+        capture: Option<Capture<'_>>,
+    ) -> Result<(), ModelError> {
         let d = self.dims;
         rows.check(kv, self.rope_positions())?;
         let strides = kv
@@ -468,16 +489,16 @@ impl LlamaStack {
         let mut kept = 0;
         for (l, w) in self.layers.iter().enumerate() {
             ops::rms_norm(simd, &x, &w.input_norm, d.eps, &mut h);
-            w.qkv.apply(&h, n, &mut qkv)?;
+            w.qkv.apply(numeric, &h, n, &mut qkv)?;
             self.rope(&mut qkv, rows.positions);
             self.write_kv(&qkv, l, rows, kv, &strides);
             self.attention(simd, &qkv, l, rows, kv, &strides, &mut att);
-            w.o.apply(&att, n, &mut tmp)?;
+            w.o.apply(numeric, &att, n, &mut tmp)?;
             ops::add_assign(simd, &mut x, &tmp);
             ops::rms_norm(simd, &x, &w.post_norm, d.eps, &mut h);
-            w.gate_up.apply(&h, n, &mut gu)?;
+            w.gate_up.apply(numeric, &h, n, &mut gu)?;
             ops::silu_mul(simd, &gu, d.intermediate, &mut act);
-            w.down.apply(&act, n, &mut tmp)?;
+            w.down.apply(numeric, &act, n, &mut tmp)?;
             ops::add_assign(simd, &mut x, &tmp);
             if let Some(c) = &mut capture {
                 if c.layers.get(kept) == Some(&l) {
@@ -501,9 +522,9 @@ impl LlamaStack {
                         .copied()
                 })
                 .collect();
-            self.head.apply(&lasts, rows.rows, logits)
+            self.head.apply(numeric, &lasts, rows.rows, logits)
         } else {
-            self.head.apply(&h, n, logits)
+            self.head.apply(numeric, &h, n, logits)
         }
     }
 
