@@ -539,14 +539,30 @@ def test_after_many_requests_the_pool_is_empty_and_no_thread_leaked(server: Serv
     assert poll(lambda: server.threads() <= threads, 30), (server.threads(), threads)
 
 
-def test_queue_bound_api_key_and_sigterm(tmp_path: Path) -> None:
-    """A second server: one request at a time, one waiting, a key. Past the queue: 429 with
+def test_queue_bound_api_key_int8_and_sigterm(tmp_path: Path, lm: Any) -> None:
+    """A second server: one request at a time, one waiting, a key, int8 products. Its
+    greedy reply is the library's int8 plain decoding; past the queue: 429 with
     Retry-After; a wrong key: 401; SIGTERM with a stream in flight: it finishes, exit 0."""
-    s = start_server(
-        ["--threads", "1", "--max-batch", "1", "--max-queue", "1", "--api-key", "sekrit"], tmp_path
-    )
+    args = ["--threads", "1", "--max-batch", "1", "--max-queue", "1", "--api-key", "sekrit"]
+    s = start_server([*args, "--numeric", "int8"], tmp_path)
     try:
         name = openai_client(s, api_key="sekrit").models.list().data[0].id
+        # A prompt whose int8 reply differs from the exact one: the reply tells the modes apart.
+        poem = chat("Write a limerick about a robot.")
+        exact, _ = reference(lm, poem, 32)
+        lm.model.numeric = "int8"
+        try:
+            want, _ = reference(lm, poem, 32)
+        finally:
+            lm.model.numeric = "exact"
+        assert want != exact
+        r = openai_client(s, api_key="sekrit").chat.completions.create(
+            model=name,
+            messages=poem,  # type: ignore[arg-type]
+            max_tokens=32,
+            temperature=0,  # type: ignore[arg-type]
+        )
+        assert r.choices[0].message.content == want
         with pytest.raises(openai.AuthenticationError):
             openai_client(s, api_key="wrong").models.list()
         assert httpx.get(s.url + "/health").status_code == 200  # open without the key

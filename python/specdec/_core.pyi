@@ -652,12 +652,78 @@ class QuantMatrix:
     def cols(self) -> int: ...
     @property
     def nbytes(self) -> int: ...
-    def matmul(self, x: npt.NDArray[np.float32], out: npt.NDArray[np.float32]) -> None:
+    def matmul(
+        self,
+        x: npt.NDArray[np.float32],
+        out: npt.NDArray[np.float32],
+        *,
+        numeric: Literal["exact", "int8"] = "exact",
+    ) -> None:
         """``out[:] = x @ W.T``: ``x`` ``[m, cols]``, ``out`` C-contiguous ``[m, rows]``;
-        the GIL released, the work split over the cores."""
+        the GIL released, the work split over the cores. ``numeric="int8"``: each row
+        quantized per block of 32 to 8 bits and multiplied by the quants with integer dot
+        products (llama.cpp's numeric class; a non-finite input raises ``ConfigError``)."""
 
     def dequantize(self) -> npt.NDArray[np.float32]:
         """The float32 weights ``[rows, cols]``, as gguf-py dequantizes them."""
 
+@final
+class LlamaStack:
+    """A Llama-style decoder stack on GGUF blocks (:class:`QuantMatrix`, shared, not
+    copied), run for a whole step of a few rows in one call with the GIL released: the
+    float32 math of ``LlamaModel``'s torch path up to summation order. Weights that do not
+    fit ``dims`` raise ``ConfigError``."""
+
+    def __new__(
+        cls,
+        dims: tuple[int, int, int, int, int, int, int],
+        eps: float,
+        linears: Sequence[QuantMatrix],
+        biases: Sequence[npt.NDArray[np.float32] | None],
+        norms: Sequence[npt.NDArray[np.float32]],
+        rope_cos: npt.NDArray[np.float32],
+        rope_sin: npt.NDArray[np.float32],
+    ) -> Self:
+        """``dims``: (hidden, intermediate, layers, heads, kv_heads, head_dim, vocab).
+        ``linears`` / ``biases``: per layer q/k/v (packed), o, gate/up (packed), down, then
+        the head. ``norms``: per layer input and post-attention, then the final norm.
+        ``rope_cos`` / ``rope_sin`` ``[positions, head_dim]``: ``x * cos +
+        swap_halves(x) * sin``, ``sin`` with its first half negated."""
+
+    @property
+    def rope_positions(self) -> int: ...
+    def step(
+        self,
+        x: npt.NDArray[np.float32],
+        positions: npt.NDArray[np.int64],
+        kv: Sequence[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], bool]],
+        buffers: npt.NDArray[np.int64],
+        slots: npt.NDArray[np.int64],
+        new_slots: npt.NDArray[np.int64],
+        mask: npt.NDArray[np.bool_] | None,
+        logits: npt.NDArray[np.float32],
+        last: bool,
+        capture_layers: Sequence[int],
+        capture_final: bool,
+        hidden: npt.NDArray[np.float32] | None,
+        *,
+        numeric: Literal["exact", "int8"] = "exact",
+    ) -> None:
+        """One step of ``R`` rows of ``T`` new tokens: ``x`` ``[R * T, hidden]`` (their
+        embeddings), ``positions`` ``[R * T]``. ``kv``: the step's K/V buffers, each
+        ``(k, v, paged)``, C-contiguous float32 ``[layers, kv_heads, slots, head_dim]``
+        (a dense cache) or with ``paged`` ``[layers, slots, kv_heads, head_dim]`` (a pool);
+        ``buffers`` ``[R]``: each row's buffer. ``slots`` ``[R, S]``: the slots a row
+        attends over (the columns of ``mask`` ``[R, T, S]``, True = visible; ``None``:
+        causal over the last ``T`` columns); ``new_slots`` ``[R, T]``: where the new K/V is
+        written (before attention). Writes ``logits`` ``[R * T, vocab]`` (``last``: ``[R,
+        vocab]``, each row's last token) and, where ``capture_layers`` / ``capture_final``
+        ask, ``hidden`` ``[R * T, width]``. Bad sizes and positions raise
+        ``VerifyError``, slots or buffers out of range ``KVCacheError``; nothing is written
+        then. ``numeric``: how the products round, as in :meth:`QuantMatrix.matmul`."""
+
 def quant_simd_available() -> bool:
     """Whether the fast (AVX-512) kernel runs on this CPU."""
+
+def quant_int8_simd_available() -> bool:
+    """Whether the int8 mode's fast (AVX-512 VNNI) kernel runs on this CPU."""

@@ -71,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--max-batch", type=int, default=8, help="most requests per step")
     s.add_argument("--kv-tokens", type=int, help="the paged KV pool, in tokens")
     s.add_argument("--threads", type=int, help="torch threads")
+    s.add_argument(
+        "--numeric",
+        default="exact",
+        choices=["exact", "int8"],
+        help="the target's products: exact float32, or int8 activations (llama.cpp's class)",
+    )
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on /v1")
@@ -159,6 +165,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         threads=args.threads,
         max_queue=args.max_queue,
         served_name=args.served_model_name,
+        numeric=args.numeric,
     )
     return run_server(
         config,

@@ -17,16 +17,20 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._core import QuantMatrix
+from .._core import LlamaStack, QuantMatrix
 from ..cache.dense import DenseKVCache
-from ..cache.paged import PagedDecodeStep, PagedKVCache
+from ..cache.paged import PagedDecodeStep, PagedKVCache, PagedKVPool
 from ..errors import CheckpointError, ConfigError, SpecdecTypeError, VerifyError
 from ..protocols import HiddenCapture, KVCache, Target
 from ..verify.attention import Backend, FlexFallback, attend, check_bool_mask
+from .fused import StepKV, batch_kv, pool_kv, run_step, single_kv
 from .quant import (
+    NUMERIC_MODES,
+    Numeric,
     QuantBlocks,
     QuantizedLinears,
     kernel_available,
@@ -304,14 +308,29 @@ def _unwatch() -> None:
         _hook_handles.clear()
 
 
+@dataclass
+class _Fused:
+    """A model's fused-step stack (:meth:`LlamaModel._fused_stack`): built from
+    ``quantized`` and the norm weights ``norms`` (copied into it) at their ``versions``, with
+    the registration count when they were last checked."""
+
+    quantized: QuantizedLinears
+    norms: list[Tensor]
+    versions: list[int]
+    registrations: int
+    stack: LlamaStack
+
+
 def _restore_hook(module: LlamaModel, *_: object) -> None:
     module.restore_plain_linears()
 
 
-def _pointwise(x: Tensor, wb: tuple[Tensor | QuantMatrix, Tensor | None]) -> Tensor:
+def _pointwise(
+    x: Tensor, wb: tuple[Tensor | QuantMatrix, Tensor | None], numeric: Numeric = "exact"
+) -> Tensor:
     w = wb[0]
     if isinstance(w, QuantMatrix):
-        return quant_matmul(x, w, wb[1])
+        return quant_matmul(x, w, wb[1], numeric)
     out: Tensor = torch.ops.mkldnn._linear_pointwise(x, w, wb[1], "none", [], "")
     return out
 
@@ -474,6 +493,13 @@ class LlamaModel(nn.Module):
         # only inside such a step; None leaves it alone (a process whose other threads run
         # torch work meanwhile).
         self.kernel_torch_threads: int | None = 1
+        # A step on the quantized blocks (CPU float32, a dense cache, a paged one, or a batch
+        # of either) runs as one Rust call over the whole stack (``LlamaStack``): the same
+        # float32 math up to summation order, without ~120 products' and ~300 small ops'
+        # dispatch from Python. False: layer by layer in torch (the reference).
+        self.fused_step: bool = True
+        self._fused: _Fused | None = None
+        self._numeric: Numeric = "exact"
         # After release_plain_linears: (module, group, offset) for each freed weight.
         self._released: list[tuple[nn.Linear, int, int]] = []
         self._hooked = False
@@ -483,6 +509,30 @@ class LlamaModel(nn.Module):
     # Per call (``hidden=HiddenCapture(...)``), never per model: one model serves several
     # generators, each with its own drafter's layers.
     captures_hidden = True
+
+    @property
+    def numeric(self) -> Numeric:
+        """How products on the GGUF blocks round: ``"exact"`` (the default: the float32
+        product, within 1e-4 of the float reference) or ``"int8"`` (each input row
+        quantized per block of 32 to 8 bits, integer dot products with the quants:
+        llama.cpp's numeric class, faster; logits differ from the float reference by the
+        activations' rounding). In ``"int8"`` every step runs on the blocks, whatever its
+        rows (a tree step and the one-token steps of plain decoding round alike), so
+        speculation stays lossless against the same mode's own plain decoding. Needs the
+        blocks (:func:`~specdec.models.gguf.load_gguf` attaches them on CPUs with
+        AVX-512)."""
+        return self._numeric
+
+    @numeric.setter
+    def numeric(self, mode: str) -> None:
+        if mode not in NUMERIC_MODES:
+            raise ConfigError(f"numeric must be 'exact' or 'int8', got {mode!r}")
+        if mode == "int8" and self.quantized is None:
+            raise ConfigError(
+                "numeric='int8' multiplies by the GGUF blocks, and this model has none "
+                "(load it with load_gguf from Q4_1/Q8_0 weights on a CPU with AVX-512)"
+            )
+        self._numeric = mode
 
     def check_capture(self, hidden: HiddenCapture) -> None:
         """Raise a ``ConfigError`` when ``hidden`` names layers this model lacks."""
@@ -599,7 +649,9 @@ class LlamaModel(nn.Module):
         """:attr:`quantized` as a step's groups where it applies to ``rows`` rows and still
         stands for the model's weights (none replaced, none changed in place)."""
         qz = self.quantized
-        if qz is None or not self.quant_linear or rows > self.quant_max_rows:
+        if qz is None or not self.quant_linear:
+            return None
+        if rows > self.quant_max_rows and self.numeric == "exact":
             return None
         if torch.is_grad_enabled():
             return None
@@ -629,6 +681,73 @@ class LlamaModel(nn.Module):
         if plan is None and self._released:
             self.restore_plain_linears()
         return plan
+
+    def _norm_weights(self) -> list[Tensor]:
+        """The RMSNorm weights a fused stack copies: per layer input and post-attention, then
+        the final norm."""
+        out = []
+        for layer in self.model.decoder_layers():
+            out += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+        return [*out, self.model.norm.weight]
+
+    def _fused_stack(self, plan: _Groups | None, pos: Tensor) -> LlamaStack | None:
+        """The fused-step stack where a step's linear groups are the quantized blocks
+        (``plan``, from :meth:`_linear_plan`: its checks hold for them) and
+        :attr:`fused_step` is on; built on first use, again when a norm weight was
+        replaced or changed in place (it holds copies of them), and with longer RoPE
+        tables when positions ``pos`` pass the end of its own (grown as
+        :meth:`_rope_tables` grows, not sized for the model's maximum at once)."""
+        qz = self.quantized
+        if not self.fused_step or qz is None or plan is not qz.plan:
+            return None
+        need = int(pos.max()) + 1
+        f = self._fused
+        have = 0 if f is None else f.stack.rope_positions
+        if need > have:
+            f = None
+        if f is not None and f.quantized is qz:
+            if f.registrations != _registrations:
+                norms = self._norm_weights()
+                if len(norms) == len(f.norms) and all(
+                    a is b for a, b in zip(norms, f.norms, strict=True)
+                ):
+                    f.registrations = _registrations
+            if f.registrations == _registrations and [_version(t) for t in f.norms] == f.versions:
+                return f.stack
+        self._fused = None
+        norms = self._norm_weights()
+        if any(n.dtype != torch.float32 or n.device.type != "cpu" for n in norms):
+            return None
+        c = self.config
+        hd = c.head_dim or 0
+        # The tables of _rope_tables (a position's values do not depend on the length).
+        n = max(need, min(c.max_position_embeddings, max(256, 2 * have)))
+        cos, sin = rope_cos_sin(torch.arange(n), hd, c.rope_theta, torch.float32)
+        sin = torch.cat((-sin[:, : hd // 2], sin[:, hd // 2 :]), dim=-1)
+        mats = [m for m, _ in qz.plan]
+        if not all(isinstance(m, QuantMatrix) for m in mats):
+            return None
+        dims = (
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_hidden_layers,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            hd,
+            c.vocab_size,
+        )
+        stack = LlamaStack(
+            dims,
+            c.rms_norm_eps,
+            cast(list[QuantMatrix], mats),
+            [None if b is None else b.detach().contiguous().numpy() for _, b in qz.plan],
+            [n.detach().contiguous().numpy() for n in norms],
+            cos.contiguous().numpy(),
+            sin.contiguous().numpy(),
+        )
+        vers = [_version(t) for t in norms]
+        self._fused = _Fused(qz, norms, vers, _registrations, stack)
+        return stack
 
     def release_plain_linears(self) -> int:
         """Pack the decoder's linear layers and the LM head (as the packed paths do), then
@@ -686,6 +805,7 @@ class LlamaModel(nn.Module):
             _packed.pop(tuple(id(t) for t in held), None)
         _plans.pop(self, None)
         self.quantized = None  # the conversion may change the weights' values or dtype
+        self._fused = None
         return cast(LlamaModel, super()._apply(fn, recurse))  # type: ignore[no-untyped-call]
 
     def _proj(
@@ -695,7 +815,7 @@ class LlamaModel(nn.Module):
         packed oneDNN call with a ``plan``, else plain ``F.linear`` calls."""
         if plan is None:
             return self._lin(x, *mods, packed=False)
-        out = _pointwise(x, plan[j])
+        out = _pointwise(x, plan[j], self.numeric)
         if len(mods) == 1:
             return (out,)
         return tuple(torch.split(out, [m.out_features for m in mods], dim=-1))
@@ -706,7 +826,7 @@ class LlamaModel(nn.Module):
 
     def _head(self, x: Tensor, plan: _Groups | None) -> Tensor:
         if plan is not None:
-            return _pointwise(x, plan[-1])
+            return _pointwise(x, plan[-1], self.numeric)
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return linears(x, [w], [None], packed=False)[0]
 
@@ -798,10 +918,7 @@ class LlamaModel(nn.Module):
                 f"model's {(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)}"
             )
         t_new = input_ids.shape[0]
-        prefix = cache.committed_len
-        if mask is None and t_new > 1:
-            mask = causal_mask(prefix, t_new, self.device)
-        elif mask is not None and t_new == 1 and bool(mask.all()):
+        if mask is not None and t_new == 1 and bool(mask.all()):
             mask = None  # one token seeing everything: attention needs no mask
         cache.begin(t_new)
         try:
@@ -845,7 +962,29 @@ class LlamaModel(nn.Module):
         last: bool,
         hidden: HiddenCapture | None,
     ) -> torch.Tensor:
-        plan = self._linear_plan(pk, ids.shape[0])  # None: plain F.linear calls
+        """``mask`` None: causal."""
+        t_new = ids.shape[0]
+        plan = self._linear_plan(pk, t_new)  # None: plain F.linear calls
+        stack = self._fused_stack(plan, pos)
+        kv = None if stack is None else single_kv(cache, t_new)
+        if stack is not None and kv is not None:
+            logits, states = run_step(
+                stack,
+                self.model.embed_tokens.weight,
+                ids,
+                pos,
+                kv,
+                None if mask is None else mask[None],
+                last=last,
+                hidden=hidden,
+                vocab=self.config.vocab_size,
+                numeric=self.numeric,
+            )
+            if hidden is not None:
+                hidden.states = states
+            return logits
+        if mask is None and t_new > 1:
+            mask = causal_mask(cache.committed_len, t_new, self.device)
         with _kernel_threads(plan, self.kernel_torch_threads):
             return self._run_plan(ids, pos, cache, mask, plan, last, hidden)
 
@@ -877,7 +1016,7 @@ class LlamaModel(nn.Module):
             if plan is None:
                 qkv = self._lin(h, a.q_proj, a.k_proj, a.v_proj, packed=False, cat=True)[0]
             else:  # the packed q/k/v come out concatenated
-                qkv = _pointwise(h, plan[4 * i])
+                qkv = _pointwise(h, plan[4 * i], self.numeric)
             qkv = qkv.view(t_new, nqk + hkv, hd)
             qk = _rope(qkv[:, :nqk], cos, sin)
             k_all, v_all = cache.append(i, qk[:, hq:].transpose(0, 1), qkv[:, nqk:].transpose(0, 1))
@@ -895,11 +1034,13 @@ class LlamaModel(nn.Module):
                 x = x + self._lin(o, a.o_proj, packed=False)[0]
                 x = x + self._mlp(m, _norm(x, layer.post_attention_layernorm), None, i)
             else:
-                x = x + _pointwise(o, plan[4 * i + 1])
+                x = x + _pointwise(o, plan[4 * i + 1], self.numeric)
                 h = _norm(x, layer.post_attention_layernorm)
-                gu = _pointwise(h, plan[4 * i + 2])  # narrow: cheaper than torch.split
+                gu = _pointwise(
+                    h, plan[4 * i + 2], self.numeric
+                )  # narrow: cheaper than torch.split
                 g, u = gu.narrow(-1, 0, inter), gu.narrow(-1, inter, inter)
-                x = x + _pointwise(silu(g) * u, plan[4 * i + 3])
+                x = x + _pointwise(silu(g) * u, plan[4 * i + 3], self.numeric)
             if i in keep:
                 kept.append(x)
         x = self.model.norm(x)
@@ -965,6 +1106,25 @@ class LlamaModel(nn.Module):
         hidden: HiddenCapture | None,
     ) -> torch.Tensor:
         plan = self._linear_plan(self.packed_linear, ids.numel())  # None: F.linear calls
+        stack = self._fused_stack(plan, pos)
+        r, t_new = ids.shape
+        kv = None if stack is None else batch_kv(caches, t_new, p_max)
+        if stack is not None and kv is not None:
+            logits, states = run_step(
+                stack,
+                self.model.embed_tokens.weight,
+                ids,
+                pos,
+                kv,
+                mask,
+                last=False,
+                hidden=hidden,
+                vocab=self.config.vocab_size,
+                numeric=self.numeric,
+            )
+            if hidden is not None:
+                hidden.states = None if states is None else states.view(r, t_new, -1)
+            return logits.view(r, t_new, -1)
         with _kernel_threads(plan, self.kernel_torch_threads):
             return self._run_batch_plan(ids, pos, caches, mask, p_max, plan, hidden)
 
@@ -1055,22 +1215,37 @@ class LlamaModel(nn.Module):
             )
         step = pool.begin_decode(caches)
         try:
-            return self._run_paged(input_ids, position_ids, pool.k_slots, pool.v_slots, step)
+            return self._run_paged(input_ids, position_ids, pool, step)
         except BaseException:
             pool.rollback_decode(caches)
             raise
 
     def _run_paged(
-        self,
-        ids: Tensor,
-        pos: Tensor,
-        k_slots: Tensor,
-        v_slots: Tensor,
-        step: PagedDecodeStep,
+        self, ids: Tensor, pos: Tensor, pool: PagedKVPool, step: PagedDecodeStep
     ) -> Tensor:
         plan = self._linear_plan(self.packed_linear, ids.shape[0])  # None: F.linear calls
+        stack = self._fused_stack(plan, pos)
+        pkv = None if stack is None else pool_kv(pool)
+        if stack is not None and pkv is not None:
+            table = step.table.numpy()
+            kv = StepKV(
+                [pkv], np.zeros(len(table), dtype=np.int64), table, step.new_slots.numpy()[:, None]
+            )
+            logits, _ = run_step(
+                stack,
+                self.model.embed_tokens.weight,
+                ids,
+                pos,
+                kv,
+                step.mask[:, None],
+                last=False,
+                hidden=None,
+                vocab=self.config.vocab_size,
+                numeric=self.numeric,
+            )
+            return logits
         with _kernel_threads(plan, self.kernel_torch_threads):
-            return self._run_paged_plan(ids, pos, k_slots, v_slots, step, plan)
+            return self._run_paged_plan(ids, pos, pool.k_slots, pool.v_slots, step, plan)
 
     def _run_paged_plan(
         self,
@@ -1099,7 +1274,7 @@ class LlamaModel(nn.Module):
             if plan is None:
                 qkv = self._lin(h, a.q_proj, a.k_proj, a.v_proj, packed=False, cat=True)[0]
             else:  # the packed q/k/v come out concatenated
-                qkv = _pointwise(h, plan[4 * i])
+                qkv = _pointwise(h, plan[4 * i], self.numeric)
             qkv = qkv.view(r, a.h + 2 * a.hkv, hd)
             qk = qkv[:, : a.h + a.hkv]
             qk = _rope(qk, cos, sin)
@@ -1119,11 +1294,11 @@ class LlamaModel(nn.Module):
                 x = x + self._lin(o, a.o_proj, packed=False)[0]
                 x = x + self._mlp(m, layer.post_attention_layernorm(x), None, i)
             else:
-                x = x + _pointwise(o, plan[4 * i + 1])
-                gu = _pointwise(layer.post_attention_layernorm(x), plan[4 * i + 2])
+                x = x + _pointwise(o, plan[4 * i + 1], self.numeric)
+                gu = _pointwise(layer.post_attention_layernorm(x), plan[4 * i + 2], self.numeric)
                 n = m.gate_proj.out_features
                 g, u = gu.narrow(-1, 0, n), gu.narrow(-1, n, n)
-                x = x + _pointwise(silu(g) * u, plan[4 * i + 3])
+                x = x + _pointwise(silu(g) * u, plan[4 * i + 3], self.numeric)
         x = self.model.norm(x[:, 0])
         return self._head(x, plan)
 

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -26,6 +27,12 @@ from .._core import QuantMatrix, quant_simd_available
 
 # Block formats the kernel multiplies by (GGUF tensor type names).
 QUANT_FORMATS = ("Q4_1", "Q8_0")
+
+# How products on the blocks round: "exact", the float32 product of the dequantized weights
+# (up to summation order); "int8", each input row quantized per block of 32 to 8 bits and
+# integer dot products with the quants (llama.cpp's numeric class, AVX-512 VNNI).
+Numeric = Literal["exact", "int8"]
+NUMERIC_MODES: tuple[Numeric, ...] = ("exact", "int8")
 
 
 @dataclass(frozen=True)
@@ -63,14 +70,17 @@ class QuantizedLinears:
         return sum(m.nbytes for m, _ in self.plan if isinstance(m, QuantMatrix))
 
 
-def quant_matmul(x: Tensor, w: QuantMatrix, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, W, bias)`` for the quantized ``W`` (``x``: CPU float32 ``[..., cols]``)."""
+def quant_matmul(
+    x: Tensor, w: QuantMatrix, bias: Tensor | None = None, numeric: Numeric = "exact"
+) -> Tensor:
+    """``F.linear(x, W, bias)`` for the quantized ``W`` (``x``: CPU float32 ``[..., cols]``),
+    the product rounded as ``numeric`` says."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     out = torch.empty(x2.shape[0], w.rows, dtype=torch.float32)
-    w.matmul(x2.numpy(), out.numpy())
+    w.matmul(x2.numpy(), out.numpy(), numeric=numeric)
     if bias is not None:
         out += bias
     return out.view(*x.shape[:-1], w.rows)

@@ -55,7 +55,8 @@ class EngineConfig:
     ``kv_tokens``: the paged KV pool's size in tokens (None: the generator's default);
     ``threads``: torch threads (None: torch's default); ``max_queue``: most requests waiting
     for a slot in the batch (past it, :class:`QueueFull`); ``served_name``: the model name
-    clients send (None: the file's stem)."""
+    clients send (None: the file's stem); ``numeric``: how the target's products round
+    (:attr:`~specdec.models.llama.LlamaModel.numeric`: ``"exact"`` or ``"int8"``)."""
 
     model: str | None = None
     drafter: DrafterName = "suffix"
@@ -67,6 +68,7 @@ class EngineConfig:
     served_name: str | None = None
     block_size: int = 16
     max_budget: int = 32
+    numeric: Literal["exact", "int8"] = "exact"
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ class Engine:
         path = Path(config.model) if config.model is not None else smollm2_path()
         self.loaded = load_gguf(path)
         self.model = self.loaded.model
+        self.model.numeric = config.numeric
         self.tokenizer = self.loaded.tokenizer
         self.model_name = config.served_name or path.stem
         self.vocab = self.loaded.vocabulary()

@@ -1,6 +1,7 @@
 //! The quantized linear layers of one SmolLM2-135M forward (30 layers of q/k/v, o, gate/up,
 //! down in Q4_1, the tied Q8_0 LM head) at the row counts of a decode step: 1 (plain step),
-//! 5 / 17 / 65 (draft trees of budget 4 / 16 / 64 plus the root).
+//! 5 / 17 / 65 (draft trees of budget 4 / 16 / 64 plus the root), in the float32 mode and the
+//! int8 mode side by side.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use specdec_core::linear::{BlockFormat, QuantMatrix, BLOCK};
@@ -49,6 +50,17 @@ fn forward(c: &mut Criterion) {
                     }
                 }
                 head.matmul(&hx, m, &mut hout).unwrap();
+            })
+        });
+        // The int8 mode on the same matrices, in the same run.
+        g.bench_with_input(BenchmarkId::new("forward_int8", m), &m, |b, &m| {
+            b.iter(|| {
+                for layer in &layers {
+                    for ((w, x), o) in layer.iter().zip(&xs).zip(outs.iter_mut()) {
+                        w.matmul_int8(x, m, o).unwrap();
+                    }
+                }
+                head.matmul_int8(&hx, m, &mut hout).unwrap();
             })
         });
     }

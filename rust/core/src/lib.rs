@@ -129,6 +129,7 @@ pub mod decode;
 pub mod draft;
 pub mod kv;
 pub mod linear;
+pub mod model;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tree;

@@ -162,3 +162,143 @@ fn bad_shapes_are_refused() {
         Err(LinearError::OutputSize { .. })
     ));
 }
+
+// ---- the int8 mode --------------------------------------------------------------------
+
+/// The int8 mode's arithmetic written plainly from the GGUF blocks (not the tiles): each
+/// row block quantized (`amax / 127`, round half to even), then per output and block the
+/// integer dot product of the quants and the module's float steps, in block order.
+fn oracle_int8(format: BlockFormat, rows: usize, cols: usize, raw: &[u8], x: &[f32]) -> Vec<f32> {
+    let nb = cols / BLOCK;
+    let m = x.len() / cols;
+    let bb = format.block_bytes();
+    let half = |b: &[u8], i: usize| half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
+    let mut out = vec![0f32; m * rows];
+    for r in 0..m {
+        // (quants, scale, scale * sum) of each block of row r
+        let blocks: Vec<([i32; BLOCK], f32, f32)> = (0..nb)
+            .map(|b| {
+                let xb = &x[r * cols + b * BLOCK..][..BLOCK];
+                let amax = xb.iter().map(|v| v.abs()).fold(0f32, f32::max);
+                let d = amax / 127.0;
+                let mut q = [0i32; BLOCK];
+                if d > 0.0 {
+                    for (qk, &v) in q.iter_mut().zip(xb) {
+                        *qk = (v * (1.0 / d)).round_ties_even() as i32;
+                    }
+                }
+                let d = if d > 0.0 { d } else { 0.0 };
+                (q, d, d * q.iter().sum::<i32>() as f32)
+            })
+            .collect();
+        for o in 0..rows {
+            let mut acc = 0f32;
+            for (b, (qx, dx, sx)) in blocks.iter().enumerate() {
+                let blk = &raw[(o * nb + b) * bb..][..bb];
+                let wq = |k: usize| match format {
+                    BlockFormat::Q4_1 => {
+                        let byte = blk[4 + k % 16];
+                        i32::from(if k < 16 { byte & 0x0f } else { byte >> 4 })
+                    }
+                    BlockFormat::Q8_0 => i32::from(blk[2 + k] as i8),
+                };
+                let dot: i32 = (0..BLOCK).map(|k| wq(k) * qx[k]).sum();
+                acc = (half(blk, 0) * dx).mul_add(dot as f32, acc);
+                if format == BlockFormat::Q4_1 {
+                    acc = half(blk, 2).mul_add(*sx, acc);
+                }
+            }
+            out[r * rows + o] = acc;
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn int8_mode_is_its_plain_arithmetic_on_every_kernel(
+        format in formats(), rows in 1usize..70, nb in 1usize..6, m in 0usize..20, seed: u64,
+        zero_block in any::<bool>(),
+    ) {
+        let cols = nb * BLOCK;
+        let raw = raw_matrix(format, rows, cols, seed);
+        let q = QuantMatrix::from_gguf(format, rows, cols, &raw).unwrap();
+        let mut x = rows_of(seed, m, cols);
+        if zero_block && m > 0 {
+            x[..BLOCK].fill(0.0); // a block of zeros: scale 0
+        }
+        let want = oracle_int8(format, rows, cols, &raw, &x);
+        let mut fast = vec![f32::NAN; m * rows];
+        let mut slow = vec![f32::NAN; m * rows];
+        q.matmul_int8(&x, m, &mut fast).unwrap();
+        q.matmul_int8_portable(&x, m, &mut slow).unwrap();
+        prop_assert!(slow.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+        prop_assert!(fast.iter().zip(&slow).all(|(a, b)| a.to_bits() == b.to_bits()));
+        // And near the float64 product: each input moves by at most half a quantization
+        // step, amax / 254 of its block.
+        let w = oracle_weights(format, rows, cols, &raw);
+        for r in 0..m {
+            for o in 0..rows {
+                let (mut dot, mut bound) = (0f64, 0f64);
+                for b in 0..nb {
+                    let xb = &x[r * cols + b * BLOCK..][..BLOCK];
+                    let amax = xb.iter().map(|v| f64::from(v.abs())).fold(0f64, f64::max);
+                    for k in 0..BLOCK {
+                        let wk = f64::from(w[o * cols + b * BLOCK + k]);
+                        dot += f64::from(xb[k]) * wk;
+                        bound += (amax / 254.0 + 1e-6 * f64::from(xb[k].abs())) * wk.abs();
+                    }
+                }
+                let got = f64::from(fast[r * rows + o]);
+                prop_assert!((got - dot).abs() <= bound * 1.01 + 1e-30, "{got} vs {dot} (bound {bound})");
+            }
+        }
+    }
+
+    #[test]
+    fn int8_row_does_not_depend_on_its_neighbours(
+        format in formats(), rows in 1usize..40, m in 2usize..20, seed: u64,
+    ) {
+        let cols = 2 * BLOCK;
+        let q = QuantMatrix::from_gguf(format, rows, cols, &raw_matrix(format, rows, cols, seed)).unwrap();
+        let x = rows_of(seed, m, cols);
+        let mut all = vec![0f32; m * rows];
+        q.matmul_int8(&x, m, &mut all).unwrap();
+        for r in 0..m {
+            let mut one = vec![0f32; rows];
+            q.matmul_int8(&x[r * cols..(r + 1) * cols], 1, &mut one).unwrap();
+            prop_assert_eq!(&all[r * rows..(r + 1) * rows], &one[..]);
+        }
+    }
+}
+
+#[test]
+fn int8_mode_refuses_non_finite_inputs() {
+    let f = BlockFormat::Q4_1;
+    let q = QuantMatrix::from_gguf(f, 4, 64, &raw_matrix(f, 4, 64, 9)).unwrap();
+    let mut x = vec![0.5f32; 128];
+    x[64 + 3] = f32::INFINITY;
+    let mut out = vec![0f32; 8];
+    assert_eq!(
+        q.matmul_int8(&x, 2, &mut out),
+        Err(LinearError::NonFinite { row: 1, col: 3 })
+    );
+    x[64 + 3] = f32::NAN;
+    assert!(q.matmul_int8_portable(&x, 2, &mut out).is_err());
+}
+
+#[test]
+fn int8_layout_does_not_change_equality() {
+    let f = BlockFormat::Q8_0;
+    let raw = raw_matrix(f, 4, 64, 3);
+    let (a, b) = (
+        QuantMatrix::from_gguf(f, 4, 64, &raw).unwrap(),
+        QuantMatrix::from_gguf(f, 4, 64, &raw).unwrap(),
+    );
+    let mut out = vec![0f32; 4];
+    a.matmul_int8(&[0.25; 64], 1, &mut out).unwrap();
+    assert!(a.nbytes() > b.nbytes());
+    assert_eq!(a, b);
+}

@@ -11,6 +11,7 @@ use specdec_core::decode::BudgetError;
 use specdec_core::draft::DraftError;
 use specdec_core::kv::KvError;
 use specdec_core::linear::LinearError;
+use specdec_core::model::ModelError;
 use specdec_core::tree::TreeError;
 
 /// The Python classes the extension raises, in `CLASS_NAMES` order.
@@ -26,9 +27,10 @@ pub enum Class {
     Type,
     Draft,
     Config,
+    Verify,
 }
 
-const CLASS_NAMES: [&str; 10] = [
+const CLASS_NAMES: [&str; 11] = [
     "TreeError",
     "KVCacheError",
     "OutOfBlocks",
@@ -39,6 +41,7 @@ const CLASS_NAMES: [&str; 10] = [
     "SpecdecTypeError",
     "DraftError",
     "ConfigError",
+    "VerifyError",
 ];
 
 static CLASSES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
@@ -71,6 +74,13 @@ pub enum Error {
     Draft(DraftError),
     Budget(BudgetError),
     Linear(LinearError),
+    Model(ModelError),
+}
+
+impl From<ModelError> for Error {
+    fn from(e: ModelError) -> Self {
+        Error::Model(e)
+    }
 }
 
 impl From<TreeError> for Error {
@@ -130,6 +140,20 @@ impl From<Error> for PyErr {
             Error::Draft(e) => (Class::Draft, e.to_string()),
             Error::Budget(e) => (Class::Config, e.to_string()),
             Error::Linear(e) => (Class::Config, e.to_string()),
+            Error::Model(e) => (
+                match e {
+                    ModelError::Weights(_) | ModelError::Capture(_) | ModelError::Linear(_) => {
+                        Class::Config
+                    }
+                    ModelError::Slot { .. }
+                    | ModelError::Buffer { .. }
+                    | ModelError::Layout { .. } => Class::KvCache,
+                    ModelError::Size { .. }
+                    | ModelError::Shape(_)
+                    | ModelError::Position { .. } => Class::Verify,
+                },
+                e.to_string(),
+            ),
         };
         raise(class, message)
     }

@@ -13,6 +13,7 @@ mod errors;
 mod kv;
 mod linear;
 mod locked;
+mod model;
 mod tree;
 
 #[pymodule]
@@ -25,5 +26,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     draft::register(m)?;
     decode::register(m)?;
     linear::register(m)?;
+    model::register(m)?;
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! Bindings of `specdec_core::linear`: `QuantMatrix` as a `#[pyclass]` newtype; products
 //! read and write numpy arrays in place (no copies) with the GIL released.
 
+use std::sync::Arc;
+
 use numpy::{
     PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods,
 };
@@ -12,7 +14,14 @@ use crate::errors::{config_arg, raise, Class, OrRaise};
 
 /// A weight matrix in a GGUF block format (Q4_1, Q8_0), multiplied without dequantizing it.
 #[pyclass(module = "specdec._core", name = "QuantMatrix", frozen)]
-pub struct QuantMatrix(core::QuantMatrix);
+pub struct QuantMatrix(Arc<core::QuantMatrix>);
+
+impl QuantMatrix {
+    /// The matrix, shared (a model stack holds the same blocks, not a copy).
+    pub fn shared(&self) -> Arc<core::QuantMatrix> {
+        Arc::clone(&self.0)
+    }
+}
 
 fn format(name: &str) -> PyResult<core::BlockFormat> {
     core::BlockFormat::from_name(name).or_raise()
@@ -34,7 +43,7 @@ impl QuantMatrix {
         let m = py
             .detach(|| core::QuantMatrix::from_gguf(f, rows, cols, &bytes))
             .or_raise()?;
-        Ok(QuantMatrix(m))
+        Ok(QuantMatrix(Arc::new(m)))
     }
 
     /// The matrices' rows concatenated: `parts` of `(format, rows, cols, raw)`.
@@ -59,9 +68,9 @@ impl QuantMatrix {
             .zip(&bytes)
             .map(|((p, &f), b)| (f, p.1, p.2, &b[..]))
             .collect();
-        Ok(QuantMatrix(
+        Ok(QuantMatrix(Arc::new(
             py.detach(|| core::QuantMatrix::stack(&args)).or_raise()?,
-        ))
+        )))
     }
 
     #[getter]
@@ -86,13 +95,22 @@ impl QuantMatrix {
         self.0.nbytes()
     }
 
-    /// `out[:] = x @ W.T`: `x` float32 `[m, cols]`, `out` a C-contiguous float32 `[m, rows]`.
+    /// `out[:] = x @ W.T`: `x` float32 `[m, cols]`, `out` a C-contiguous float32 `[m, rows]`;
+    /// `numeric`: `"exact"` (float32 products) or `"int8"` (see `core::int8`).
+    #[pyo3(signature = (x, out, *, numeric = "exact"))]
     fn matmul(
         &self,
         py: Python<'_>,
         #[pyo3(from_py_with = config_arg)] x: PyReadonlyArray2<'_, f32>,
         #[pyo3(from_py_with = config_arg)] mut out: PyReadwriteArray2<'_, f32>,
+        numeric: &str,
     ) -> PyResult<()> {
+        let Some(numeric) = core::Numeric::from_name(numeric) else {
+            return Err(raise(
+                Class::Config,
+                format!("numeric must be 'exact' or 'int8', got {numeric:?}"),
+            ));
+        };
         let m = x.shape()[0];
         if x.shape()[1] != self.0.cols() {
             let e = core::LinearError::InputWidth {
@@ -110,7 +128,7 @@ impl QuantMatrix {
             ));
         };
         let w = &self.0;
-        py.detach(|| w.matmul(&xs, m, o)).or_raise()
+        py.detach(|| w.matmul_in(numeric, &xs, m, o)).or_raise()
     }
 
     /// The float32 weights `[rows, cols]`, as gguf-py dequantizes them.
@@ -136,8 +154,15 @@ fn quant_simd_available() -> bool {
     core::simd_available()
 }
 
+/// Whether the int8 mode's fast (AVX-512 VNNI) kernel runs on this CPU.
+#[pyfunction]
+fn quant_int8_simd_available() -> bool {
+    core::int8_simd_available()
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<QuantMatrix>()?;
     m.add_function(wrap_pyfunction!(quant_simd_available, m)?)?;
+    m.add_function(wrap_pyfunction!(quant_int8_simd_available, m)?)?;
     Ok(())
 }

@@ -1,10 +1,13 @@
 //! [`QuantMatrix`]: a weight matrix in a block format, repacked into tiles of 16 rows so that
 //! one vector load gives 16 output columns' quants at one input column.
 
+use std::sync::OnceLock;
+
 use super::format::{BlockFormat, BLOCK};
+use super::int8::{self, int8_block_bytes, Int8Rows};
 use super::kernel::{self, tile_block_bytes, MAX_ROWS, TILE};
 use super::pool;
-use super::LinearError;
+use super::{LinearError, Numeric};
 
 /// Whether the fast kernel runs on this CPU (AVX-512F). Without it [`QuantMatrix::matmul`]
 /// runs the portable kernel: the same results, many times slower than a BLAS.
@@ -19,16 +22,44 @@ pub fn simd_available() -> bool {
     }
 }
 
+/// Whether the int8 mode's fast kernel runs on this CPU (AVX-512 F, BW and VNNI). Without
+/// it [`QuantMatrix::matmul_int8`] runs the portable kernel: the same results, slower.
+pub fn int8_simd_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        int8::vnni::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// A `rows x cols` weight matrix (`rows` outputs, `cols` inputs, as a linear layer's weight)
 /// in a GGUF block format.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct QuantMatrix {
     format: BlockFormat,
     rows: usize,
     cols: usize,
     /// `ceil(rows / 16)` tiles, each `cols / 32` tile-blocks; rows past `rows` are zero.
     tiles: Vec<u8>,
+    /// The same tiles in the int8 mode's layout ([`int8::repack`]), made on its first use.
+    int8_tiles: OnceLock<Vec<u8>>,
 }
+
+impl PartialEq for QuantMatrix {
+    fn eq(&self, other: &Self) -> bool {
+        // The int8 layout is derived from the tiles, and only exists once used.
+        (self.format, self.rows, self.cols) == (other.format, other.rows, other.cols)
+            && self.tiles == other.tiles
+    }
+}
+
+impl Eq for QuantMatrix {}
+
+/// One tile's products for a group of rows: `(tile, first row, rows, results)`.
+type TileRows<'a> = dyn Fn(usize, usize, usize, &mut [[f32; TILE]; MAX_ROWS]) + Sync + 'a;
 
 /// A raw output pointer shared by the threads of one product: each writes its own columns.
 #[derive(Clone, Copy)]
@@ -108,6 +139,7 @@ impl QuantMatrix {
             rows,
             cols,
             tiles,
+            int8_tiles: OnceLock::new(),
         })
     }
 
@@ -147,9 +179,9 @@ impl QuantMatrix {
         self.cols
     }
 
-    /// Bytes the matrix holds.
+    /// Bytes the matrix holds (the int8 layout included once made).
     pub fn nbytes(&self) -> usize {
-        self.tiles.len()
+        self.tiles.len() + self.int8_tiles.get().map_or(0, Vec::len)
     }
 
     /// The float32 weights, row-major `rows x cols`, as gguf-py dequantizes them.
@@ -178,11 +210,79 @@ impl QuantMatrix {
         Ok(())
     }
 
+    /// [`matmul`](Self::matmul) or [`matmul_int8`](Self::matmul_int8), as `numeric` says.
+    pub fn matmul_in(
+        &self,
+        numeric: Numeric,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) -> Result<(), LinearError> {
+        match numeric {
+            Numeric::Exact => self.matmul(x, m, out),
+            Numeric::Int8 => self.matmul_int8(x, m, out),
+        }
+    }
+
     /// [`matmul`](Self::matmul) with the portable kernel only (the reference).
     pub fn matmul_portable(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), LinearError> {
         self.check(x, m, out)?;
         self.matmul_with(x, m, out, false);
         Ok(())
+    }
+
+    /// `out = x @ W.T` in the int8 mode (see [`int8`](super::int8)): each row of `x`
+    /// quantized per block of 32 to 8 bits, integer dot products with the quants. Rows with
+    /// a non-finite value are refused (their quantization would hide it).
+    pub fn matmul_int8(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), LinearError> {
+        self.check(x, m, out)?;
+        let q = self.quantize(x, m)?;
+        self.matmul_int8_rows(&q, out, int8_simd_available());
+        Ok(())
+    }
+
+    /// [`matmul_int8`](Self::matmul_int8) with the portable kernel only (the reference).
+    pub fn matmul_int8_portable(
+        &self,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) -> Result<(), LinearError> {
+        self.check(x, m, out)?;
+        let q = self.quantize(x, m)?;
+        self.matmul_int8_rows(&q, out, false);
+        Ok(())
+    }
+
+    fn quantize(&self, x: &[f32], m: usize) -> Result<Int8Rows, LinearError> {
+        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+            return Err(LinearError::NonFinite {
+                row: i / self.cols,
+                col: i % self.cols,
+            });
+        }
+        Ok(int8::quantize_rows(x, m, self.cols))
+    }
+
+    fn int8_tiles(&self) -> &[u8] {
+        self.int8_tiles
+            .get_or_init(|| int8::repack(self.format, &self.tiles))
+    }
+
+    fn matmul_int8_rows(&self, x: &Int8Rows, out: &mut [f32], simd: bool) {
+        let tiles = self.int8_tiles();
+        let per_tile = (self.cols / BLOCK) * int8_block_bytes(self.format);
+        self.split(x.m, out, tiles.len(), &|t, r0, rows, res| {
+            let tile = &tiles[t * per_tile..][..per_tile];
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                int8::vnni::run(self.format, tile, x, r0, rows, res);
+            } else {
+                int8::portable(self.format, tile, x, r0, rows, res);
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            int8::portable(self.format, tile, x, r0, rows, res);
+        });
     }
 
     fn check(&self, x: &[f32], m: usize, out: &[f32]) -> Result<(), LinearError> {
@@ -205,14 +305,32 @@ impl QuantMatrix {
     }
 
     fn matmul_with(&self, x: &[f32], m: usize, out: &mut [f32], simd: bool) {
+        let per_tile = (self.cols / BLOCK) * tile_block_bytes(self.format);
+        self.split(m, out, self.tiles.len(), &|t, r0, rows, res| {
+            let tile = &self.tiles[t * per_tile..][..per_tile];
+            let xs = &x[r0 * self.cols..(r0 + rows) * self.cols];
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                kernel::avx512::run(self.format, tile, xs, self.cols, rows, res);
+            } else {
+                kernel::portable(self.format, tile, xs, self.cols, rows, res);
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            kernel::portable(self.format, tile, xs, self.cols, rows, res);
+        });
+    }
+
+    /// Runs `tile_rows(t, r0, rows, res)` for every tile `t` and group of up to
+    /// [`MAX_ROWS`] rows from `r0`, split over the cores by tiles (output columns), and
+    /// copies each `res` into `out` (`m x rows`).
+    fn split(&self, m: usize, out: &mut [f32], weight_bytes: usize, tile_rows: &TileRows<'_>) {
         if m == 0 {
             return;
         }
         let ntiles = self.rows.div_ceil(TILE);
-        let per_tile = (self.cols / BLOCK) * tile_block_bytes(self.format);
         // Below ~64 KiB of weights a second thread costs more than it saves; else about 8
         // chunks a thread, so a helper that joins late still finds some.
-        let chunks = if self.tiles.len() < 1 << 16 {
+        let chunks = if weight_bytes < 1 << 16 {
             1
         } else {
             ntiles.min(8 * (pool::helpers() + 1))
@@ -222,19 +340,10 @@ impl QuantMatrix {
             let (lo, hi) = (ntiles * part / chunks, ntiles * (part + 1) / chunks);
             let mut res = [[0f32; TILE]; MAX_ROWS];
             for t in lo..hi {
-                let tile = &self.tiles[t * per_tile..][..per_tile];
                 let width = TILE.min(self.rows - t * TILE);
                 for r0 in (0..m).step_by(MAX_ROWS) {
                     let rows = MAX_ROWS.min(m - r0);
-                    let xs = &x[r0 * self.cols..(r0 + rows) * self.cols];
-                    #[cfg(target_arch = "x86_64")]
-                    if simd {
-                        kernel::avx512::run(self.format, tile, xs, self.cols, rows, &mut res);
-                    } else {
-                        kernel::portable(self.format, tile, xs, self.cols, rows, &mut res);
-                    }
-                    #[cfg(not(target_arch = "x86_64"))]
-                    kernel::portable(self.format, tile, xs, self.cols, rows, &mut res);
+                    tile_rows(t, r0, rows, &mut res);
                     for (r, vals) in res.iter().enumerate().take(rows) {
                         let at = (r0 + r) * self.rows + t * TILE;
                         // SAFETY: `at + width <= m * rows` (checked sizes); each part writes

@@ -10,14 +10,40 @@
 //! and one over odd `k`, added at the end, whatever the number of rows (a row's result does
 //! not depend on the rows beside it). The AVX-512 kernel and the portable one follow that
 //! order, so they agree bit for bit.
+//!
+//! [`int8`] is the opt-in fast numeric mode: the input rows quantized to 8 bits per block
+//! and integer dot products with the quants (llama.cpp's numeric class), a VNNI kernel and a
+//! portable one that agree bit for bit.
 
 mod format;
+pub mod int8;
 mod kernel;
 mod matrix;
-mod pool;
+pub(crate) mod pool;
 
 pub use format::{BlockFormat, BLOCK};
-pub use matrix::{simd_available, QuantMatrix};
+
+/// How a product rounds: [`Numeric::Exact`], the float32 product of the dequantized weights
+/// (up to summation order); [`Numeric::Int8`], the inputs quantized to 8 bits per block
+/// and integer dot products ([`int8`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Numeric {
+    #[default]
+    Exact,
+    Int8,
+}
+
+impl Numeric {
+    /// The mode of a name (`"exact"`, `"int8"`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "exact" => Some(Self::Exact),
+            "int8" => Some(Self::Int8),
+            _ => None,
+        }
+    }
+}
+pub use matrix::{int8_simd_available, simd_available, QuantMatrix};
 
 use thiserror::Error;
 
@@ -47,6 +73,10 @@ pub enum LinearError {
         expected: usize,
         got: usize,
     },
+    #[error(
+        "input row {row} has a non-finite value at column {col}: the int8 mode cannot quantize it"
+    )]
+    NonFinite { row: usize, col: usize },
     #[error("cannot join matrices with {0} and {1} columns (or of different formats)")]
     Join(usize, usize),
 }

@@ -1,0 +1,128 @@
+"""specdec's decode step beside llama.cpp's on the same GGUF file (SmolLM2-135M-Instruct,
+Q4_1), in one run: ``llama-bench``'s ``tg`` test (``-p 0 -n N``: N one-token decode steps,
+tokens/s) against specdec's ``LlamaModel`` decoding N tokens one at a time (greedy, after a
+one-token prompt, the step timed from its input to the chosen token), for each engine
+configuration:
+
+- ``torch``: the PyTorch layer loop with the linears on the GGUF blocks (``fused_step`` off);
+- ``fused exact``: the whole step in one Rust call, float32 products (the default);
+- ``fused int8``: the same with 8-bit activations and integer dot products
+  (``numeric="int8"``).
+
+Each cell is the best of ``--repeats`` runs, the configurations alternating (a shared
+machine's bursts land on different ones). llama.cpp comes from ``$SPECDEC_PEERS``
+(``benches/peers/llama_cpp.sh`` builds it) or ``--llama-bench``.
+
+Run: ``python benches/bench_llama_cpp.py [--tokens 128] [--threads 2] [--repeats 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.models import smollm2
+from specdec.models.gguf import smollm2_path
+from specdec.models.llama import LlamaModel
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "torch": {"fused_step": False, "numeric": "exact"},
+    "fused exact": {"fused_step": True, "numeric": "exact"},
+    "fused int8": {"fused_step": True, "numeric": "int8"},
+}
+
+
+def llama_bench_path(arg: str | None) -> str:
+    if arg:
+        return arg
+    peers = os.environ.get("SPECDEC_PEERS")
+    if peers:
+        for sub in ("llama.cpp/bin/llama-bench", "llama.cpp/build/bin/llama-bench"):
+            p = Path(peers) / sub
+            if p.is_file():
+                return str(p)
+    found = shutil.which("llama-bench")
+    if found is None:
+        raise SystemExit("llama-bench not found: set SPECDEC_PEERS or pass --llama-bench")
+    return found
+
+
+def llama_tg(binary: str, model: Path, tokens: int, threads: int) -> float:
+    """llama-bench's tg tokens/s (one run of ``-r 1``: the repeats alternate here)."""
+    out = subprocess.run(
+        [binary, "-m", str(model), "-p", "0", "-n", str(tokens), "-t", str(threads)]
+        + ["-r", "1", "-o", "json"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    rows = [r for r in json.loads(out) if r.get("n_gen", 0) == tokens]
+    return float(rows[0]["avg_ts"])
+
+
+def specdec_tg(model: LlamaModel, tokens: int) -> float:
+    """Tokens/s of ``tokens`` greedy one-token steps after a one-token prompt."""
+    cache = model.new_cache(tokens + 2)
+    tok = torch.tensor([1])
+    logits = model.forward_last(tok, torch.tensor([0]), cache)
+    cache.commit([0])
+    t0 = time.perf_counter()
+    for i in range(tokens):
+        tok = logits[-1].argmax().reshape(1)
+        logits = model.forward_last(tok, torch.tensor([i + 1]), cache)
+        cache.commit([0])
+    _ = int(logits[-1].argmax())
+    return tokens / (time.perf_counter() - t0)
+
+
+def configure(model: LlamaModel, cfg: dict[str, Any]) -> None:
+    for k, v in cfg.items():
+        setattr(model, k, v)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--llama-bench", default=None)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("SPECDEC_LINEAR_THREADS", str(args.threads))
+    binary = llama_bench_path(args.llama_bench)
+    model = smollm2().model
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for c in configs:  # warm-up: packing, the int8 layout, the RoPE tables
+        configure(model, CONFIGS[c])
+        specdec_tg(model, 8)
+    best: dict[str, float] = {}
+    for _ in range(args.repeats):
+        best["llama.cpp"] = max(
+            best.get("llama.cpp", 0.0),
+            llama_tg(binary, smollm2_path(), args.tokens, args.threads),
+        )
+        for c in configs:
+            configure(model, CONFIGS[c])
+            best[c] = max(best.get(c, 0.0), specdec_tg(model, args.tokens))
+    ref = best["llama.cpp"]
+    print(f"tg{args.tokens}, {args.threads} threads, best of {args.repeats}")
+    print("| engine | tokens/s | ms/token | vs llama.cpp |")
+    print("|---|---:|---:|---:|")
+    for name, ts in best.items():
+        print(f"| {name} | {ts:.1f} | {1e3 / ts:.2f} | {ts / ref:.2f}x |")
+    if args.json:
+        args.json.write_text(json.dumps(best, indent=1))
+
+
+if __name__ == "__main__":
+    main()

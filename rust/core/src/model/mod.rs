@@ -1,0 +1,62 @@
+//! A whole decoder step of a Llama-style model for a few rows in one call: every layer's
+//! norms, products on the GGUF blocks ([`crate::linear::QuantMatrix`]), RoPE, the new K/V
+//! written into the caller's cache tensors, attention over each row's visible slots, and
+//! the LM head.
+//!
+//! At the few rows of a decode or verify step, each of a model's ~120 products takes tens
+//! of microseconds; driving them one by one from Python costs about as much again in
+//! dispatch. Here the step is one call, with the float32 math of the torch path up to
+//! summation order (the products are the same kernel, bit for bit; RoPE is bit for bit;
+//! norms, softmax and SiLU sum or round in another order).
+//!
+//! KV addressing is one mechanism for every cache: a row's K/V lives in one of the step's
+//! [`KvBuffer`]s (a dense cache `[layers, kv_heads, slots, head_dim]` per sequence, or a
+//! paged pool `[layers, slots, kv_heads, head_dim]` shared by all rows), and the row names
+//! the slots it attends to (its prefix, then its new tokens, padding allowed) and the slots
+//! its new tokens are written to. A per-row mask `[T, S]` says which of those slots each new
+//! token sees (a tree: the prefix and its ancestors), or none for a causal step.
+
+mod kv;
+mod llama;
+mod ops;
+
+use thiserror::Error;
+
+use crate::linear::LinearError;
+
+pub use kv::{KvBuffer, KvOrder, StepRows};
+pub use llama::{Capture, LayerWeights, Linear, LlamaDims, LlamaStack};
+
+/// Everything that can be wrong with a stack's weights or a step's inputs.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ModelError {
+    /// The weights do not fit the dimensions (construction).
+    #[error("{0}")]
+    Weights(String),
+    /// An input or output array of the wrong size.
+    #[error("{what} has {got} values, expected {expected}")]
+    Size {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+    /// A step needs at least one row and one token, and room for them.
+    #[error("{0}")]
+    Shape(String),
+    #[error("row {row}: slot {slot} is outside its KV buffer's {slots} slots")]
+    Slot { row: usize, slot: i64, slots: usize },
+    #[error("row {row}: KV buffer {buffer} does not exist ({buffers} given)")]
+    Buffer {
+        row: usize,
+        buffer: i64,
+        buffers: usize,
+    },
+    #[error("position {position} is outside the RoPE table's {len} positions")]
+    Position { position: i64, len: usize },
+    #[error("KV buffer {index}: {detail}")]
+    Layout { index: usize, detail: String },
+    #[error("hidden-state capture: {0}")]
+    Capture(String),
+    #[error(transparent)]
+    Linear(#[from] LinearError),
+}
