@@ -53,7 +53,16 @@ import httpx
 
 from specdec.demo_prompts import PROMPTS
 
-ALL_SERVERS = ("specdec", "specdec-nodraft", "llama", "llama-ngram", "vllm", "vllm-ngram")
+ALL_SERVERS = (
+    "specdec",
+    "specdec-nodraft",
+    "specdec-int8",
+    "specdec-nodraft-int8",
+    "llama",
+    "llama-ngram",
+    "vllm",
+    "vllm-ngram",
+)
 DEFAULT_SERVERS = "specdec,llama,llama-ngram,vllm"
 
 # vLLM's CPU backend: KV cache size (GiB) and OpenMP thread binding ("nobind": leave it to
@@ -475,8 +484,10 @@ def server_specs(args: argparse.Namespace, names: Sequence[str]) -> list[ServerS
         if name.startswith("specdec"):
             argv = [sys.executable, "-m", "specdec", "serve", "--host", "127.0.0.1"]
             argv += ["--port", "{port}", "--threads", threads, "--max-batch", parallel]
-            if name == "specdec-nodraft":
+            if name.startswith("specdec-nodraft"):
                 argv += ["--drafter", "none"]
+            if name.endswith("-int8"):  # llama.cpp's numeric class: 8-bit activations
+                argv += ["--numeric", "int8"]
             argv += shlex.split(args.specdec_args)
             out.append(ServerSpec(name, argv, thread_env, version_argv=None))
         elif name.startswith("llama"):
