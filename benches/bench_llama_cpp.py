@@ -13,7 +13,8 @@ Each cell is the best of ``--repeats`` runs, the configurations alternating (a s
 machine's bursts land on different ones). llama.cpp comes from ``$SPECDEC_PEERS``
 (``benches/peers/llama_cpp.sh`` builds it) or ``--llama-bench``.
 
-Run: ``python benches/bench_llama_cpp.py [--tokens 128] [--threads 2] [--repeats 3]``.
+Run: ``python benches/bench_llama_cpp.py [--tokens 128] [--threads 2] [--repeats 3]``;
+``--smoke``: 8 tokens, one round, llama.cpp only where it is found.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def llama_bench_path(arg: str | None) -> str:
+def llama_bench_path(arg: str | None) -> str | None:
     if arg:
         return arg
     peers = os.environ.get("SPECDEC_PEERS")
@@ -49,10 +50,7 @@ def llama_bench_path(arg: str | None) -> str:
             p = Path(peers) / sub
             if p.is_file():
                 return str(p)
-    found = shutil.which("llama-bench")
-    if found is None:
-        raise SystemExit("llama-bench not found: set SPECDEC_PEERS or pass --llama-bench")
-    return found
+    return shutil.which("llama-bench")
 
 
 def llama_tg(binary: str, model: Path, tokens: int, threads: int) -> float:
@@ -96,10 +94,15 @@ def main() -> None:
     ap.add_argument("--llama-bench", default=None)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--smoke", action="store_true", help="8 tokens, one round")
     args = ap.parse_args()
+    if args.smoke:
+        args.tokens, args.repeats = 8, 1
     torch.set_num_threads(args.threads)
     os.environ.setdefault("SPECDEC_LINEAR_THREADS", str(args.threads))
     binary = llama_bench_path(args.llama_bench)
+    if binary is None and not args.smoke:
+        raise SystemExit("llama-bench not found: set SPECDEC_PEERS or pass --llama-bench")
     model = smollm2().model
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     for c in configs:  # warm-up: packing, the int8 layout, the RoPE tables
@@ -107,19 +110,21 @@ def main() -> None:
         specdec_tg(model, 8)
     best: dict[str, float] = {}
     for _ in range(args.repeats):
-        best["llama.cpp"] = max(
-            best.get("llama.cpp", 0.0),
-            llama_tg(binary, smollm2_path(), args.tokens, args.threads),
-        )
+        if binary is not None:
+            best["llama.cpp"] = max(
+                best.get("llama.cpp", 0.0),
+                llama_tg(binary, smollm2_path(), args.tokens, args.threads),
+            )
         for c in configs:
             configure(model, CONFIGS[c])
             best[c] = max(best.get(c, 0.0), specdec_tg(model, args.tokens))
-    ref = best["llama.cpp"]
+    ref = best.get("llama.cpp")
     print(f"tg{args.tokens}, {args.threads} threads, best of {args.repeats}")
     print("| engine | tokens/s | ms/token | vs llama.cpp |")
     print("|---|---:|---:|---:|")
     for name, ts in best.items():
-        print(f"| {name} | {ts:.1f} | {1e3 / ts:.2f} | {ts / ref:.2f}x |")
+        ratio = "-" if ref is None else f"{ts / ref:.2f}x"
+        print(f"| {name} | {ts:.1f} | {1e3 / ts:.2f} | {ratio} |")
     if args.json:
         args.json.write_text(json.dumps(best, indent=1))
 
