@@ -312,6 +312,7 @@ impl CfgGrammar {
             item_separator,
             key_separator,
             strict,
+            ..JsonOptions::default()
         };
         let g = py
             .detach(|| CompiledGrammar::from_json_schema_text(v, &schema, &opts, limits))

@@ -37,7 +37,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
-use super::cfg::{Grammar, GrammarBuilder, GrammarLimits, Sym};
+use super::cfg::{Grammar, GrammarBuilder, GrammarLimits, Sym, MAX_SET_COUNT, MAX_SET_MEMBERS};
 use super::int_range::int_range_regex;
 use super::multiple_of::{self, multiple_of_dfa};
 use crate::constrain::{GrammarError, TableDfa};
@@ -53,6 +53,18 @@ pub struct JsonOptions {
     pub key_separator: String,
     /// Objects without `additionalProperties` allow no other properties (as if `false`).
     pub strict: bool,
+    /// The order properties may come in.
+    pub property_order: PropertyOrder,
+}
+
+/// The order an object's properties may come in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PropertyOrder {
+    /// Any order (each at most once), as JSON Schema reads objects.
+    Any,
+    /// Declared properties in declared order, others after them (OpenAI-style structured
+    /// output): a subset of the valid documents.
+    Declared,
 }
 
 impl Default for JsonOptions {
@@ -62,6 +74,7 @@ impl Default for JsonOptions {
             item_separator: ",".into(),
             key_separator: ":".into(),
             strict: false,
+            property_order: PropertyOrder::Any,
         }
     }
 }
@@ -101,6 +114,7 @@ pub fn compile(
         pending: Vec::new(),
         unsupported: Vec::new(),
         any: None,
+        ref_overrides: legacy_ref(schema),
     };
     let top = c.schema(schema, "#", 0)?;
     while let Some((nt, path)) = c.pending.pop() {
@@ -170,6 +184,34 @@ fn negation(n: &Value) -> Option<Value> {
     if only("not") {
         return Some(n["not"].clone()); // double negation
     }
+    // Objects lacking one of the required names (other kinds satisfy `required`, so fail
+    // its negation... and pass `properties`, which only constrains objects).
+    let obj = n.as_object()?;
+    let object_only = obj.keys().all(|k| k == "required" || k == "type" || ignored(k))
+        && obj.get("type").is_none_or(|t| t == "object");
+    if let (true, Some(Value::Array(names))) = (object_only, obj.get("required")) {
+        let mut lacking: Vec<Value> = Vec::new();
+        for name in names {
+            let mut props = Map::new();
+            props.insert(name.as_str()?.to_owned(), Value::Bool(false));
+            let mut o = Map::new();
+            o.insert("properties".into(), Value::Object(props));
+            if obj.contains_key("type") {
+                // Not an object at all also fails `type: object`.
+                lacking.push(json_kinds_but("object"));
+            }
+            lacking.push(Value::Object(o));
+        }
+        return match lacking.len() {
+            0 => Some(Value::Bool(false)),
+            1 => lacking.pop(),
+            _ => {
+                let mut o = Map::new();
+                o.insert("anyOf".into(), Value::Array(lacking));
+                Some(Value::Object(o))
+            }
+        };
+    }
     // One bound: values of its kind on the other side of it (other kinds satisfy the bound,
     // so they fail its negation).
     let flipped = [
@@ -205,6 +247,124 @@ fn negation(n: &Value) -> Option<Value> {
     None
 }
 
+/// `{"type": [every kind but `kind`]}`.
+fn json_kinds_but(kind: &str) -> Value {
+    let kinds: Vec<Value> = ["object", "array", "string", "number", "boolean", "null"]
+        .iter()
+        .filter(|k| **k != kind)
+        .map(|k| Value::String((*k).to_owned()))
+        .collect();
+    let mut t = Map::new();
+    t.insert("type".into(), Value::Array(kinds));
+    Value::Object(t)
+}
+
+/// The JSON kinds a schema's `type`, `const` or `enum` admit (`integer` read as `number`);
+/// `None`: every kind (or not known here).
+fn kinds_of(s: &Value) -> Option<Vec<&'static str>> {
+    let kind = |v: &Value| match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    let o = match s {
+        Value::Bool(false) => return Some(Vec::new()),
+        Value::Object(o) => o,
+        _ => return None,
+    };
+    let mut out: Option<Vec<&'static str>> = None;
+    let mut meet = |ks: Vec<&'static str>| {
+        out = Some(match out.take() {
+            None => ks,
+            Some(prev) => prev.into_iter().filter(|k| ks.contains(k)).collect(),
+        });
+    };
+    if let Some(t) = o.get("type") {
+        let listed: Vec<&str> = match t {
+            Value::String(t) => vec![t.as_str()],
+            Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+            _ => return None,
+        };
+        let all = ["object", "array", "string", "number", "boolean", "null"];
+        meet(
+            all.iter()
+                .copied()
+                .filter(|k| listed.contains(k) || (*k == "number" && listed.contains(&"integer")))
+                .collect(),
+        );
+    }
+    if let Some(c) = o.get("const") {
+        meet(vec![kind(c)]);
+    }
+    if let Some(Value::Array(e)) = o.get("enum") {
+        let mut ks: Vec<&'static str> = e.iter().map(kind).collect();
+        ks.dedup();
+        meet(ks);
+    }
+    out
+}
+
+/// The values a schema lists (`const`, or `enum`), if it does.
+fn listed_values(s: &Value) -> Option<Vec<Value>> {
+    match (s.get("const"), s.get("enum")) {
+        (Some(c), _) => Some(vec![c.clone()]),
+        (None, Some(Value::Array(e))) => Some(e.clone()),
+        _ => None,
+    }
+}
+
+/// Can no JSON value satisfy both `a` and `b`? `false` when not shown here: disjoint kinds,
+/// or objects that both require a property whose listed values differ, or where one
+/// requires a property the other forbids.
+fn disjoint(a: &Value, b: &Value) -> bool {
+    let (ka, kb) = (kinds_of(a), kinds_of(b));
+    let common: Vec<&str> = match (&ka, &kb) {
+        (Some(x), Some(y)) => x.iter().copied().filter(|k| y.contains(k)).collect(),
+        (Some(x), None) | (None, Some(x)) => x.clone(),
+        (None, None) => vec!["object", "array", "string", "number", "boolean", "null"],
+    };
+    if common.is_empty() {
+        return true;
+    }
+    if common != ["object"] {
+        return false;
+    }
+    let required = |s: &Value| -> Vec<String> {
+        s.get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(|x| x.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default()
+    };
+    let prop = |s: &Value, p: &str| s.get("properties").and_then(|ps| ps.get(p)).cloned();
+    let forbids = |s: &Value, p: &str| match prop(s, p) {
+        Some(Value::Bool(false)) => true,
+        Some(_) => false,
+        None => {
+            s.get("additionalProperties") == Some(&Value::Bool(false))
+                && s.get("patternProperties").is_none()
+        }
+    };
+    let (ra, rb) = (required(a), required(b));
+    if ra.iter().any(|p| forbids(b, p)) || rb.iter().any(|p| forbids(a, p)) {
+        return true;
+    }
+    ra.iter().filter(|p| rb.contains(p)).any(|p| {
+        let (Some(x), Some(y)) = (prop(a, p), prop(b, p)) else {
+            return false;
+        };
+        match (listed_values(&x), listed_values(&y)) {
+            (Some(vx), Some(vy)) => !vx.iter().any(|v| vy.contains(v)),
+            _ => false,
+        }
+    })
+}
+
+/// Most alternatives an `allOf` of two `anyOf` expands to.
+const MAX_PRODUCT: usize = 64;
+
 /// The lexemes every JSON Schema grammar with the default options is made of (strings,
 /// numbers, whitespace and punctuation), spelled as the compiler spells them: a vocabulary
 /// prepares their automata and trie walks once for all the schemas it serves.
@@ -232,6 +392,19 @@ struct Compiler<'a> {
     unsupported: Vec<String>,
     /// The nonterminal of an unconstrained JSON value, built on first use.
     any: Option<Sym>,
+    /// Drafts 3 to 7: a `$ref` overrides its siblings (they are ignored).
+    ref_overrides: bool,
+}
+
+/// Does the document's `$schema` name draft 3, 4, 6 or 7, where `$ref` overrides its
+/// sibling keywords? (Later drafts, and documents that name none, apply them beside it.)
+fn legacy_ref(root: &Value) -> bool {
+    let Some(uri) = root.get("$schema").and_then(Value::as_str) else {
+        return false;
+    };
+    ["draft-03", "draft-04", "draft-06", "draft-07"]
+        .iter()
+        .any(|d| uri.contains(d))
 }
 
 impl Compiler<'_> {
@@ -303,7 +476,7 @@ impl Compiler<'_> {
                 )));
             };
             let only_ref = obj.keys().all(|k| k == "$ref" || ignored(k));
-            if !only_ref {
+            if !only_ref && !self.ref_overrides {
                 // Since draft 2019-09 siblings of $ref apply beside it: an allOf.
                 let mut rest = obj.clone();
                 rest.remove("$ref");
@@ -361,6 +534,12 @@ impl Compiler<'_> {
                     return Err(GrammarError::Grammar(format!(
                         "{path}: {key} must be a non-empty array"
                     )));
+                };
+                // oneOf: each alternative without the others it may overlap.
+                let alts = &if key == "oneOf" {
+                    self.exclusive(alts, path)?
+                } else {
+                    alts.clone()
                 };
                 // Sibling keywords apply to every alternative.
                 let mut base = obj.clone();
@@ -668,6 +847,54 @@ impl Compiler<'_> {
         self.schema(&Value::Object(m), path, depth + 1)
     }
 
+    /// `oneOf` as alternatives that exclude each other: alternative i, and the negation
+    /// of each other alternative it is not shown disjoint from ([`disjoint`]); refused
+    /// where such a negation has no schema here ([`negation`]).
+    fn exclusive(&mut self, alts: &[Value], path: &str) -> Result<Vec<Value>, GrammarError> {
+        let mut resolved = Vec::new();
+        for a in alts {
+            let mut a = a;
+            let mut hops = 0;
+            while let Some(r) = a.get("$ref").and_then(Value::as_str) {
+                let bare = a.as_object().is_some_and(|o| {
+                    self.ref_overrides || o.keys().all(|k| k == "$ref" || ignored(k))
+                });
+                hops += 1;
+                if !bare || hops > self.b.limits().max_depth {
+                    break;
+                }
+                a = resolve(self.root, r)?;
+            }
+            resolved.push(a.clone());
+        }
+        let mut out = Vec::new();
+        for (i, a) in resolved.iter().enumerate() {
+            let mut parts = vec![alts[i].clone()];
+            for (j, b) in resolved.iter().enumerate() {
+                if i == j || disjoint(a, b) {
+                    continue;
+                }
+                match negation(b) {
+                    Some(n) => parts.push(n),
+                    None => {
+                        self.unsupported.push(format!(
+                            "oneOf (at {path}/oneOf): alternatives {i} and {j} may both hold"
+                        ));
+                        return Ok(alts.to_vec());
+                    }
+                }
+            }
+            out.push(if parts.len() == 1 {
+                parts.pop().expect("one part")
+            } else {
+                let mut m = Map::new();
+                m.insert("allOf".into(), Value::Array(parts));
+                Value::Object(m)
+            });
+        }
+        Ok(out)
+    }
+
     fn reference(&mut self, r: &str) -> Result<Sym, GrammarError> {
         if let Some(&nt) = self.refs.get(r) {
             return Ok(Sym::Nt(nt));
@@ -886,6 +1113,28 @@ impl Compiler<'_> {
                                 .unsupported
                                 .push(format!("allOf merging two multipleOf (at {path})")),
                         }
+                    }
+                    // Both hold: one alternative of each (a bounded product).
+                    ("anyOf", Some(Value::Array(prev))) if v.is_array() => {
+                        let other = v.as_array().cloned().unwrap_or_default();
+                        if prev.len() * other.len() > MAX_PRODUCT {
+                            self.unsupported.push(format!(
+                                "allOf of two anyOf with {} x {} alternatives (at {path}): at \
+                                 most {MAX_PRODUCT} combined",
+                                prev.len(),
+                                other.len()
+                            ));
+                            continue;
+                        }
+                        let mut product = Vec::new();
+                        for a in prev.iter() {
+                            for b in &other {
+                                let mut m = Map::new();
+                                m.insert("allOf".into(), Value::Array(vec![a.clone(), b.clone()]));
+                                product.push(Value::Object(m));
+                            }
+                        }
+                        *prev = product;
                     }
                     (_, Some(prev)) if *prev == v || ignored(&k) => {}
                     (key, Some(_)) => {
@@ -1499,12 +1748,61 @@ impl Compiler<'_> {
             let value = self.schema(schema, &format!("{path}/additionalProperties"), depth + 1)?;
             classes.push((key, value));
         }
+        let min_props = self.count(obj, "minProperties", path)?.unwrap_or(0);
+        let max_props = self.count(obj, "maxProperties", path)?;
+        let once = props.len() + extras.len();
+        let counts_fit = [Some(min_props), max_props]
+            .iter()
+            .flatten()
+            .all(|&c| c <= u64::from(MAX_SET_COUNT));
+        if self.opts.property_order == PropertyOrder::Any && once <= MAX_SET_MEMBERS && counts_fit
+        {
+            // Any order, each declared property at most once, every required one present:
+            // a member set (the parser tracks the members used, the grammar stays linear).
+            let mut members: Vec<(Sym, bool, bool)> = Vec::new();
+            let mut required_count = 0u64;
+            let named: Vec<(String, Value, bool)> = props
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone(), required.contains(&k.as_str())))
+                .chain(extras.iter().map(|n| {
+                    let s = additional.clone().unwrap_or(Value::Bool(true));
+                    ((*n).to_owned(), s, true)
+                }))
+                .collect();
+            for (name, s, req) in &named {
+                if *req && *s == Value::Bool(false) {
+                    return self.b.lexeme(NOTHING); // a required property that cannot be
+                }
+                required_count += u64::from(*req);
+                let key_json = Value::String(name.clone()).to_string();
+                let key = self.b.lexeme(&regex_escape(&key_json))?;
+                let value = self.schema(s, &format!("{path}/properties/{name}"), depth + 1)?;
+                let m = self.b.fresh("member");
+                self.b.rule(m, vec![key, key_sep, value])?;
+                members.push((Sym::Nt(m), *req, true));
+            }
+            for &(key, value) in &classes {
+                let m = self.b.fresh("member");
+                self.b.rule(m, vec![key, key_sep, value])?;
+                members.push((Sym::Nt(m), false, false));
+            }
+            let impossible = max_props.is_some_and(|m| m < required_count.max(min_props))
+                || (classes.is_empty() && (named.len() as u64) < min_props);
+            if impossible {
+                return self.b.lexeme(NOTHING);
+            }
+            let set = self.b.fresh("members");
+            let max = max_props.map(|m| m as u32);
+            self.b
+                .member_set(set, &members, sep, min_props as u32, max)?;
+            let nt = self.b.fresh("object");
+            self.b.rule(nt, vec![open, Sym::Nt(set), close])?;
+            return Ok(Sym::Nt(nt));
+        }
         // Properties are counted (0..=top emitted so far) where min/maxProperties ask:
         // up to maxProperties, or else up to max(minProperties, 1), saturating (past it only
         // "something was emitted" matters, for the separator). Without either keyword this
         // is the plain "first / rest" chain.
-        let min_props = self.count(obj, "minProperties", path)?.unwrap_or(0);
-        let max_props = self.count(obj, "maxProperties", path)?;
         let top = max_props.unwrap_or(min_props.max(1));
         let width = (top as usize + 1)
             .saturating_mul(props.len() + 1)
