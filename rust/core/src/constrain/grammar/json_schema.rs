@@ -52,9 +52,58 @@ pub struct JsonOptions {
     /// Between a key and its value.
     pub key_separator: String,
     /// Objects without `additionalProperties` allow no other properties (as if `false`).
-    pub strict: bool,
+    pub closed: bool,
     /// The order properties may come in.
     pub property_order: PropertyOrder,
+    /// Refuse a schema that cannot be compiled exactly ([`GrammarError::Inexact`] naming
+    /// the first such keyword); otherwise compile an approximation and list it
+    /// ([`Approximation`]). Spelling restrictions ([`Kind::Spelling`]) and the supported
+    /// formats' automata ([`Kind::Format`]) are listed, never refused.
+    pub strict: bool,
+}
+
+/// How an approximation's language relates to the schema's valid documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// Some valid documents are rejected, no invalid one accepted.
+    Subset,
+    /// Every valid document is accepted, and some invalid ones.
+    Superset,
+    /// Some of each.
+    Neither,
+    /// Values are all reachable but some spellings are not (numbers without exponents,
+    /// string values under `pattern` without escape sequences).
+    Spelling,
+    /// A format's automaton, which approximates its RFC (email, uri: both ways; time,
+    /// date-time, ipv6: no leap seconds, lowercase `t`/`z` or embedded IPv4).
+    Format,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Subset => "subset",
+            Kind::Superset => "superset",
+            Kind::Neither => "neither",
+            Kind::Spelling => "spelling",
+            Kind::Format => "format",
+        }
+    }
+
+    /// Does `strict` refuse it?
+    fn refused(self) -> bool {
+        matches!(self, Kind::Subset | Kind::Superset | Kind::Neither)
+    }
+}
+
+/// One place where the compiled grammar differs from the schema.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Approximation {
+    pub keyword: String,
+    /// The schema's location, a JSON pointer as a URI fragment (`#/properties/a`).
+    pub pointer: String,
+    pub kind: Kind,
+    pub detail: String,
 }
 
 /// The order an object's properties may come in.
@@ -73,8 +122,9 @@ impl Default for JsonOptions {
             whitespace: true,
             item_separator: ",".into(),
             key_separator: ":".into(),
-            strict: false,
+            closed: false,
             property_order: PropertyOrder::Any,
+            strict: true,
         }
     }
 }
@@ -100,19 +150,21 @@ const NUMBER: &str = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?";
 const INTEGER: &str = r"-?(?:0|[1-9][0-9]*)";
 const WS: &str = r"[ \t\n\r]*";
 
-/// Compile `schema` (a JSON Schema document) to a grammar.
+/// Compile `schema` (a JSON Schema document) to a grammar, with the approximations it took
+/// (with `opts.strict`, an error at the first one strict mode refuses).
 pub fn compile(
     schema: &Value,
     opts: &JsonOptions,
     limits: GrammarLimits,
-) -> Result<Grammar, GrammarError> {
+) -> Result<(Grammar, Vec<Approximation>), GrammarError> {
     let mut c = Compiler {
         b: GrammarBuilder::new(limits),
         root: schema,
         opts: opts.clone(),
         refs: HashMap::new(),
         pending: Vec::new(),
-        unsupported: Vec::new(),
+        approximations: Vec::new(),
+        listed: Vec::new(),
         any: None,
         ref_overrides: legacy_ref(schema),
     };
@@ -122,11 +174,22 @@ pub fn compile(
         let sym = c.schema(target, &path, 0)?;
         c.b.rule(nt, vec![sym])?;
     }
-    if !c.unsupported.is_empty() {
-        c.unsupported.sort();
-        c.unsupported.dedup();
-        return Err(GrammarError::Unsupported(c.unsupported.join(", ")));
+    if let Some(a) = c.approximations.first().filter(|_| opts.strict) {
+        let others = c.approximations.len() - 1;
+        let detail = match others {
+            0 => a.detail.clone(),
+            n => format!("{} ({n} more inexact places)", a.detail),
+        };
+        return Err(GrammarError::Inexact {
+            keyword: a.keyword.clone(),
+            pointer: a.pointer.clone(),
+            detail,
+        });
     }
+    let listed = std::mem::take(&mut c.listed);
+    c.approximations.extend(listed);
+    c.approximations.sort();
+    c.approximations.dedup();
     let root = c.b.nonterminal("root");
     let ws = c.ws_lexeme()?;
     let mut rhs = vec![top];
@@ -134,7 +197,7 @@ pub fn compile(
         rhs = vec![w, top, w];
     }
     c.b.rule(root, rhs)?;
-    c.b.build(root)
+    Ok((c.b.build(root)?, c.approximations))
 }
 
 /// The sub-schema at `#/a/b` (JSON pointer, `~0`/`~1` escapes) of `root`.
@@ -362,6 +425,42 @@ fn disjoint(a: &Value, b: &Value) -> bool {
     })
 }
 
+/// Does `v` hold an object of two members or more (whose order a regex would fix)?
+fn has_object_pair(v: &Value) -> bool {
+    match v {
+        Value::Object(o) => o.len() > 1 || o.values().any(has_object_pair),
+        Value::Array(xs) => xs.iter().any(has_object_pair),
+        _ => false,
+    }
+}
+
+/// The schema whose one valid value is `v` (objects as closed objects of `const` members).
+fn literal_schema(v: &Value) -> Value {
+    let mut s = Map::new();
+    match v {
+        Value::Object(o) if has_object_pair(v) => {
+            let props: Map<String, Value> =
+                o.iter().map(|(k, x)| (k.clone(), literal_schema(x))).collect();
+            let names: Vec<Value> = o.keys().map(|k| Value::String(k.clone())).collect();
+            s.insert("type".into(), Value::String("object".into()));
+            s.insert("properties".into(), Value::Object(props));
+            s.insert("required".into(), Value::Array(names));
+            s.insert("additionalProperties".into(), Value::Bool(false));
+        }
+        Value::Array(xs) if has_object_pair(v) => {
+            let items: Vec<Value> = xs.iter().map(literal_schema).collect();
+            s.insert("type".into(), Value::String("array".into()));
+            s.insert("prefixItems".into(), Value::Array(items));
+            s.insert("items".into(), Value::Bool(false));
+            s.insert("minItems".into(), Value::from(xs.len()));
+        }
+        _ => {
+            s.insert("const".into(), v.clone());
+        }
+    }
+    Value::Object(s)
+}
+
 /// Most alternatives an `allOf` of two `anyOf` expands to.
 const MAX_PRODUCT: usize = 64;
 
@@ -389,7 +488,10 @@ struct Compiler<'a> {
     /// `$ref` target -> its nonterminal (created on first use, defined from `pending`).
     refs: HashMap<String, u32>,
     pending: Vec<(u32, String)>,
-    unsupported: Vec<String>,
+    /// What strict mode refuses (in the order met).
+    approximations: Vec<Approximation>,
+    /// Spelling and format approximations (listed, not refused), one per keyword.
+    listed: Vec<Approximation>,
     /// The nonterminal of an unconstrained JSON value, built on first use.
     any: Option<Sym>,
     /// Drafts 3 to 7: a `$ref` overrides its siblings (they are ignored).
@@ -408,6 +510,21 @@ fn legacy_ref(root: &Value) -> bool {
 }
 
 impl Compiler<'_> {
+    /// Record that the grammar at `path` differs from the schema by `kind`.
+    fn inexact(&mut self, keyword: &str, path: &str, kind: Kind, detail: &str) {
+        let a = Approximation {
+            keyword: keyword.to_owned(),
+            pointer: path.to_owned(),
+            kind,
+            detail: detail.to_owned(),
+        };
+        if kind.refused() {
+            self.approximations.push(a);
+        } else if !self.listed.iter().any(|x| x.keyword == a.keyword && x.kind == kind) {
+            self.listed.push(a);
+        }
+    }
+
     fn ws_regex(&self) -> &'static str {
         if self.opts.whitespace {
             WS
@@ -466,7 +583,7 @@ impl Compiler<'_> {
         // applicators the compiler lacks are refused.
         for k in obj.keys() {
             if NOT_YET.contains(&k.as_str()) {
-                self.unsupported.push(format!("{k} (at {path})"));
+                self.inexact(k, path, Kind::Superset, "not compiled: ignored");
             }
         }
         if let Some(r) = obj.get("$ref") {
@@ -505,7 +622,7 @@ impl Compiler<'_> {
             rest.remove("not");
             let negated = negation(n);
             let Some(negated) = negated else {
-                self.unsupported.push(format!("not (at {path})"));
+                self.inexact("not", path, Kind::Superset, "no schema for its negation here");
                 return self.any_value();
             };
             if negated == Value::Bool(false)
@@ -595,8 +712,7 @@ impl Compiler<'_> {
                 "maxProperties",
             ] {
                 if obj.contains_key(k) {
-                    self.unsupported
-                        .push(format!("{k} beside const/enum (at {path})"));
+                    self.inexact(k, path, Kind::Superset, "beside const/enum: not checked");
                 }
             }
         }
@@ -694,10 +810,13 @@ impl Compiler<'_> {
             (Some(c), None, Some(e)) => any(vec![all(vec![rest.clone(), c]), all(vec![rest, e])]),
             (Some(c), then, other) => {
                 let Some(not_c) = negation(&c) else {
-                    self.unsupported.push(format!(
-                        "if (at {path}): only an `if` whose negation has a schema (types, one \
-                         bound or length, booleans) is supported with then"
-                    ));
+                    self.inexact(
+                        "if",
+                        path,
+                        Kind::Superset,
+                        "with then, only an `if` whose negation has a schema (types, one bound \
+                         or length, required names, booleans)",
+                    );
                     return self.any_value();
                 };
                 let t = then.unwrap_or(Value::Bool(true));
@@ -773,11 +892,11 @@ impl Compiler<'_> {
             return self.schema(&Value::Object(rest), path, depth + 1);
         }
         if triggers.len() > MAX_DEP_TRIGGERS {
-            self.unsupported.push(format!(
-                "dependentRequired/dependentSchemas with {} trigger properties (at {path}): \
-                 at most {MAX_DEP_TRIGGERS}",
+            let detail = format!(
+                "{} trigger properties: at most {MAX_DEP_TRIGGERS}",
                 triggers.len()
-            ));
+            );
+            self.inexact("dependentRequired", path, Kind::Superset, &detail);
             return self.any_value();
         }
         let mut alts = Vec::new();
@@ -877,9 +996,10 @@ impl Compiler<'_> {
                 match negation(b) {
                     Some(n) => parts.push(n),
                     None => {
-                        self.unsupported.push(format!(
-                            "oneOf (at {path}/oneOf): alternatives {i} and {j} may both hold"
-                        ));
+                        let detail = format!(
+                            "alternatives {i} and {j} may both hold (read as anyOf)"
+                        );
+                        self.inexact("oneOf", path, Kind::Superset, &detail);
                         return Ok(alts.to_vec());
                     }
                 }
@@ -966,9 +1086,7 @@ impl Compiler<'_> {
             .count()
             > 1
         {
-            self.unsupported.push(format!(
-                "allOf with if/then/else in two members (at {path})"
-            ));
+            self.inexact("allOf", path, Kind::Neither, "if/then/else in two members");
         }
         // Keywords that read their siblings (items after prefixItems, additionalProperties
         // beside properties) would change meaning if merged across members.
@@ -979,9 +1097,12 @@ impl Compiler<'_> {
                     continue;
                 }
                 if has(p, "items") && has(q, "prefixItems") && !has(p, "prefixItems") {
-                    self.unsupported.push(format!(
-                        "allOf with items and prefixItems in different members (at {path})"
-                    ));
+                    self.inexact(
+                        "allOf",
+                        path,
+                        Kind::Neither,
+                        "items and prefixItems in different members",
+                    );
                 }
                 let closed = p
                     .get("additionalProperties")
@@ -994,10 +1115,12 @@ impl Compiler<'_> {
                 };
                 let own = names(p);
                 if closed && names(q).iter().any(|n| !own.contains(n)) {
-                    self.unsupported.push(format!(
-                        "allOf with additionalProperties beside properties of another member \
-                         (at {path})"
-                    ));
+                    self.inexact(
+                        "allOf",
+                        path,
+                        Kind::Superset,
+                        "additionalProperties beside properties of another member",
+                    );
                 }
             }
         }
@@ -1059,8 +1182,8 @@ impl Compiler<'_> {
                         .map(|k| Value::String((*k).to_owned()))
                         .collect();
                         if both.is_empty() {
-                            self.unsupported
-                                .push(format!("allOf with disjoint types (at {path})"));
+                            let detail = "disjoint types (one kept)";
+                            self.inexact("allOf", path, Kind::Superset, detail);
                         } else {
                             *prev = Value::Array(both);
                         }
@@ -1076,9 +1199,12 @@ impl Compiler<'_> {
                         if v == Value::Bool(false) {
                             *prev = v;
                         } else if *prev != Value::Bool(false) && *prev != v {
-                            self.unsupported.push(format!(
-                                "allOf with two additionalProperties schemas (at {path})"
-                            ));
+                            self.inexact(
+                                "allOf",
+                                path,
+                                Kind::Superset,
+                                "two additionalProperties schemas (one kept)",
+                            );
                         }
                     }
                     // Both bounds hold: the tighter one.
@@ -1109,21 +1235,25 @@ impl Compiler<'_> {
                         }
                         match (a / x.max(1)).checked_mul(b) {
                             Some(l) => *prev = Value::from(l),
-                            None => self
-                                .unsupported
-                                .push(format!("allOf merging two multipleOf (at {path})")),
+                            None => self.inexact(
+                                "allOf",
+                                path,
+                                Kind::Superset,
+                                "two multipleOf whose product overflows (one kept)",
+                            ),
                         }
                     }
                     // Both hold: one alternative of each (a bounded product).
                     ("anyOf", Some(Value::Array(prev))) if v.is_array() => {
                         let other = v.as_array().cloned().unwrap_or_default();
                         if prev.len() * other.len() > MAX_PRODUCT {
-                            self.unsupported.push(format!(
-                                "allOf of two anyOf with {} x {} alternatives (at {path}): at \
-                                 most {MAX_PRODUCT} combined",
+                            let detail = format!(
+                                "two anyOf with {} x {} alternatives: at most {MAX_PRODUCT} \
+                                 combined (one kept)",
                                 prev.len(),
                                 other.len()
-                            ));
+                            );
+                            self.inexact("allOf", path, Kind::Superset, &detail);
                             continue;
                         }
                         let mut product = Vec::new();
@@ -1138,8 +1268,8 @@ impl Compiler<'_> {
                     }
                     (_, Some(prev)) if *prev == v || ignored(&k) => {}
                     (key, Some(_)) => {
-                        self.unsupported
-                            .push(format!("allOf merging two {key:?} (at {path})"));
+                        let detail = format!("two {key:?} that are not merged (one kept)");
+                        self.inexact("allOf", path, Kind::Superset, &detail);
                     }
                 }
             }
@@ -1149,6 +1279,11 @@ impl Compiler<'_> {
 
     /// A JSON value equal to `v`, laid out with the configured separators.
     fn literal(&mut self, v: &Value) -> Result<Sym, GrammarError> {
+        if self.opts.property_order == PropertyOrder::Any && has_object_pair(v) {
+            // Members of an object compare in any order: a schema of exactly this value.
+            let s = literal_schema(v);
+            return self.schema(&s, "#", 0);
+        }
         let regex = self.literal_regex(v);
         self.b.lexeme(&regex)
     }
@@ -1201,14 +1336,25 @@ impl Compiler<'_> {
         let max = self.count(obj, "maxLength", path)?;
         let fmt = obj.get("format").and_then(Value::as_str);
         let pattern = obj.get("pattern").and_then(Value::as_str);
+        if pattern.is_some() {
+            let detail = "string values under pattern are written without escape sequences";
+            self.inexact("pattern", path, Kind::Spelling, detail);
+        }
         let body = match fmt {
             None => None,
             Some(f) => match format_regex(f) {
-                Some(r) => Some(r.to_owned()),
+                Some(r) => {
+                    if APPROXIMATE_FORMATS.contains(&f) {
+                        let detail = format!("format {f:?}: an automaton approximating its RFC");
+                        self.inexact("format", path, Kind::Format, &detail);
+                    }
+                    Some(r.to_owned())
+                }
                 // A format the spec defines but this compiler lacks is refused; others are
                 // annotations no validator checks.
                 None if SPEC_FORMATS.contains(&f) => {
-                    self.unsupported.push(format!("format {f:?} (at {path})"));
+                    let detail = format!("format {f:?} not compiled: not checked");
+                    self.inexact("format", path, Kind::Superset, &detail);
                     None
                 }
                 None => None,
@@ -1366,10 +1512,11 @@ impl Compiler<'_> {
             _ => {
                 // Divisibility needs one state per remainder: a large divisor (or a long
                 // fraction) would need too many.
-                self.unsupported.push(format!(
-                    "multipleOf {v} (at {path}): its automaton needs more than {} states",
+                let detail = format!(
+                    "multipleOf {v}: its automaton needs more than {} states (not checked)",
                     multiple_of::MAX_STATES
-                ));
+                );
+                self.inexact("multipleOf", path, Kind::Superset, &detail);
                 Ok(Some((1, 0)))
             }
         }
@@ -1401,6 +1548,8 @@ impl Compiler<'_> {
         if parts.is_empty() && multiple.is_none() {
             return self.b.lexeme(NUMBER);
         }
+        let detail = "numbers under bounds or multipleOf are written without exponents";
+        self.inexact("minimum", path, Kind::Spelling, detail);
         if parts.is_empty() {
             parts.push(NUMBER.to_owned());
         }
@@ -1474,9 +1623,11 @@ impl Compiler<'_> {
                 && (GENERAL_KEYS.contains(&k.as_str())
                     || ["if", "then", "else", "$dynamicRef", "$recursiveRef"].contains(&k.as_str()))
         });
-        let refused: Vec<String> = applicators.map(|k| format!("{k} (at {at})")).collect();
+        let refused: Vec<String> = applicators.cloned().collect();
         if !refused.is_empty() {
-            self.unsupported.extend(refused);
+            for k in refused {
+                self.inexact(&k, &at, Kind::Superset, "not compiled in propertyNames");
+            }
             return Ok(None);
         }
         if let Some(t) = o.get("type") {
@@ -1497,9 +1648,8 @@ impl Compiler<'_> {
         };
         if let Some(p) = o.get("pattern").and_then(Value::as_str) {
             if embed_pattern(p).is_none() {
-                self.unsupported.push(format!(
-                    "propertyNames pattern {p:?} with ^ or $ inside (at {at})"
-                ));
+                let detail = format!("pattern {p:?} with ^ or $ inside (not checked)");
+                self.inexact("pattern", &at, Kind::Superset, &detail);
                 return Ok(None);
             }
             f.quoted.push(pattern_key(p));
@@ -1524,7 +1674,8 @@ impl Compiler<'_> {
                     f.raw.push(TableDfa::compile(r, limits)?);
                 }
                 None if SPEC_FORMATS.contains(&fmt) => {
-                    self.unsupported.push(format!("format {fmt:?} (at {at})"));
+                    let detail = format!("format {fmt:?} not compiled: not checked");
+                    self.inexact("format", &at, Kind::Superset, &detail);
                 }
                 None => {}
             }
@@ -1589,7 +1740,7 @@ impl Compiler<'_> {
         // `required` order.
         let mut with_required;
         let forbids_more = obj.get("additionalProperties") == Some(&Value::Bool(false))
-            || (self.opts.strict && !obj.contains_key("additionalProperties"));
+            || (self.opts.closed && !obj.contains_key("additionalProperties"));
         let mut undeclared: Vec<&str> = Vec::new();
         for r in &required {
             if !props.contains_key(*r) && !undeclared.contains(r) {
@@ -1636,7 +1787,7 @@ impl Compiler<'_> {
         }
         let name_regexes: Vec<String> = names.map(|f| f.quoted).unwrap_or_default();
         let additional = match obj.get("additionalProperties") {
-            None if self.opts.strict => None,
+            None if self.opts.closed => None,
             None | Some(Value::Bool(true)) => Some(Value::Bool(true)),
             Some(Value::Bool(false)) => None,
             Some(s) => Some(s.clone()),
@@ -1672,13 +1823,12 @@ impl Compiler<'_> {
         for (p, _) in &patterns {
             if embed_pattern(p).is_none() {
                 bad_pattern = true;
-                self.unsupported.push(format!(
-                    "patternProperties {p:?} with ^ or $ inside (at {path})"
-                ));
+                let detail = format!("{p:?} with ^ or $ inside");
+                self.inexact("patternProperties", path, Kind::Superset, &detail);
             }
         }
         if bad_pattern {
-            return self.b.lexeme(STRING); // a placeholder: compile ends in the error
+            return self.any_value();
         }
         // A declared property matching a pattern must satisfy both schemas: not merged yet.
         for (p, _) in &patterns {
@@ -1686,11 +1836,21 @@ impl Compiler<'_> {
             for name in props.keys() {
                 let text = Value::String(name.clone()).to_string();
                 if dfa.is_accepting(dfa.run(dfa.start(), text.as_bytes())) {
-                    self.unsupported.push(format!(
-                        "property {name:?} also matching patternProperties {p:?} (at {path})"
-                    ));
+                    let detail = format!(
+                        "property {name:?} also matching {p:?} (only its own schema checked)"
+                    );
+                    self.inexact("patternProperties", path, Kind::Superset, &detail);
                 }
             }
+        }
+        if patterns.len() > 1 {
+            // A key matching two patterns must satisfy both schemas: not generated.
+            self.inexact(
+                "patternProperties",
+                path,
+                Kind::Subset,
+                "keys matching two patterns are not generated",
+            );
         }
         let mut classes: Vec<(Sym, Sym)> = Vec::new();
         for (i, (p, schema)) in patterns.iter().enumerate() {
@@ -1799,6 +1959,13 @@ impl Compiler<'_> {
             self.b.rule(nt, vec![open, Sym::Nt(set), close])?;
             return Ok(Sym::Nt(nt));
         }
+        if self.opts.property_order == PropertyOrder::Any {
+            let detail = format!(
+                "{once} properties (more than {MAX_SET_MEMBERS} tracked in any order): declared \
+                 order only"
+            );
+            self.inexact("properties", path, Kind::Subset, &detail);
+        }
         // Properties are counted (0..=top emitted so far) where min/maxProperties ask:
         // up to maxProperties, or else up to max(minProperties, 1), saturating (past it only
         // "something was emitted" matters, for the separator). Without either keyword this
@@ -1808,11 +1975,12 @@ impl Compiler<'_> {
             .saturating_mul(props.len() + 1)
             .saturating_mul(1 << extras.len());
         if top > MAX_COUNT || width > MAX_COUNT_RULES {
-            self.unsupported.push(format!(
-                "minProperties/maxProperties counting to {top} over {} properties (at {path}): \
-                 more than {MAX_COUNT} counts or {MAX_COUNT_RULES} rules",
+            let detail = format!(
+                "counting to {top} over {} properties in declared order: more than \
+                 {MAX_COUNT} counts or {MAX_COUNT_RULES} rules (no object)",
                 props.len()
-            ));
+            );
+            self.inexact("maxProperties", path, Kind::Subset, &detail);
             return self.b.lexeme(NOTHING);
         }
         let top = top as usize;
@@ -1976,10 +2144,15 @@ impl Compiler<'_> {
                     Some(v) if v.len() <= MAX_UNIQUE_VALUES => {
                         return self.unique_array(&v, min, most);
                     }
-                    _ => self.unsupported.push(format!(
-                        "uniqueItems (at {path}): only on arrays of at most one item, or of \
-                         items from at most {MAX_UNIQUE_VALUES} listed scalars"
-                    )),
+                    _ => self.inexact(
+                        "uniqueItems",
+                        path,
+                        Kind::Superset,
+                        &format!(
+                            "only on arrays of at most one item, or of items from at most \
+                             {MAX_UNIQUE_VALUES} listed scalars (not checked)"
+                        ),
+                    ),
                 }
             }
             Some(_) => {
@@ -1992,7 +2165,7 @@ impl Compiler<'_> {
             let need = self.count(obj, "minContains", path)?.unwrap_or(1);
             if obj.contains_key("maxContains") {
                 // At most n matches needs the items that do not match: a negation.
-                self.unsupported.push(format!("maxContains (at {path})"));
+                self.inexact("maxContains", path, Kind::Superset, "not checked");
             }
             if need > 0 {
                 let c = c.clone();
@@ -2110,10 +2283,11 @@ impl Compiler<'_> {
         let last = most.unwrap_or(k.max(min).max(1));
         let need = need as usize;
         if need as u64 > MAX_COUNT || (last + 1).saturating_mul(need + 1) > MAX_COUNT_RULES {
-            self.unsupported.push(format!(
-                "contains counting {need} matches over {last} positions (at {path}): more \
-                 than {MAX_COUNT} matches or {MAX_COUNT_RULES} rules"
-            ));
+            let detail = format!(
+                "counting {need} matches over {last} positions: more than {MAX_COUNT} matches \
+                 or {MAX_COUNT_RULES} rules (no array)"
+            );
+            self.inexact("contains", path, Kind::Subset, &detail);
             return self.b.lexeme(NOTHING);
         }
         // The schemas of each position, as values, to pair with `contains`.
@@ -2494,6 +2668,9 @@ const NOT_YET: &[&str] = &[
     "extends",
     "disallow",
 ];
+
+/// Supported formats whose automata approximate their RFCs ([`Kind::Format`]).
+const APPROXIMATE_FORMATS: &[&str] = &["email", "uri", "ipv6", "time", "date-time"];
 
 /// Formats the spec defines (2020-12) beside the supported ones.
 const SPEC_FORMATS: &[&str] = &[
