@@ -247,32 +247,46 @@ fn negation(n: &Value) -> Option<Value> {
     if only("not") {
         return Some(n["not"].clone()); // double negation
     }
-    // Objects lacking one of the required names (other kinds satisfy `required`, so fail
-    // its negation... and pass `properties`, which only constrains objects).
+    // An object-only schema fails where the value is an object (if `type` says so) lacking
+    // a required name, or holding a property that fails its schema. (Other kinds satisfy
+    // `required` and `properties`, which only constrain objects.)
     let obj = n.as_object()?;
-    let object_only = obj.keys().all(|k| k == "required" || k == "type" || ignored(k))
-        && obj.get("type").is_none_or(|t| t == "object");
-    if let (true, Some(Value::Array(names))) = (object_only, obj.get("required")) {
-        let mut lacking: Vec<Value> = Vec::new();
-        for name in names {
-            let mut props = Map::new();
-            props.insert(name.as_str()?.to_owned(), Value::Bool(false));
+    let object_only = obj
+        .keys()
+        .all(|k| ["required", "type", "properties"].contains(&k.as_str()) || ignored(k))
+        && obj.get("type").is_none_or(|t| t == "object")
+        && (obj.contains_key("required") || obj.contains_key("properties"));
+    if object_only {
+        let one = |k: &str, v: Value| {
             let mut o = Map::new();
-            o.insert("properties".into(), Value::Object(props));
-            if obj.contains_key("type") {
-                // Not an object at all also fails `type: object`.
-                lacking.push(json_kinds_but("object"));
-            }
-            lacking.push(Value::Object(o));
+            o.insert(k.to_owned(), v);
+            o
+        };
+        let mut fails: Vec<Value> = Vec::new();
+        if obj.contains_key("type") {
+            fails.push(json_kinds_but("object"));
         }
-        return match lacking.len() {
-            0 => Some(Value::Bool(false)),
-            1 => lacking.pop(),
-            _ => {
-                let mut o = Map::new();
-                o.insert("anyOf".into(), Value::Array(lacking));
-                Some(Value::Object(o))
+        if let Some(names) = obj.get("required") {
+            for name in names.as_array()? {
+                let absent = one(name.as_str()?, Value::Bool(false));
+                fails.push(Value::Object(one("properties", Value::Object(absent))));
             }
+        }
+        if let Some(props) = obj.get("properties") {
+            for (p, ps) in props.as_object()? {
+                let violated = negation(ps)?;
+                if violated == Value::Bool(false) {
+                    continue; // a schema every value satisfies
+                }
+                let mut o = one("properties", Value::Object(one(p, violated)));
+                o.insert("required".into(), Value::Array(vec![Value::String(p.clone())]));
+                fails.push(Value::Object(o));
+            }
+        }
+        return match fails.len() {
+            0 => Some(Value::Bool(false)),
+            1 => fails.pop(),
+            _ => Some(Value::Object(one("anyOf", Value::Array(fails)))),
         };
     }
     // One bound: values of its kind on the other side of it (other kinds satisfy the bound,
@@ -380,9 +394,19 @@ fn listed_values(s: &Value) -> Option<Vec<Value>> {
 }
 
 /// Can no JSON value satisfy both `a` and `b`? `false` when not shown here: disjoint kinds,
-/// or objects that both require a property whose listed values differ, or where one
-/// requires a property the other forbids.
+/// disjoint listed values, disjoint length or number ranges, or objects that both require
+/// a property whose listed values differ, or where one requires a property the other
+/// forbids.
 fn disjoint(a: &Value, b: &Value) -> bool {
+    if let (Some(x), Some(y)) = (listed_values(a), listed_values(b)) {
+        let same = |u: &Value, v: &Value| match (u.as_f64(), v.as_f64()) {
+            (Some(p), Some(q)) => p == q,
+            _ => u == v,
+        };
+        if !x.iter().any(|u| y.iter().any(|v| same(u, v))) {
+            return true;
+        }
+    }
     let (ka, kb) = (kinds_of(a), kinds_of(b));
     let common: Vec<&str> = match (&ka, &kb) {
         (Some(x), Some(y)) => x.iter().copied().filter(|k| y.contains(k)).collect(),
@@ -390,6 +414,30 @@ fn disjoint(a: &Value, b: &Value) -> bool {
         (None, None) => vec!["object", "array", "string", "number", "boolean", "null"],
     };
     if common.is_empty() {
+        return true;
+    }
+    // Ranges that cannot meet (for the one kind both allow).
+    let num = |s: &Value, k: &str| s.get(k).and_then(Value::as_f64);
+    let apart = |lo: &[&str], hi: &[&str]| {
+        let top = hi.iter().filter_map(|k| num(a, k)).fold(f64::INFINITY, f64::min);
+        let bottom = lo.iter().filter_map(|k| num(b, k)).fold(f64::NEG_INFINITY, f64::max);
+        top < bottom
+    };
+    let ranges_apart = |lo: &[&str], hi: &[&str]| {
+        apart(lo, hi) || {
+            let top = hi.iter().filter_map(|k| num(b, k)).fold(f64::INFINITY, f64::min);
+            let bottom = lo.iter().filter_map(|k| num(a, k)).fold(f64::NEG_INFINITY, f64::max);
+            top < bottom
+        }
+    };
+    if common == ["string"] && ranges_apart(&["minLength"], &["maxLength"]) {
+        return true;
+    }
+    let (lo, hi) = (
+        ["minimum", "exclusiveMinimum"],
+        ["maximum", "exclusiveMaximum"],
+    );
+    if common == ["number"] && ranges_apart(&lo, &hi) {
         return true;
     }
     if common != ["object"] {
@@ -654,7 +702,7 @@ impl Compiler<'_> {
                 };
                 // oneOf: each alternative without the others it may overlap.
                 let alts = &if key == "oneOf" {
-                    self.exclusive(alts, path)?
+                    self.exclusive(alts, obj, path)?
                 } else {
                     alts.clone()
                 };
@@ -969,8 +1017,13 @@ impl Compiler<'_> {
     /// `oneOf` as alternatives that exclude each other: alternative i, and the negation
     /// of each other alternative it is not shown disjoint from ([`disjoint`]); refused
     /// where such a negation has no schema here ([`negation`]).
-    fn exclusive(&mut self, alts: &[Value], path: &str) -> Result<Vec<Value>, GrammarError> {
-        let mut resolved = Vec::new();
+    fn exclusive(
+        &mut self,
+        alts: &[Value],
+        outer: &Map<String, Value>,
+        path: &str,
+    ) -> Result<Vec<Value>, GrammarError> {
+        let (mut resolved, mut bare) = (Vec::new(), Vec::new());
         for a in alts {
             let mut a = a;
             let mut hops = 0;
@@ -984,7 +1037,22 @@ impl Compiler<'_> {
                 }
                 a = resolve(self.root, r)?;
             }
-            resolved.push(a.clone());
+            bare.push(a.clone());
+            // The sibling `type` and `required` hold for every alternative (for telling
+            // them apart).
+            let mut a = a.clone();
+            if let Some(o) = a.as_object_mut() {
+                if let Some(t) = outer.get("type") {
+                    o.entry("type").or_insert_with(|| t.clone());
+                }
+                if let Some(Value::Array(r)) = outer.get("required") {
+                    let req = o.entry("required").or_insert_with(|| Value::Array(Vec::new()));
+                    if let Value::Array(req) = req {
+                        req.extend(r.iter().cloned());
+                    }
+                }
+            }
+            resolved.push(a);
         }
         let mut out = Vec::new();
         for (i, a) in resolved.iter().enumerate() {
@@ -993,7 +1061,7 @@ impl Compiler<'_> {
                 if i == j || disjoint(a, b) {
                     continue;
                 }
-                match negation(b) {
+                match negation(&bare[j]) {
                     Some(n) => parts.push(n),
                     None => {
                         let detail = format!(
@@ -1182,8 +1250,8 @@ impl Compiler<'_> {
                         .map(|k| Value::String((*k).to_owned()))
                         .collect();
                         if both.is_empty() {
-                            let detail = "disjoint types (one kept)";
-                            self.inexact("allOf", path, Kind::Superset, detail);
+                            // No kind satisfies both: nothing is valid.
+                            return Ok(Value::Bool(false));
                         } else {
                             *prev = Value::Array(both);
                         }
@@ -1448,6 +1516,8 @@ impl Compiler<'_> {
             }
         }
         let multiple = self.multiple_of(obj, path)?;
+        let detail = "integers are written without a fraction or an exponent (1, not 1.0 or 1e0)";
+        self.inexact("type", path, Kind::Spelling, detail);
         if lo.is_none() && hi.is_none() && multiple.is_none() {
             return self.b.lexeme(INTEGER);
         }
