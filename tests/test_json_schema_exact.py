@@ -111,6 +111,18 @@ CAUSES: list[tuple[str, dict[str, Any], list[Any], list[Any]]] = [
         [{"a": 1}, {"b": "x", "a": "1"}],
     ),
     (
+        "keys matching two patternProperties",
+        {"patternProperties": {"a*": {"type": "integer"}, "aaa*": {"maximum": 20}}},
+        [{"aaaa": 18}, {"a": 21, "aaaa": 18}, {"b": 1}],
+        [{"aaaa": 31}, {"b": "x"}],
+    ),
+    (
+        "a declared property also matching patternProperties",
+        {"properties": {"X-a": {"type": "string"}}, "patternProperties": {"^X-": {"minLength": 2}}},
+        [{"X-a": "ab"}, {"X-b": "cd"}],
+        [{"X-a": "a"}, {"X-b": "c"}],
+    ),
+    (
         "anyOf over objects",
         {
             "anyOf": [
@@ -144,9 +156,9 @@ REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
         "#",
     ),
     (
-        "keys matching two patternProperties",
-        {"patternProperties": {"a*": {"type": "integer"}, "aaa*": {"maximum": 20}}},
-        "patternProperties",
+        "a metaschema with unknown vocabularies",
+        {"$schema": "https://example.com/no-validation", "type": "integer"},
+        "$schema",
         "#",
     ),
     (
@@ -354,7 +366,12 @@ APPROX_CASES: list[tuple[dict[str, Any], list[Any], str]] = [
     ),
     (
         {"patternProperties": {"^a": {"type": "integer"}, "b$": {"minimum": 0}}},
-        _objects(["a", "b", "ab", "c"], [0, True]),
+        _objects(["a", "b", "ab", "c"], [0, -1, True]),
+        "exact",
+    ),
+    (
+        {"patternProperties": {"^a": {"type": "integer"}, "b$": {"minimum": 0}, "^c": {}, "^d": {}, "^e": {}}},
+        _objects(["a", "b", "ab", "c"], [0, -1, True]),
         "subset",
     ),
 ]

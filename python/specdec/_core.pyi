@@ -554,6 +554,7 @@ class CfgGrammar:
         closed: bool = False,
         declared_order: bool = False,
         strict: bool = True,
+        format_assertion: bool = True,
         cache_bytes: int | None = None,
         max_depth: int | None = None,
         max_states: int | None = None,

@@ -164,6 +164,7 @@ class CfgGrammar:
         strict: bool = True,
         property_order: Literal["any", "declared"] = "any",
         additional_properties: bool = True,
+        format_assertion: bool = True,
         cache_bytes: int | None = None,
         max_depth: int | None = None,
         max_states: int | None = None,
@@ -181,7 +182,9 @@ class CfgGrammar:
         way). ``property_order``: ``"any"`` (each property at most once, every required one
         present, in any order) or ``"declared"`` (declared properties in declared order,
         others after them, as OpenAI structured outputs). ``additional_properties=False``:
-        objects without ``additionalProperties`` allow no other properties."""
+        objects without ``additionalProperties`` allow no other properties.
+        ``format_assertion=False``: ``format`` is an annotation (JSON Schema 2020-12's
+        default reading), not checked."""
         if not isinstance(vocab, Vocabulary):
             raise SpecdecTypeError(f"vocab must be a Vocabulary, got {type(vocab).__name__}")
         text = schema_text(schema)
@@ -207,6 +210,7 @@ class CfgGrammar:
             not check_bool(additional_properties, "additional_properties"),
             property_order == "declared",
             check_bool(strict, "strict"),
+            check_bool(format_assertion, "format_assertion"),
             *_limits(cache_bytes, max_depth, max_states, max_symbols, max_lexer_states, size_limit),
         )
         return cls(vocab, core, text)

@@ -296,6 +296,7 @@ class Vocabulary:
         strict: bool = True,
         property_order: Literal["any", "declared"] = "any",
         additional_properties: bool = True,
+        format_assertion: bool = True,
         cache_bytes: int | None = None,
         max_depth: int | None = None,
         max_states: int | None = None,
@@ -310,7 +311,15 @@ class Vocabulary:
 
         text = schema_text(schema)
         limits = (cache_bytes, max_depth, max_states, max_symbols, max_lexer_states, size_limit)
-        opts = (whitespace, separators, strict, property_order, additional_properties, *limits)
+        opts = (
+            whitespace,
+            separators,
+            strict,
+            property_order,
+            additional_properties,
+            format_assertion,
+            *limits,
+        )
         return self._cached(
             ("json_schema", text, *opts),
             lambda: CfgGrammar.from_json_schema(
@@ -321,6 +330,7 @@ class Vocabulary:
                 strict=strict,
                 property_order=property_order,
                 additional_properties=additional_properties,
+                format_assertion=format_assertion,
                 cache_bytes=cache_bytes,
                 max_depth=max_depth,
                 max_states=max_states,

@@ -281,7 +281,7 @@ impl CfgGrammar {
 
     /// Compile a JSON Schema (JSON text) to the grammar of the JSON texts it accepts.
     #[staticmethod]
-    #[pyo3(signature = (vocab, schema, whitespace=true, item_separator=",".to_owned(), key_separator=":".to_owned(), closed=false, declared_order=false, strict=true, cache_bytes=None, max_depth=None, max_states=None, max_symbols=None, max_lexer_states=None, size_limit=None))]
+    #[pyo3(signature = (vocab, schema, whitespace=true, item_separator=",".to_owned(), key_separator=":".to_owned(), closed=false, declared_order=false, strict=true, format_assertion=true, cache_bytes=None, max_depth=None, max_states=None, max_symbols=None, max_lexer_states=None, size_limit=None))]
     #[allow(clippy::too_many_arguments)]
     fn from_json_schema(
         py: Python<'_>,
@@ -293,6 +293,7 @@ impl CfgGrammar {
         closed: bool,
         declared_order: bool,
         strict: bool,
+        format_assertion: bool,
         cache_bytes: Option<usize>,
         max_depth: Option<usize>,
         max_states: Option<usize>,
@@ -320,6 +321,7 @@ impl CfgGrammar {
                 PropertyOrder::Any
             },
             strict,
+            format_assertion,
         };
         let g = py
             .detach(|| CompiledGrammar::from_json_schema_text(v, &schema, &opts, limits))

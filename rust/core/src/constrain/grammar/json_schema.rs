@@ -60,6 +60,9 @@ pub struct JsonOptions {
     /// ([`Approximation`]). Spelling restrictions ([`Kind::Spelling`]) and the supported
     /// formats' automata ([`Kind::Format`]) are listed, never refused.
     pub strict: bool,
+    /// `format` asserts its format (else it is an annotation, as JSON Schema 2020-12 reads
+    /// it by default).
+    pub format_assertion: bool,
 }
 
 /// How an approximation's language relates to the schema's valid documents.
@@ -125,6 +128,7 @@ impl Default for JsonOptions {
             closed: false,
             property_order: PropertyOrder::Any,
             strict: true,
+            format_assertion: true,
         }
     }
 }
@@ -168,6 +172,12 @@ pub fn compile(
         any: None,
         ref_overrides: legacy_ref(schema),
     };
+    if let Some(uri) = schema.get("$schema").and_then(Value::as_str) {
+        if !known_metaschema(uri) {
+            let detail = "a metaschema this compiler does not know: its vocabularies may differ";
+            c.inexact("$schema", "#", Kind::Neither, detail);
+        }
+    }
     let top = c.schema(schema, "#", 0)?;
     while let Some((nt, path)) = c.pending.pop() {
         let target = resolve(c.root, &path)?;
@@ -473,6 +483,92 @@ fn disjoint(a: &Value, b: &Value) -> bool {
     })
 }
 
+/// Where a JSON string's content is inside an escape sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Escape {
+    Plain,
+    Backslash,
+    U,
+    U0,
+    U00,
+    /// `\u00` and the code point's high hex digit (0 or 1).
+    U00x(u8),
+}
+
+/// The automaton of the JSON string contents (between the quotes) whose characters `d`
+/// accepts: characters written as themselves (except `"`, `\` and controls), as one of
+/// the short escapes, or as `\u00XX` for controls (so every string has a spelling; other
+/// `\u` spellings are not accepted).
+fn json_escaped(d: &TableDfa) -> TableDfa {
+    let dead = crate::constrain::regex::DEAD;
+    let mut ids: HashMap<(u32, Escape), u32> = HashMap::new();
+    let mut order: Vec<(crate::constrain::regex::StateId, Escape)> = Vec::new();
+    let mut edges: Vec<[u32; 256]> = vec![[0; 256]];
+    let mut accepting = vec![false];
+    let mut id = |q: crate::constrain::regex::StateId,
+                  e: Escape,
+                  order: &mut Vec<(crate::constrain::regex::StateId, Escape)>|
+     -> u32 {
+        if q == dead {
+            return 0;
+        }
+        let n = ids.len() as u32 + 1;
+        *ids.entry((q.index() as u32, e)).or_insert_with(|| {
+            order.push((q, e));
+            n
+        })
+    };
+    id(d.start(), Escape::Plain, &mut order);
+    let mut i = 0;
+    while i < order.len() {
+        let (q, e) = order[i];
+        let mut row = [0u32; 256];
+        match e {
+            Escape::Plain => {
+                for b in 0x20..=255u8 {
+                    row[b as usize] = match b {
+                        b'"' => 0,
+                        b'\\' => id(q, Escape::Backslash, &mut order),
+                        _ => id(d.next(q, b), Escape::Plain, &mut order),
+                    };
+                }
+            }
+            Escape::Backslash => {
+                let short = [
+                    (b'"', b'"'),
+                    (b'\\', b'\\'),
+                    (b'/', b'/'),
+                    (b'b', 0x08),
+                    (b'f', 0x0C),
+                    (b'n', b'\n'),
+                    (b'r', b'\r'),
+                    (b't', b'\t'),
+                ];
+                for (c, byte) in short {
+                    row[c as usize] = id(d.next(q, byte), Escape::Plain, &mut order);
+                }
+                row[b'u' as usize] = id(q, Escape::U, &mut order);
+            }
+            Escape::U => row[b'0' as usize] = id(q, Escape::U0, &mut order),
+            Escape::U0 => row[b'0' as usize] = id(q, Escape::U00, &mut order),
+            Escape::U00 => {
+                row[b'0' as usize] = id(q, Escape::U00x(0), &mut order);
+                row[b'1' as usize] = id(q, Escape::U00x(1), &mut order);
+            }
+            Escape::U00x(x) => {
+                for c in b"0123456789abcdefABCDEF" {
+                    let h = (*c as char).to_digit(16).unwrap_or(0) as u8;
+                    row[*c as usize] = id(d.next(q, x * 16 + h), Escape::Plain, &mut order);
+                }
+            }
+        }
+        edges.push(row);
+        accepting.push(e == Escape::Plain && d.is_accepting(q));
+        i += 1;
+    }
+    TableDfa::from_edges(&edges, &accepting)
+}
+
 /// Does `v` hold an object of two members or more (whose order a regex would fix)?
 fn has_object_pair(v: &Value) -> bool {
     match v {
@@ -509,6 +605,9 @@ fn literal_schema(v: &Value) -> Value {
     Value::Object(s)
 }
 
+/// Most patternProperties combined (one key class per non-empty subset).
+const MAX_PATTERNS: usize = 4;
+
 /// Most alternatives an `allOf` of two `anyOf` expands to.
 const MAX_PRODUCT: usize = 64;
 
@@ -544,6 +643,23 @@ struct Compiler<'a> {
     any: Option<Sym>,
     /// Drafts 3 to 7: a `$ref` overrides its siblings (they are ignored).
     ref_overrides: bool,
+}
+
+/// Is `uri` one of the JSON Schema drafts' metaschemas (3 to 2020-12)?
+fn known_metaschema(uri: &str) -> bool {
+    let uri = uri.trim_end_matches('#');
+    let rest = (uri.strip_prefix("http://json-schema.org/"))
+        .or_else(|| uri.strip_prefix("https://json-schema.org/"));
+    let drafts = [
+        "draft-03/schema",
+        "draft-04/schema",
+        "draft-06/schema",
+        "draft-07/schema",
+        "draft/2019-09/schema",
+        "draft/2020-12/schema",
+        "schema",
+    ];
+    rest.is_some_and(|r| drafts.contains(&r))
 }
 
 /// Does the document's `$schema` name draft 3, 4, 6 or 7, where `$ref` overrides its
@@ -1391,7 +1507,7 @@ impl Compiler<'_> {
                 format!("\\{{{ws}{}{ws}\\}}", inner.join(&sep(item)))
             }
             // Numbers compare by value: an integral one may be written with a zero fraction.
-            Value::Number(n) => match n.as_f64().filter(|x| x.fract() == 0.0 && x.abs() < 9e15) {
+            Value::Number(n) => match n.as_f64().filter(|x| x.fract() == 0.0 && x.abs() <= 2f64.powi(53)) {
                 Some(x) => format!("{}(?:\\.0+)?", regex_escape(&format!("{}", x as i64))),
                 None => regex_escape(&v.to_string()),
             },
@@ -1402,10 +1518,11 @@ impl Compiler<'_> {
     fn string(&mut self, obj: &Map<String, Value>, path: &str) -> Result<Sym, GrammarError> {
         let min = self.count(obj, "minLength", path)?.unwrap_or(0);
         let max = self.count(obj, "maxLength", path)?;
-        let fmt = obj.get("format").and_then(Value::as_str);
+        let fmt = (obj.get("format").and_then(Value::as_str)).filter(|_| self.opts.format_assertion);
         let pattern = obj.get("pattern").and_then(Value::as_str);
         if pattern.is_some() {
-            let detail = "string values under pattern are written without escape sequences";
+            let detail = "string values under pattern are written with \\u escapes only \
+                          for control characters";
             self.inexact("pattern", path, Kind::Spelling, detail);
         }
         let body = match fmt {
@@ -1444,9 +1561,9 @@ impl Compiler<'_> {
             };
         }
         // The pattern (unanchored, as JSON Schema reads it), the length and the format
-        // intersected, over unescaped characters.
+        // intersected, over the string's characters, then read through JSON's escapes.
         let limits = self.b.limits().lexeme;
-        let plain = format!(r#"(?:[^"\\\x00-\x1F]){len}"#);
+        let plain = format!(r#"(?s:.){len}"#);
         let key = format!("pattern {pattern:?} length {len} format {fmt:?}");
         let content = self.b.lexeme_dfa(&key, || {
             let mut dfa = TableDfa::compile(&plain, limits)?;
@@ -1458,7 +1575,7 @@ impl Compiler<'_> {
             if let Some(b) = &body {
                 dfa = dfa.intersect(&TableDfa::compile(b, limits)?, limits)?;
             }
-            Ok(dfa)
+            Ok(json_escaped(&dfa))
         })?;
         let quote = self.b.lexeme("\"")?;
         let nt = self.b.fresh("string");
@@ -1737,7 +1854,8 @@ impl Compiler<'_> {
             f.raw
                 .push(TableDfa::compile(&format!("(?s:.){len}"), limits)?);
         }
-        if let Some(fmt) = o.get("format").and_then(Value::as_str) {
+        let fmt = o.get("format").and_then(Value::as_str);
+        if let Some(fmt) = fmt.filter(|_| self.opts.format_assertion) {
             match format_regex(fmt) {
                 Some(r) => {
                     f.quoted.push(format!("\"(?:{r})\""));
@@ -1900,41 +2018,53 @@ impl Compiler<'_> {
         if bad_pattern {
             return self.any_value();
         }
-        // A declared property matching a pattern must satisfy both schemas: not merged yet.
-        for (p, _) in &patterns {
+        // A declared property matching patterns satisfies their schemas beside its own.
+        let with_patterns;
+        let mut merged = props.clone();
+        for (p, ps) in &patterns {
             let dfa = TableDfa::compile(&pattern_key(p), limits)?;
-            for name in props.keys() {
+            for (name, s) in merged.iter_mut() {
                 let text = Value::String(name.clone()).to_string();
                 if dfa.is_accepting(dfa.run(dfa.start(), text.as_bytes())) {
-                    let detail = format!(
-                        "property {name:?} also matching {p:?} (only its own schema checked)"
-                    );
-                    self.inexact("patternProperties", path, Kind::Superset, &detail);
+                    let mut both = Map::new();
+                    both.insert("allOf".into(), Value::Array(vec![s.clone(), ps.clone()]));
+                    *s = Value::Object(both);
                 }
             }
         }
-        if patterns.len() > 1 {
-            // A key matching two patterns must satisfy both schemas: not generated.
-            self.inexact(
-                "patternProperties",
-                path,
-                Kind::Subset,
-                "keys matching two patterns are not generated",
-            );
+        if merged != *props {
+            with_patterns = merged;
+            props = &with_patterns;
         }
+        // Keys matching exactly the patterns of a subset S take all of S's schemas: one class
+        // per non-empty subset (keys outside every pattern take additionalProperties).
+        if patterns.len() > MAX_PATTERNS {
+            let detail = format!(
+                "{} patterns (at most {MAX_PATTERNS} combined): keys matching two are not \
+                 generated",
+                patterns.len()
+            );
+            self.inexact("patternProperties", path, Kind::Subset, &detail);
+        }
+        let subsets: Vec<Vec<usize>> = if patterns.len() > MAX_PATTERNS {
+            (0..patterns.len()).map(|i| vec![i]).collect()
+        } else {
+            (1..1usize << patterns.len())
+                .map(|m| (0..patterns.len()).filter(|i| m & (1 << i) != 0).collect())
+                .collect()
+        };
         let mut classes: Vec<(Sym, Sym)> = Vec::new();
-        for (i, (p, schema)) in patterns.iter().enumerate() {
-            let others: Vec<String> = patterns
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .map(|(_, (q, _))| pattern_key(q))
+        for subset in subsets {
+            let inside: Vec<String> = subset.iter().map(|&i| pattern_key(&patterns[i].0)).collect();
+            let others: Vec<String> = (0..patterns.len())
+                .filter(|j| !subset.contains(j))
+                .map(|j| pattern_key(&patterns[j].0))
                 .collect();
-            let key_desc = format!("key {p:?} but {declared:?} {others:?} in {name_regexes:?}");
+            let key_desc =
+                format!("key {inside:?} but {declared:?} {others:?} in {name_regexes:?}");
             let key = self.b.lexeme_dfa(&key_desc, || {
-                let mut d = TableDfa::compile(plain_key, limits)?
-                    .intersect(&TableDfa::compile(&pattern_key(p), limits)?, limits)?;
-                for n in &name_regexes {
+                let mut d = TableDfa::compile(plain_key, limits)?;
+                for n in inside.iter().chain(&name_regexes) {
                     d = d.intersect(&TableDfa::compile(n, limits)?, limits)?;
                 }
                 for o in others
@@ -1946,8 +2076,21 @@ impl Compiler<'_> {
                 }
                 Ok(d)
             })?;
-            let value = self.schema(schema, &format!("{path}/patternProperties/{p}"), depth + 1)?;
+            let schemas: Vec<Value> = subset.iter().map(|&i| patterns[i].1.clone()).collect();
+            let first = &patterns[subset[0]].0;
+            let at = format!("{path}/patternProperties/{first}");
+            let value = if schemas.len() == 1 {
+                self.schema(&schemas[0], &at, depth + 1)?
+            } else {
+                let mut all = Map::new();
+                all.insert("allOf".into(), Value::Array(schemas));
+                self.schema(&Value::Object(all), &at, depth + 1)?
+            };
             classes.push((key, value));
+        }
+        if !patterns.is_empty() || !name_regexes.is_empty() || !declared.is_empty() {
+            let detail = "object keys are written without escape sequences";
+            self.inexact("properties", path, Kind::Spelling, detail);
         }
         if let Some(schema) = &additional {
             let key = if declared.is_empty() && patterns.is_empty() && name_regexes.is_empty() {
@@ -1958,11 +2101,9 @@ impl Compiler<'_> {
                     .map(|(q, _)| pattern_key(q))
                     .chain((!declared.is_empty()).then(|| declared.join("|")))
                     .collect();
-                let base = if patterns.is_empty() {
-                    STRING
-                } else {
-                    plain_key
-                };
+                // (Unescaped keys only: an escaped spelling of a declared name must not pass
+                // as another key.)
+                let base = plain_key;
                 let desc = format!("{base} but {excluded:?} in {name_regexes:?}");
                 self.b.lexeme_dfa(&desc, || {
                     let mut d = TableDfa::compile(base, limits)?;
@@ -2549,6 +2690,10 @@ const NUMBER_KEYS: &[&str] = &[
     "multipleOf",
 ];
 
+/// ECMA-262's white space and line terminators (`\s`), as a class body.
+const ECMA_SPACE: &str =
+    r"\t\n\x0B\x0C\r \x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}\x{FEFF}";
+
 /// ECMA-262 reads `\d` and `\w` as ASCII (the regex engine here as Unicode): spell them out.
 /// (`\D`, `\W` outside classes too; inside a class they are left alone.)
 fn ecma_classes(p: &str) -> String {
@@ -2563,6 +2708,9 @@ fn ecma_classes(p: &str) -> String {
                 (Some('w'), true) => out.push_str("0-9A-Za-z_"),
                 (Some('D'), false) => out.push_str("[^0-9]"),
                 (Some('W'), false) => out.push_str("[^0-9A-Za-z_]"),
+                (Some('s'), false) => out.push_str(&format!("[{ECMA_SPACE}]")),
+                (Some('s'), true) => out.push_str(ECMA_SPACE),
+                (Some('S'), false) => out.push_str(&format!("[^{ECMA_SPACE}]")),
                 (Some(e), _) => {
                     out.push('\\');
                     out.push(e);
