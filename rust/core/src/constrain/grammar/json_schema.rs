@@ -486,7 +486,11 @@ fn disjoint(a: &Value, b: &Value) -> bool {
 /// Where a JSON string's content is inside an escape sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Escape {
+    /// Before the opening quote (`quoted`).
+    Open,
     Plain,
+    /// After the closing quote.
+    Closed,
     Backslash,
     U,
     U0,
@@ -499,7 +503,7 @@ enum Escape {
 /// accepts: characters written as themselves (except `"`, `\` and controls), as one of
 /// the short escapes, or as `\u00XX` for controls (so every string has a spelling; other
 /// `\u` spellings are not accepted).
-fn json_escaped(d: &TableDfa) -> TableDfa {
+fn json_escaped(d: &TableDfa, quoted: bool) -> TableDfa {
     let dead = crate::constrain::regex::DEAD;
     let mut ids: HashMap<(u32, Escape), u32> = HashMap::new();
     let mut order: Vec<(crate::constrain::regex::StateId, Escape)> = Vec::new();
@@ -518,15 +522,19 @@ fn json_escaped(d: &TableDfa) -> TableDfa {
             n
         })
     };
-    id(d.start(), Escape::Plain, &mut order);
+    let first = if quoted { Escape::Open } else { Escape::Plain };
+    id(d.start(), first, &mut order);
     let mut i = 0;
     while i < order.len() {
         let (q, e) = order[i];
         let mut row = [0u32; 256];
         match e {
+            Escape::Open => row[b'"' as usize] = id(q, Escape::Plain, &mut order),
+            Escape::Closed => {}
             Escape::Plain => {
                 for b in 0x20..=255u8 {
                     row[b as usize] = match b {
+                        b'"' if quoted && d.is_accepting(q) => id(q, Escape::Closed, &mut order),
                         b'"' => 0,
                         b'\\' => id(q, Escape::Backslash, &mut order),
                         _ => id(d.next(q, b), Escape::Plain, &mut order),
@@ -563,7 +571,10 @@ fn json_escaped(d: &TableDfa) -> TableDfa {
             }
         }
         edges.push(row);
-        accepting.push(e == Escape::Plain && d.is_accepting(q));
+        accepting.push(match quoted {
+            true => e == Escape::Closed,
+            false => e == Escape::Plain && d.is_accepting(q),
+        });
         i += 1;
     }
     TableDfa::from_edges(&edges, &accepting)
@@ -1575,7 +1586,7 @@ impl Compiler<'_> {
             if let Some(b) = &body {
                 dfa = dfa.intersect(&TableDfa::compile(b, limits)?, limits)?;
             }
-            Ok(json_escaped(&dfa))
+            Ok(json_escaped(&dfa, false))
         })?;
         let quote = self.b.lexeme("\"")?;
         let nt = self.b.fresh("string");
@@ -1790,7 +1801,7 @@ impl Compiler<'_> {
         path: &str,
     ) -> Result<Option<NameFilter>, GrammarError> {
         let never = || NameFilter {
-            quoted: vec![NOTHING.to_owned()],
+            desc: vec!["nothing".to_owned()],
             raw: Vec::new(),
             listed: Some(Vec::new()),
         };
@@ -1829,17 +1840,12 @@ impl Compiler<'_> {
         }
         let limits = self.b.limits().lexeme;
         let mut f = NameFilter {
-            quoted: Vec::new(),
+            desc: Vec::new(),
             raw: Vec::new(),
             listed: None,
         };
         if let Some(p) = o.get("pattern").and_then(Value::as_str) {
-            if embed_pattern(p).is_none() {
-                let detail = format!("pattern {p:?} with ^ or $ inside (not checked)");
-                self.inexact("pattern", &at, Kind::Superset, &detail);
-                return Ok(None);
-            }
-            f.quoted.push(pattern_key(p));
+            f.desc.push(format!("pattern {p:?}"));
             let raw = format!("(?s:.)*(?:{})(?s:.)*", ecma_classes(p));
             f.raw.push(TableDfa::compile(&raw, limits)?);
         }
@@ -1850,7 +1856,7 @@ impl Compiler<'_> {
                 Some(max) => format!("{{{min},{max}}}"),
                 None => format!("{{{min},}}"),
             };
-            f.quoted.push(format!(r#""(?:[^"\\\x00-\x1F]){len}""#));
+            f.desc.push(format!("length {len}"));
             f.raw
                 .push(TableDfa::compile(&format!("(?s:.){len}"), limits)?);
         }
@@ -1858,7 +1864,7 @@ impl Compiler<'_> {
         if let Some(fmt) = fmt.filter(|_| self.opts.format_assertion) {
             match format_regex(fmt) {
                 Some(r) => {
-                    f.quoted.push(format!("\"(?:{r})\""));
+                    f.desc.push(format!("format {fmt:?}"));
                     f.raw.push(TableDfa::compile(r, limits)?);
                 }
                 None if SPEC_FORMATS.contains(&fmt) => {
@@ -1886,15 +1892,7 @@ impl Compiler<'_> {
                 .filter(|n| f.allows(n))
                 .map(str::to_owned)
                 .collect();
-            let texts: Vec<String> = names
-                .iter()
-                .map(|n| regex_escape(&Value::String(n.clone()).to_string()))
-                .collect();
-            f.quoted = vec![if texts.is_empty() {
-                NOTHING.to_owned()
-            } else {
-                alts(texts)
-            }];
+            f.desc = vec![format!("names {names:?}")];
             f.listed = Some(names);
         }
         Ok(Some(f))
@@ -1973,7 +1971,7 @@ impl Compiler<'_> {
                 props = &with_names;
             }
         }
-        let name_regexes: Vec<String> = names.map(|f| f.quoted).unwrap_or_default();
+        let name_regexes: Vec<String> = names.as_ref().map(|f| f.desc.clone()).unwrap_or_default();
         let additional = match obj.get("additionalProperties") {
             None if self.opts.closed => None,
             None | Some(Value::Bool(true)) => Some(Value::Bool(true)),
@@ -2006,26 +2004,44 @@ impl Compiler<'_> {
             .map(|k| regex_escape(&Value::String(k.to_owned()).to_string()))
             .collect();
         let limits = self.b.limits().lexeme;
-        let plain_key = r#""[^"\\\x00-\x1F]*""#;
-        let mut bad_pattern = false;
-        for (p, _) in &patterns {
-            if embed_pattern(p).is_none() {
-                bad_pattern = true;
-                let detail = format!("{p:?} with ^ or $ inside");
-                self.inexact("patternProperties", path, Kind::Superset, &detail);
+        // Keys are built over names (decoded characters), then read through JSON's escapes.
+        let raw_pattern = |p: &str| format!("(?s:.)*(?:{})(?s:.)*", ecma_classes(p));
+        let declared_names: Vec<String> = props
+            .keys()
+            .map(String::as_str)
+            .chain(extras.iter().copied())
+            .map(regex_escape)
+            .collect();
+        let declared_raw = declared_names.join("|");
+        let key_dfa = |inside: &[String], outside: &[String]| -> Result<TableDfa, GrammarError> {
+            let mut d = TableDfa::compile("(?s:.)*", limits)?;
+            for r in inside {
+                d = d.intersect(&TableDfa::compile(r, limits)?, limits)?;
             }
-        }
-        if bad_pattern {
-            return self.any_value();
-        }
+            if let Some(f) = &names {
+                for r in &f.raw {
+                    d = d.intersect(r, limits)?;
+                }
+                if let Some(l) = &f.listed {
+                    let listed = match l.is_empty() {
+                        true => NOTHING.to_owned(),
+                        false => alts(l.iter().map(|n| regex_escape(n)).collect()),
+                    };
+                    d = d.intersect(&TableDfa::compile(&listed, limits)?, limits)?;
+                }
+            }
+            for o in outside.iter().chain([&declared_raw]).filter(|o| !o.is_empty()) {
+                d = d.difference(&TableDfa::compile(o, limits)?, limits)?;
+            }
+            Ok(json_escaped(&d, true))
+        };
         // A declared property matching patterns satisfies their schemas beside its own.
         let with_patterns;
         let mut merged = props.clone();
         for (p, ps) in &patterns {
-            let dfa = TableDfa::compile(&pattern_key(p), limits)?;
+            let dfa = TableDfa::compile(&raw_pattern(p), limits)?;
             for (name, s) in merged.iter_mut() {
-                let text = Value::String(name.clone()).to_string();
-                if dfa.is_accepting(dfa.run(dfa.start(), text.as_bytes())) {
+                if dfa.is_accepting(dfa.run(dfa.start(), name.as_bytes())) {
                     let mut both = Map::new();
                     both.insert("allOf".into(), Value::Array(vec![s.clone(), ps.clone()]));
                     *s = Value::Object(both);
@@ -2055,27 +2071,14 @@ impl Compiler<'_> {
         };
         let mut classes: Vec<(Sym, Sym)> = Vec::new();
         for subset in subsets {
-            let inside: Vec<String> = subset.iter().map(|&i| pattern_key(&patterns[i].0)).collect();
+            let inside: Vec<String> = subset.iter().map(|&i| raw_pattern(&patterns[i].0)).collect();
             let others: Vec<String> = (0..patterns.len())
                 .filter(|j| !subset.contains(j))
-                .map(|j| pattern_key(&patterns[j].0))
+                .map(|j| raw_pattern(&patterns[j].0))
                 .collect();
             let key_desc =
                 format!("key {inside:?} but {declared:?} {others:?} in {name_regexes:?}");
-            let key = self.b.lexeme_dfa(&key_desc, || {
-                let mut d = TableDfa::compile(plain_key, limits)?;
-                for n in inside.iter().chain(&name_regexes) {
-                    d = d.intersect(&TableDfa::compile(n, limits)?, limits)?;
-                }
-                for o in others
-                    .iter()
-                    .chain(&[declared.join("|")])
-                    .filter(|x| !x.is_empty())
-                {
-                    d = d.difference(&TableDfa::compile(o, limits)?, limits)?;
-                }
-                Ok(d)
-            })?;
+            let key = self.b.lexeme_dfa(&key_desc, || key_dfa(&inside, &others))?;
             let schemas: Vec<Value> = subset.iter().map(|&i| patterns[i].1.clone()).collect();
             let first = &patterns[subset[0]].0;
             let at = format!("{path}/patternProperties/{first}");
@@ -2089,32 +2092,16 @@ impl Compiler<'_> {
             classes.push((key, value));
         }
         if !patterns.is_empty() || !name_regexes.is_empty() || !declared.is_empty() {
-            let detail = "object keys are written without escape sequences";
+            let detail = "object keys are written with \\u escapes only for control characters";
             self.inexact("properties", path, Kind::Spelling, detail);
         }
         if let Some(schema) = &additional {
             let key = if declared.is_empty() && patterns.is_empty() && name_regexes.is_empty() {
                 self.b.lexeme(STRING)?
             } else {
-                let excluded: Vec<String> = patterns
-                    .iter()
-                    .map(|(q, _)| pattern_key(q))
-                    .chain((!declared.is_empty()).then(|| declared.join("|")))
-                    .collect();
-                // (Unescaped keys only: an escaped spelling of a declared name must not pass
-                // as another key.)
-                let base = plain_key;
-                let desc = format!("{base} but {excluded:?} in {name_regexes:?}");
-                self.b.lexeme_dfa(&desc, || {
-                    let mut d = TableDfa::compile(base, limits)?;
-                    for n in &name_regexes {
-                        d = d.intersect(&TableDfa::compile(n, limits)?, limits)?;
-                    }
-                    for o in &excluded {
-                        d = d.difference(&TableDfa::compile(o, limits)?, limits)?;
-                    }
-                    Ok(d)
-                })?
+                let excluded: Vec<String> = patterns.iter().map(|(q, _)| raw_pattern(q)).collect();
+                let desc = format!("key but {excluded:?} {declared:?} in {name_regexes:?}");
+                self.b.lexeme_dfa(&desc, || key_dfa(&[], &excluded))?
             };
             let value = self.schema(schema, &format!("{path}/additionalProperties"), depth + 1)?;
             classes.push((key, value));
@@ -2169,6 +2156,13 @@ impl Compiler<'_> {
             let nt = self.b.fresh("object");
             self.b.rule(nt, vec![open, Sym::Nt(set), close])?;
             return Ok(Sym::Nt(nt));
+        }
+        if !counts_fit {
+            let top = max_props.unwrap_or(min_props);
+            let key = ["minProperties", "maxProperties"][usize::from(max_props.is_some())];
+            let detail = format!("counting to {top}: at most {MAX_SET_COUNT} (no object)");
+            self.inexact(key, path, Kind::Subset, &detail);
+            return self.b.lexeme(NOTHING);
         }
         if self.opts.property_order == PropertyOrder::Any {
             let detail = format!(
@@ -2731,50 +2725,13 @@ fn ecma_classes(p: &str) -> String {
     out
 }
 
-/// An unanchored JSON Schema pattern as (prefix, body, suffix) to embed inside a larger
-/// regex: `^`/`$` at the ends become the absence of the `.*` padding; `None` if an anchor
-/// sits anywhere else.
-fn embed_pattern(p: &str) -> Option<(&'static str, &str, &'static str)> {
-    let (pre, body) = match p.strip_prefix('^') {
-        Some(b) => ("", b),
-        None => ("(?s:.)*", p),
-    };
-    let trailing_backslashes = |s: &str| s.chars().rev().take_while(|&c| c == '\\').count();
-    let (body, post) = match body.strip_suffix('$') {
-        Some(b) if trailing_backslashes(b) % 2 == 0 => (b, ""),
-        _ => (body, "(?s:.)*"),
-    };
-    let (mut escaped, mut class, mut prev) = (false, false, ' ');
-    for c in body.chars() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' => escaped = true,
-            '[' if !class => class = true,
-            ']' if class => class = false,
-            '^' if class && prev == '[' => {}
-            '^' | '$' if !class => return None,
-            _ => {}
-        }
-        prev = c;
-    }
-    Some((pre, body, post))
-}
-
 /// The regex of no text at all (the false schema's lexeme).
 const NOTHING: &str = "[^\\x{0}-\\x{10FFFF}]";
 
-/// A JSON key (its JSON text, quoted) matching the JSON Schema pattern `p` (checked by
-/// [`embed_pattern`] first).
-fn pattern_key(p: &str) -> String {
-    let (pre, body, post) = embed_pattern(p).expect("anchors checked by the caller");
-    format!(r#""{pre}(?:{}){post}""#, ecma_classes(body))
-}
-
 /// What `propertyNames` allows.
 struct NameFilter {
-    /// Regexes over a key's JSON text, all to match: the keys generated (unescaped
-    /// characters only, except listed names, which are exact).
-    quoted: Vec<String>,
+    /// What it checks, in words (to tell key automata apart).
+    desc: Vec<String>,
     /// Automata over a name's characters, all to match (declared names are checked exactly).
     raw: Vec<TableDfa>,
     /// The names `const`/`enum` list, if they do.
