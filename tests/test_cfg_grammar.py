@@ -884,8 +884,10 @@ def test_json_schema_min_max_properties_equal_jsonschema(schema: dict[str, Any])
 def test_json_schema_property_counts_are_capped() -> None:
     with pytest.raises(UnsupportedSchemaError, match="minProperties at #: counting to 300"):
         small_vocab().json_schema({"minProperties": 300})
-    assert small_vocab().json_schema({"minProperties": 65}).matches(
-        json.dumps({f"k{i}": i for i in range(65)})
+    assert (
+        small_vocab()
+        .json_schema({"minProperties": 65})
+        .matches(json.dumps({f"k{i}": i for i in range(65)}))
     )
 
 

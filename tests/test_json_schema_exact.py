@@ -72,7 +72,7 @@ CAUSES: list[tuple[str, dict[str, Any], list[Any], list[Any]]] = [
             "oneOf": [
                 {"properties": {"k": {"const": "a"}, "v": {"type": "integer"}}, "required": ["k"]},
                 {"properties": {"k": {"const": "b"}, "v": {"type": "string"}}, "required": ["k"]},
-            ]
+            ],
         },
         [{"k": "a", "v": 1}, {"v": "s", "k": "b"}],
         [{"k": "a", "v": "s"}, {"k": "c"}],
@@ -229,7 +229,7 @@ def _objects(keys: list[str], values: list[Any]) -> list[dict[str, Any]]:
     for n in range(len(keys) + 1):
         for ks in itertools.combinations(keys, n):
             for vs in itertools.product(values, repeat=n):
-                out.append(dict(zip(ks, vs)))
+                out.append(dict(zip(ks, vs, strict=True)))
     return out
 
 
@@ -370,7 +370,15 @@ APPROX_CASES: list[tuple[dict[str, Any], list[Any], str]] = [
         "exact",
     ),
     (
-        {"patternProperties": {"^a": {"type": "integer"}, "b$": {"minimum": 0}, "^c": {}, "^d": {}, "^e": {}}},
+        {
+            "patternProperties": {
+                "^a": {"type": "integer"},
+                "b$": {"minimum": 0},
+                "^c": {},
+                "^d": {},
+                "^e": {},
+            }
+        },
         _objects(["a", "b", "ab", "c"], [0, -1, True]),
         "subset",
     ),

@@ -57,9 +57,7 @@ def run_suite() -> tuple[dict[str, dict[str, Any]], Counter[str]]:
         for i, case in enumerate(json.loads(path.read_text())):
             name = f"{rel}#{i} {case['description']}"
             try:
-                g = CfgGrammar.from_json_schema(
-                    vocab, case["schema"], format_assertion=assertion
-                )
+                g = CfgGrammar.from_json_schema(vocab, case["schema"], format_assertion=assertion)
             except GrammarError:
                 cases[name] = {"status": "refused", "fp": 0, "fn": 0}
                 counts[group + "refused"] += len(case["tests"])

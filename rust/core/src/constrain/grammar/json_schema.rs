@@ -289,7 +289,10 @@ fn negation(n: &Value) -> Option<Value> {
                     continue; // a schema every value satisfies
                 }
                 let mut o = one("properties", Value::Object(one(p, violated)));
-                o.insert("required".into(), Value::Array(vec![Value::String(p.clone())]));
+                o.insert(
+                    "required".into(),
+                    Value::Array(vec![Value::String(p.clone())]),
+                );
                 fails.push(Value::Object(o));
             }
         }
@@ -429,14 +432,26 @@ fn disjoint(a: &Value, b: &Value) -> bool {
     // Ranges that cannot meet (for the one kind both allow).
     let num = |s: &Value, k: &str| s.get(k).and_then(Value::as_f64);
     let apart = |lo: &[&str], hi: &[&str]| {
-        let top = hi.iter().filter_map(|k| num(a, k)).fold(f64::INFINITY, f64::min);
-        let bottom = lo.iter().filter_map(|k| num(b, k)).fold(f64::NEG_INFINITY, f64::max);
+        let top = hi
+            .iter()
+            .filter_map(|k| num(a, k))
+            .fold(f64::INFINITY, f64::min);
+        let bottom = lo
+            .iter()
+            .filter_map(|k| num(b, k))
+            .fold(f64::NEG_INFINITY, f64::max);
         top < bottom
     };
     let ranges_apart = |lo: &[&str], hi: &[&str]| {
         apart(lo, hi) || {
-            let top = hi.iter().filter_map(|k| num(b, k)).fold(f64::INFINITY, f64::min);
-            let bottom = lo.iter().filter_map(|k| num(a, k)).fold(f64::NEG_INFINITY, f64::max);
+            let top = hi
+                .iter()
+                .filter_map(|k| num(b, k))
+                .fold(f64::INFINITY, f64::min);
+            let bottom = lo
+                .iter()
+                .filter_map(|k| num(a, k))
+                .fold(f64::NEG_INFINITY, f64::max);
             top < bottom
         }
     };
@@ -456,7 +471,11 @@ fn disjoint(a: &Value, b: &Value) -> bool {
     let required = |s: &Value| -> Vec<String> {
         s.get("required")
             .and_then(Value::as_array)
-            .map(|r| r.iter().filter_map(|x| x.as_str().map(str::to_owned)).collect())
+            .map(|r| {
+                r.iter()
+                    .filter_map(|x| x.as_str().map(str::to_owned))
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let prop = |s: &Value, p: &str| s.get("properties").and_then(|ps| ps.get(p)).cloned();
@@ -594,8 +613,10 @@ fn literal_schema(v: &Value) -> Value {
     let mut s = Map::new();
     match v {
         Value::Object(o) if has_object_pair(v) => {
-            let props: Map<String, Value> =
-                o.iter().map(|(k, x)| (k.clone(), literal_schema(x))).collect();
+            let props: Map<String, Value> = o
+                .iter()
+                .map(|(k, x)| (k.clone(), literal_schema(x)))
+                .collect();
             let names: Vec<Value> = o.keys().map(|k| Value::String(k.clone())).collect();
             s.insert("type".into(), Value::String("object".into()));
             s.insert("properties".into(), Value::Object(props));
@@ -695,7 +716,11 @@ impl Compiler<'_> {
         };
         if kind.refused() {
             self.approximations.push(a);
-        } else if !self.listed.iter().any(|x| x.keyword == a.keyword && x.kind == kind) {
+        } else if !self
+            .listed
+            .iter()
+            .any(|x| x.keyword == a.keyword && x.kind == kind)
+        {
             self.listed.push(a);
         }
     }
@@ -797,7 +822,12 @@ impl Compiler<'_> {
             rest.remove("not");
             let negated = negation(n);
             let Some(negated) = negated else {
-                self.inexact("not", path, Kind::Superset, "no schema for its negation here");
+                self.inexact(
+                    "not",
+                    path,
+                    Kind::Superset,
+                    "no schema for its negation here",
+                );
                 return self.any_value();
             };
             if negated == Value::Bool(false)
@@ -1173,7 +1203,9 @@ impl Compiler<'_> {
                     o.entry("type").or_insert_with(|| t.clone());
                 }
                 if let Some(Value::Array(r)) = outer.get("required") {
-                    let req = o.entry("required").or_insert_with(|| Value::Array(Vec::new()));
+                    let req = o
+                        .entry("required")
+                        .or_insert_with(|| Value::Array(Vec::new()));
                     if let Value::Array(req) = req {
                         req.extend(r.iter().cloned());
                     }
@@ -1191,9 +1223,8 @@ impl Compiler<'_> {
                 match negation(&bare[j]) {
                     Some(n) => parts.push(n),
                     None => {
-                        let detail = format!(
-                            "alternatives {i} and {j} may both hold (read as anyOf)"
-                        );
+                        let detail =
+                            format!("alternatives {i} and {j} may both hold (read as anyOf)");
                         self.inexact("oneOf", path, Kind::Superset, &detail);
                         return Ok(alts.to_vec());
                     }
@@ -1518,7 +1549,10 @@ impl Compiler<'_> {
                 format!("\\{{{ws}{}{ws}\\}}", inner.join(&sep(item)))
             }
             // Numbers compare by value: an integral one may be written with a zero fraction.
-            Value::Number(n) => match n.as_f64().filter(|x| x.fract() == 0.0 && x.abs() <= 2f64.powi(53)) {
+            Value::Number(n) => match n
+                .as_f64()
+                .filter(|x| x.fract() == 0.0 && x.abs() <= 2f64.powi(53))
+            {
                 Some(x) => format!("{}(?:\\.0+)?", regex_escape(&format!("{}", x as i64))),
                 None => regex_escape(&v.to_string()),
             },
@@ -1529,7 +1563,8 @@ impl Compiler<'_> {
     fn string(&mut self, obj: &Map<String, Value>, path: &str) -> Result<Sym, GrammarError> {
         let min = self.count(obj, "minLength", path)?.unwrap_or(0);
         let max = self.count(obj, "maxLength", path)?;
-        let fmt = (obj.get("format").and_then(Value::as_str)).filter(|_| self.opts.format_assertion);
+        let fmt =
+            (obj.get("format").and_then(Value::as_str)).filter(|_| self.opts.format_assertion);
         let pattern = obj.get("pattern").and_then(Value::as_str);
         if pattern.is_some() {
             let detail = "string values under pattern are written with \\u escapes only \
@@ -2030,7 +2065,11 @@ impl Compiler<'_> {
                     d = d.intersect(&TableDfa::compile(&listed, limits)?, limits)?;
                 }
             }
-            for o in outside.iter().chain([&declared_raw]).filter(|o| !o.is_empty()) {
+            for o in outside
+                .iter()
+                .chain([&declared_raw])
+                .filter(|o| !o.is_empty())
+            {
                 d = d.difference(&TableDfa::compile(o, limits)?, limits)?;
             }
             Ok(json_escaped(&d, true))
@@ -2071,7 +2110,10 @@ impl Compiler<'_> {
         };
         let mut classes: Vec<(Sym, Sym)> = Vec::new();
         for subset in subsets {
-            let inside: Vec<String> = subset.iter().map(|&i| raw_pattern(&patterns[i].0)).collect();
+            let inside: Vec<String> = subset
+                .iter()
+                .map(|&i| raw_pattern(&patterns[i].0))
+                .collect();
             let others: Vec<String> = (0..patterns.len())
                 .filter(|j| !subset.contains(j))
                 .map(|j| raw_pattern(&patterns[j].0))
@@ -2113,8 +2155,7 @@ impl Compiler<'_> {
             .iter()
             .flatten()
             .all(|&c| c <= u64::from(MAX_SET_COUNT));
-        if self.opts.property_order == PropertyOrder::Any && once <= MAX_SET_MEMBERS && counts_fit
-        {
+        if self.opts.property_order == PropertyOrder::Any && once <= MAX_SET_MEMBERS && counts_fit {
             // Any order, each declared property at most once, every required one present:
             // a member set (the parser tracks the members used, the grammar stays linear).
             let mut members: Vec<(Sym, bool, bool)> = Vec::new();
@@ -2685,8 +2726,7 @@ const NUMBER_KEYS: &[&str] = &[
 ];
 
 /// ECMA-262's white space and line terminators (`\s`), as a class body.
-const ECMA_SPACE: &str =
-    r"\t\n\x0B\x0C\r \x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}\x{FEFF}";
+const ECMA_SPACE: &str = r"\t\n\x0B\x0C\r \x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}\x{FEFF}";
 
 /// ECMA-262 reads `\d` and `\w` as ASCII (the regex engine here as Unicode): spell them out.
 /// (`\D`, `\W` outside classes too; inside a class they are left alone.)
