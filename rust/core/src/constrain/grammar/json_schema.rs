@@ -502,6 +502,16 @@ fn disjoint(a: &Value, b: &Value) -> bool {
     })
 }
 
+/// The automaton of every UTF-8 text, `(?s:.)*` (built once).
+fn any_text(limits: crate::constrain::RegexLimits) -> Result<TableDfa, GrammarError> {
+    static ANY: std::sync::OnceLock<TableDfa> = std::sync::OnceLock::new();
+    if let Some(d) = ANY.get() {
+        return Ok(d.clone());
+    }
+    let d = TableDfa::compile("(?s:.)*", limits)?;
+    Ok(ANY.get_or_init(|| d).clone())
+}
+
 /// Where a JSON string's content is inside an escape sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Escape {
@@ -523,76 +533,119 @@ enum Escape {
 /// the short escapes, or as `\u00XX` for controls (so every string has a spelling; other
 /// `\u` spellings are not accepted).
 fn json_escaped(d: &TableDfa, quoted: bool) -> TableDfa {
+    use crate::constrain::regex::StateId;
+    const SHORT: [(u8, u8); 8] = [
+        (b'"', b'"'),
+        (b'\\', b'\\'),
+        (b'/', b'/'),
+        (b'b', 0x08),
+        (b'f', 0x0C),
+        (b'n', b'\n'),
+        (b'r', b'\r'),
+        (b't', b'\t'),
+    ];
     let dead = crate::constrain::regex::DEAD;
-    let mut ids: HashMap<(u32, Escape), u32> = HashMap::new();
-    let mut order: Vec<(crate::constrain::regex::StateId, Escape)> = Vec::new();
+    // Escape states are shared by the states of `d` that escapes take to the same places
+    // (their signature: where each escaped character leads), so a set of names, whose
+    // states mostly send `"`, `\\` and controls to one place, stays small.
+    let mut sigs: HashMap<Vec<StateId>, usize> = HashMap::new();
+    let mut sig_targets: Vec<Vec<StateId>> = Vec::new();
+    // Node: (d state or signature, escape position); dense ids per kind.
+    let mut q_ids: Vec<u32> = vec![0; d.num_states() * 3];
+    let mut chain_ids: HashMap<(usize, Escape), u32> = HashMap::new();
+    let mut order: Vec<(usize, Escape)> = Vec::new();
     let mut edges: Vec<[u32; 256]> = vec![[0; 256]];
     let mut accepting = vec![false];
-    let mut id = |q: crate::constrain::regex::StateId,
-                  e: Escape,
-                  order: &mut Vec<(crate::constrain::regex::StateId, Escape)>|
-     -> u32 {
-        if q == dead {
-            return 0;
+    let code = |e: Escape| match e {
+        Escape::Open => 0,
+        Escape::Plain => 1,
+        _ => 2,
+    };
+    let mut node = |key: usize, e: Escape, order: &mut Vec<(usize, Escape)>| -> u32 {
+        let slot = match e {
+            Escape::Open | Escape::Plain | Escape::Closed => &mut q_ids[key * 3 + code(e)],
+            _ => chain_ids.entry((key, e)).or_insert(0),
+        };
+        if *slot == 0 {
+            order.push((key, e));
+            *slot = order.len() as u32;
         }
-        let n = ids.len() as u32 + 1;
-        *ids.entry((q.index() as u32, e)).or_insert_with(|| {
-            order.push((q, e));
-            n
-        })
+        *slot
     };
     let first = if quoted { Escape::Open } else { Escape::Plain };
-    id(d.start(), first, &mut order);
+    node(d.start().index(), first, &mut order);
     let mut i = 0;
     while i < order.len() {
-        let (q, e) = order[i];
+        let (key, e) = order[i];
         let mut row = [0u32; 256];
+        let q = StateId::from_index(key);
+        macro_rules! to {
+            ($t:expr) => {{
+                let t: StateId = $t;
+                if t == dead {
+                    0
+                } else {
+                    node(t.index(), Escape::Plain, &mut order)
+                }
+            }};
+        }
         match e {
-            Escape::Open => row[b'"' as usize] = id(q, Escape::Plain, &mut order),
+            Escape::Open => row[b'"' as usize] = to!(q),
             Escape::Closed => {}
             Escape::Plain => {
                 for b in 0x20..=255u8 {
                     row[b as usize] = match b {
-                        b'"' if quoted && d.is_accepting(q) => id(q, Escape::Closed, &mut order),
+                        b'"' if quoted && d.is_accepting(q) => {
+                            node(key, Escape::Closed, &mut order)
+                        }
                         b'"' => 0,
-                        b'\\' => id(q, Escape::Backslash, &mut order),
-                        _ => id(d.next(q, b), Escape::Plain, &mut order),
+                        b'\\' => {
+                            let sig: Vec<StateId> = (SHORT.iter().map(|&(_, c)| d.next(q, c)))
+                                .chain((0..0x20u8).map(|c| d.next(q, c)))
+                                .collect();
+                            if sig.iter().all(|&t| t == dead) {
+                                0
+                            } else {
+                                let n = sigs.len();
+                                let id = *sigs.entry(sig.clone()).or_insert_with(|| {
+                                    sig_targets.push(sig);
+                                    n
+                                });
+                                node(id, Escape::Backslash, &mut order)
+                            }
+                        }
+                        _ => to!(d.next(q, b)),
                     };
                 }
             }
             Escape::Backslash => {
-                let short = [
-                    (b'"', b'"'),
-                    (b'\\', b'\\'),
-                    (b'/', b'/'),
-                    (b'b', 0x08),
-                    (b'f', 0x0C),
-                    (b'n', b'\n'),
-                    (b'r', b'\r'),
-                    (b't', b'\t'),
-                ];
-                for (c, byte) in short {
-                    row[c as usize] = id(d.next(q, byte), Escape::Plain, &mut order);
+                let t = sig_targets[key].clone();
+                for (k, &(c, _)) in SHORT.iter().enumerate() {
+                    row[c as usize] = to!(t[k]);
                 }
-                row[b'u' as usize] = id(q, Escape::U, &mut order);
+                if t[SHORT.len()..].iter().any(|&x| x != dead) {
+                    row[b'u' as usize] = node(key, Escape::U, &mut order);
+                }
             }
-            Escape::U => row[b'0' as usize] = id(q, Escape::U0, &mut order),
-            Escape::U0 => row[b'0' as usize] = id(q, Escape::U00, &mut order),
+            Escape::U => row[b'0' as usize] = node(key, Escape::U0, &mut order),
+            Escape::U0 => row[b'0' as usize] = node(key, Escape::U00, &mut order),
             Escape::U00 => {
-                row[b'0' as usize] = id(q, Escape::U00x(0), &mut order);
-                row[b'1' as usize] = id(q, Escape::U00x(1), &mut order);
+                row[b'0' as usize] = node(key, Escape::U00x(0), &mut order);
+                row[b'1' as usize] = node(key, Escape::U00x(1), &mut order);
             }
             Escape::U00x(x) => {
+                let t = sig_targets[key].clone();
                 for c in b"0123456789abcdefABCDEF" {
-                    let h = (*c as char).to_digit(16).unwrap_or(0) as u8;
-                    row[*c as usize] = id(d.next(q, x * 16 + h), Escape::Plain, &mut order);
+                    let h = (*c as char).to_digit(16).unwrap_or(0) as usize;
+                    row[*c as usize] = to!(t[SHORT.len() + x as usize * 16 + h]);
                 }
             }
         }
         edges.push(row);
-        accepting.push(match quoted {
-            true => e == Escape::Closed,
-            false => e == Escape::Plain && d.is_accepting(q),
+        accepting.push(match (quoted, e) {
+            (true, _) => e == Escape::Closed,
+            (false, Escape::Plain) => d.is_accepting(q),
+            _ => false,
         });
         i += 1;
     }
@@ -2049,7 +2102,7 @@ impl Compiler<'_> {
             .collect();
         let declared_raw = declared_names.join("|");
         let key_dfa = |inside: &[String], outside: &[String]| -> Result<TableDfa, GrammarError> {
-            let mut d = TableDfa::compile("(?s:.)*", limits)?;
+            let mut d = any_text(limits)?;
             for r in inside {
                 d = d.intersect(&TableDfa::compile(r, limits)?, limits)?;
             }
