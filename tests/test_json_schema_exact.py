@@ -123,6 +123,50 @@ CAUSES: list[tuple[str, dict[str, Any], list[Any], list[Any]]] = [
         [{"X-a": "a"}, {"X-b": "c"}],
     ),
     (
+        "allOf of two enums (the values in both)",
+        {"allOf": [{"enum": ["a", "b", 1]}, {"enum": ["b", 1.0, "c"]}]},
+        ["b", 1],
+        ["a", "c"],
+    ),
+    (
+        "oneOf over strings told apart by their patterns",
+        {"oneOf": [{"type": "string", "pattern": "^https?://"}, {"pattern": "^\\./.+$"}]},
+        ["http://x", "./a", 3],
+        ["ftp://x", "."],
+    ),
+    (
+        "oneOf over objects told apart by a required property's type",
+        {
+            "oneOf": [
+                {"type": "string", "enum": ["sha"]},
+                {
+                    "type": "object",
+                    "properties": {"v": {"type": "string"}, "p": {"enum": ["x", "y"]}},
+                    "required": ["v", "p"],
+                },
+                {
+                    "type": "object",
+                    "properties": {"v": {"type": "string"}, "p": {"type": "object"}},
+                    "required": ["v", "p"],
+                },
+            ]
+        },
+        ["sha", {"v": "1", "p": "x"}, {"p": {}, "v": "1"}],
+        [{"v": "1"}, {"v": "1", "p": 2}],
+    ),
+    (
+        "a required name declared only by patternProperties, others closed",
+        {
+            "type": "object",
+            "properties": {"n": {"type": "number"}},
+            "patternProperties": {"^b_(s|e)$": {"type": "object", "required": ["c"]}},
+            "required": ["b_s", "n"],
+            "additionalProperties": False,
+        },
+        [{"b_s": {"c": 1}, "n": 1}, {"n": 2, "b_e": {"c": 0}, "b_s": {"c": 1}}],
+        [{"n": 1}, {"b_s": {}, "n": 1}, {"b_s": {"c": 1}, "n": 1, "z": 0}],
+    ),
+    (
         "anyOf over objects",
         {
             "anyOf": [

@@ -410,7 +410,17 @@ fn listed_values(s: &Value) -> Option<Vec<Value>> {
 /// disjoint listed values, disjoint length or number ranges, or objects that both require
 /// a property whose listed values differ, or where one requires a property the other
 /// forbids.
-fn disjoint(a: &Value, b: &Value) -> bool {
+fn disjoint(a: &Value, b: &Value, limits: crate::constrain::RegexLimits) -> bool {
+    disjoint_within(a, b, 4, limits)
+}
+
+/// [`disjoint`], looking `depth` levels of properties down.
+fn disjoint_within(
+    a: &Value,
+    b: &Value,
+    depth: usize,
+    limits: crate::constrain::RegexLimits,
+) -> bool {
     if let (Some(x), Some(y)) = (listed_values(a), listed_values(b)) {
         let same = |u: &Value, v: &Value| match (u.as_f64(), v.as_f64()) {
             (Some(p), Some(q)) => p == q,
@@ -458,6 +468,19 @@ fn disjoint(a: &Value, b: &Value) -> bool {
     if common == ["string"] && ranges_apart(&["minLength"], &["maxLength"]) {
         return true;
     }
+    // Two patterns no string matches both of.
+    let pattern = |s: &Value| s.get("pattern").and_then(Value::as_str).map(str::to_owned);
+    if let (true, Some(p), Some(q)) = (common == ["string"], pattern(a), pattern(b)) {
+        let dfa =
+            |p: &str| TableDfa::compile(&format!("(?s:.)*(?:{})(?s:.)*", ecma_classes(p)), limits);
+        if let (Ok(x), Ok(y)) = (dfa(&p), dfa(&q)) {
+            if let Ok(both) = x.intersect(&y, limits) {
+                if !both.states().any(|st| both.is_accepting(st)) {
+                    return true;
+                }
+            }
+        }
+    }
     let (lo, hi) = (
         ["minimum", "exclusiveMinimum"],
         ["maximum", "exclusiveMaximum"],
@@ -491,14 +514,12 @@ fn disjoint(a: &Value, b: &Value) -> bool {
     if ra.iter().any(|p| forbids(b, p)) || rb.iter().any(|p| forbids(a, p)) {
         return true;
     }
+    // A property both require, whose schemas no value satisfies together.
     ra.iter().filter(|p| rb.contains(p)).any(|p| {
         let (Some(x), Some(y)) = (prop(a, p), prop(b, p)) else {
             return false;
         };
-        match (listed_values(&x), listed_values(&y)) {
-            (Some(vx), Some(vy)) => !vx.iter().any(|v| vy.contains(v)),
-            _ => false,
-        }
+        depth > 0 && disjoint_within(&x, &y, depth - 1, limits)
     })
 }
 
@@ -1270,7 +1291,7 @@ impl Compiler<'_> {
         for (i, a) in resolved.iter().enumerate() {
             let mut parts = vec![alts[i].clone()];
             for (j, b) in resolved.iter().enumerate() {
-                if i == j || disjoint(a, b) {
+                if i == j || disjoint(a, b, self.b.limits().lexeme) {
                     continue;
                 }
                 match negation(&bare[j]) {
@@ -1521,6 +1542,15 @@ impl Compiler<'_> {
                                 "two multipleOf whose product overflows (one kept)",
                             ),
                         }
+                    }
+                    // Both lists hold: the values in both (numbers compared by value).
+                    ("enum", Some(Value::Array(prev))) if v.is_array() => {
+                        let other = v.as_array().cloned().unwrap_or_default();
+                        let same = |u: &Value, w: &Value| match (u.as_f64(), w.as_f64()) {
+                            (Some(p), Some(q)) => p == q,
+                            _ => u == w,
+                        };
+                        prev.retain(|x| other.iter().any(|y| same(x, y)));
                     }
                     // Both hold: one alternative of each (a bounded product).
                     ("anyOf", Some(Value::Array(prev))) if v.is_array() => {
@@ -2007,6 +2037,28 @@ impl Compiler<'_> {
             .and_then(Value::as_array)
             .map(|r| r.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
+        // A required name that a pattern of patternProperties matches is declared (its
+        // schemas are the patterns', merged below).
+        let with_matched;
+        let pattern_names: Vec<&String> = (obj.get("patternProperties"))
+            .and_then(Value::as_object)
+            .map(|p| p.keys().collect())
+            .unwrap_or_default();
+        let mut matched = props.clone();
+        for p in pattern_names {
+            let raw = format!("(?s:.)*(?:{})(?s:.)*", ecma_classes(p));
+            let dfa = TableDfa::compile(&raw, self.b.limits().lexeme)?;
+            for r in &required {
+                if !matched.contains_key(*r) && dfa.is_accepting(dfa.run(dfa.start(), r.as_bytes()))
+                {
+                    matched.insert((*r).to_owned(), Value::Bool(true));
+                }
+            }
+        }
+        if matched.len() > props.len() {
+            with_matched = matched;
+            props = &with_matched;
+        }
         // A required property without a schema of its own: any value (unless
         // additionalProperties forbids it: then no object is valid). A few of them, with no
         // patternProperties, are generated among the additional properties in any order (the
