@@ -295,9 +295,9 @@ impl GrammarBuilder {
         Ok(())
     }
 
-    /// Define `lhs` as a [`MemberSet`] of `members` (each a symbol, `required`, `once`),
-    /// `sep` between members, `min..=max` members in all. The grammar stays the size of its
-    /// members (two arms each) whatever their number.
+    /// Define `lhs` as a member set (`MemberSet`) of `members` (each a symbol, `required`,
+    /// `once`), `sep` between members, `min..=max` members in all. The grammar stays the size
+    /// of its members (two arms each) whatever their number.
     pub fn member_set(
         &mut self,
         lhs: u32,

@@ -1,37 +1,42 @@
-//! JSON Schema to a [`Grammar`] of the JSON texts the schema accepts.
+//! JSON Schema to a [`Grammar`] of the JSON texts the schema accepts: exactly, or refused.
 //!
 //! Supported: `type` (one or a list), `properties`, `required`, `additionalProperties`
 //! (false, true or a schema), `items`, `prefixItems`, `minItems`, `maxItems`, `enum`,
-//! `const`, `anyOf`, `oneOf` (as `anyOf`: exclusivity is not context-free in general),
-//! `not` (of `type`s, `{}`/`true`/`false`, one bound or length, or a double negation),
-//! `patternProperties`, `propertyNames` (string keywords, `const`/`enum`, booleans),
-//! `minProperties`/`maxProperties` (counted, up to `MAX_COUNT` (64)), `contains` with
-//! `minContains` (counted; `maxContains` refused), `uniqueItems` (false; true on arrays of
-//! at most one item, or of items from at most 8 listed scalars), `dependentRequired`/`dependentSchemas`/`dependencies` (expanded over
-//! at most `MAX_DEP_TRIGGERS` (5) triggers), `if`/`then`/`else` (where `if` has a
-//! negation (`negation`), or without `then`), `allOf` (one member, or objects merged; bounds merged
-//! to the tighter), `$ref` into the same document (`#`, `#/$defs/x`,
-//! `#/definitions/x`, any JSON pointer; recursion allowed), `$defs`/`definitions`, `pattern`,
-//! `minLength`, `maxLength`, `format` (date, time, date-time, uuid, email, ipv4, ipv6, uri),
-//! `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` and `multipleOf` (a
-//! remainder automaton, `multiple_of.rs`) on integers and numbers (bounded numbers and
-//! multiples without exponents). Without `type`, every kind is allowed, each
-//! constrained by its own keywords (as the spec reads). Annotations (`title`,
-//! `description`, `default`, ...) and keywords outside the JSON Schema vocabularies (`x-...`,
-//! `example`) are ignored, as the spec ignores unknown keywords; so are formats the spec does
-//! not define. An assertion or applicator of drafts 4 to 2020-12 not compiled yet
-//! (`unevaluatedProperties`, `$dynamicRef`, ...), a form of a supported one that cannot be
-//! exact here (`uniqueItems` on longer arrays, a counter past its cap) or a spec format not
-//! supported raises [`GrammarError::Unsupported`] listing every one found, with its
-//! location: never dropped silently. Draft-4 array
-//! forms (`items` as an array, `additionalItems`) read as `prefixItems` and `items`.
+//! `const`, `anyOf`, `oneOf` (alternatives shown disjoint (`disjoint`: kinds, listed
+//! values, ranges, patterns, a required property's schemas), or each intersected with the
+//! negation of those it may overlap), `not` (of `type`s, `{}`/`true`/`false`, one bound or
+//! length, `required`/`properties` of objects, or a double negation), `patternProperties`
+//! (keys matching several patterns take all their schemas, up to `MAX_PATTERNS`),
+//! `propertyNames` (string keywords, `const`/`enum`, booleans), `minProperties`/
+//! `maxProperties`, `contains` with `minContains` (counted; `maxContains` refused),
+//! `uniqueItems` (false; true on arrays of at most one item, or of items from at most 8
+//! listed scalars), `dependentRequired`/`dependentSchemas`/`dependencies` (expanded over at
+//! most `MAX_DEP_TRIGGERS` (5) triggers), `if`/`then`/`else` (where `if` has a negation, or
+//! without `then`), `allOf` (one member, or members merged: properties joined, bounds to
+//! the tighter, enums intersected, two anyOf multiplied out), `$ref` into the same document
+//! (any JSON pointer; recursion allowed; beside other keywords an `allOf`, except in drafts
+//! 3 to 7, where `$schema` says so and `$ref` overrides its siblings), `$defs`/
+//! `definitions`, `pattern`, `minLength`, `maxLength`, `format` (date, time, date-time,
+//! uuid, email, ipv4, ipv6, uri; an annotation with `format_assertion` off), `minimum`,
+//! `maximum`, `exclusiveMinimum`, `exclusiveMaximum` and `multipleOf` (a remainder
+//! automaton, `multiple_of.rs`). Without `type`, every kind is allowed, each constrained by
+//! its own keywords (as the spec reads). Annotations and keywords outside the JSON Schema
+//! vocabularies (`x-...`, `example`) are ignored, as the spec ignores unknown keywords.
 //!
-//! Output shape: properties in declared order, optional ones omitted at will, additional
-//! ones (keys other than the declared, in their canonical escaping) after them, with up to
-//! three required properties that have no schema of their own in any order among those; the
-//! separators and the whitespace around punctuation follow [`JsonOptions`]. String values
-//! under `pattern` are generated without escape sequences (a subset of their language: every
-//! text generated is valid JSON that matches the pattern).
+//! Exactness: whatever cannot be compiled exactly is an [`Approximation`] naming the
+//! keyword, its location and how the grammar differs (subset, superset, neither). With
+//! [`JsonOptions::strict`] (the default) the first one is an error
+//! ([`GrammarError::Inexact`]); without, the approximation is compiled and listed. Two kinds
+//! are listed and never refused: spellings ([`Kind::Spelling`]: integers without a fraction
+//! or exponent, bounded numbers without exponents, `\u` escapes only for control
+//! characters: every value keeps a spelling) and the format automata ([`Kind::Format`]).
+//!
+//! Objects: properties in any order, each at most once, every required one present, counted
+//! for `minProperties`/`maxProperties` (a member set: the parser tracks the members used, so
+//! the grammar stays linear in the properties), or in declared order with
+//! [`PropertyOrder::Declared`]. Keys and string values under `pattern` are automata over
+//! characters read through JSON's escapes; the separators and the whitespace around
+//! punctuation follow [`JsonOptions`].
 
 use std::collections::HashMap;
 
