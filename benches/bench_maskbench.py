@@ -20,6 +20,9 @@ strict mode (additional properties allowed unless the schema says otherwise), as
 defaults; ``oneOf`` read as ``anyOf`` by all three (llguidance's ``coerce_one_of``; specdec and
 xgrammar do so by default). Each engine's row is printed when it finishes.
 
+After the table: the wrong verdicts (valid instances rejected plus invalid ones accepted) of
+each engine on the schemas every engine compiles.
+
 Per schema: compile (fresh, caches off), then along each valid instance one mask per token
 (timed call by call, including the EOS step) while accepting the tokens; invalid instances
 are fed without masks and must be rejected at some token or at EOS. Each child first
@@ -322,6 +325,19 @@ def bench(vocab_name: str, tok: Tokens, cases: list[dict[str, Any]], args: Any) 
             len(masks),
         )
         print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
+    # Wrong verdicts (valid rejected + invalid accepted) on the schemas every engine compiles.
+    common = [
+        k for k in range(len(cases)) if all(r[k]["status"] == "compiled" for r in results.values())
+    ]
+    wrong = {
+        name: sum(res[k]["valid_bad"] + res[k]["invalid_bad"] for k in common)
+        for name, res in results.items()
+    }
+    print(
+        f"\nwrong verdicts on the {len(common)} schemas every engine compiles: "
+        + ", ".join(f"{name} {n}" for name, n in wrong.items()),
+        flush=True,
+    )
 
 
 # A test that the script runs (--smoke), not a measurement.

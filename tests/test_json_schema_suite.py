@@ -5,12 +5,17 @@ Each instance is written as compact JSON (``json.dumps(..., separators=(",", ":"
 tokenized with the Tekken tokenizer of ``mistral_common`` (the tokenizer a model would use,
 not a byte-greedy walk of the vocabulary); the matcher must accept a valid instance token by
 token and end accepting, and reject an invalid one at some token or at EOS. The suite's own
-``valid`` flags are the oracle. Each instance is recorded as ``pass``, ``refused`` (the
-schema raised GrammarError at compile time), ``false_positive`` (invalid, accepted) or
-``false_negative`` (valid, rejected); a case (one schema) passes when all its instances do.
+``valid`` flags are the oracle. Schemas compile with the defaults (``strict=True``: what
+cannot be exact is refused), ``format`` read as the suite reads it: an annotation, except
+under ``optional/format/`` where it asserts. Each instance is recorded as ``pass``,
+``refused`` (the schema raised GrammarError at compile time), ``false_positive`` (invalid,
+accepted) or ``false_negative`` (valid, rejected); a case (one schema) passes when all its
+instances do.
 
-The record is tests/data/json_schema_ratchet.json; the test fails when the pass count drops
-below it or when a recorded passing case stops passing. After an improvement, rewrite it with
+The record is tests/data/json_schema_ratchet.json: per case its status and its false
+positives and negatives, and the totals. The test fails when the pass count drops, when a
+recorded passing case stops passing, or when false positives or false negatives rise, per
+case or in total. After an improvement, rewrite it with
 ``python tests/test_json_schema_suite.py --update``."""
 
 from __future__ import annotations
@@ -38,25 +43,26 @@ def _tokenizer() -> Any:
     return Tekkenizer.from_file(path)
 
 
-def run_suite() -> tuple[dict[str, str], Counter[str]]:
-    """Every case's status, and the instance outcomes counted by kind (``optional/`` files
-    counted under ``optional:`` keys)."""
+def run_suite() -> tuple[dict[str, dict[str, Any]], Counter[str]]:
+    """Every case's status and false positives/negatives, and the instance outcomes counted
+    by kind (``optional/`` files counted under ``optional:`` keys)."""
     vocab = Vocabulary.from_tekken()
     tok = _tokenizer()
-    cases: dict[str, str] = {}
+    cases: dict[str, dict[str, Any]] = {}
     counts: Counter[str] = Counter()
     for path in sorted(SUITE.rglob("*.json")):
         rel = path.relative_to(SUITE).as_posix()
         group = "optional:" if rel.startswith("optional/") else ""
+        assertion = rel.startswith("optional/format/")
         for i, case in enumerate(json.loads(path.read_text())):
             name = f"{rel}#{i} {case['description']}"
             try:
-                g = CfgGrammar.from_json_schema(vocab, case["schema"])
+                g = CfgGrammar.from_json_schema(vocab, case["schema"], format_assertion=assertion)
             except GrammarError:
-                cases[name] = "refused"
+                cases[name] = {"status": "refused", "fp": 0, "fn": 0}
                 counts[group + "refused"] += len(case["tests"])
                 continue
-            ok = True
+            ok, fp, fn = True, 0, 0
             for t in case["tests"]:
                 text = json.dumps(t["data"], separators=(",", ":"), ensure_ascii=False)
                 m = g.matcher()
@@ -66,14 +72,16 @@ def run_suite() -> tuple[dict[str, str], Counter[str]]:
                     counts[group + "pass"] += 1
                 else:
                     ok = False
+                    fn += t["valid"]
+                    fp += not t["valid"]
                     counts[group + ("false_negative" if t["valid"] else "false_positive")] += 1
-            cases[name] = "pass" if ok else "fail"
+            cases[name] = {"status": "pass" if ok else "fail", "fp": fp, "fn": fn}
     return cases, counts
 
 
-def _summary(cases: dict[str, str], counts: Counter[str]) -> dict[str, Any]:
+def _summary(cases: dict[str, dict[str, Any]], counts: Counter[str]) -> dict[str, Any]:
     return {
-        "cases": dict(Counter(cases.values())),
+        "cases": dict(Counter(c["status"] for c in cases.values())),
         "instances": dict(sorted(counts.items())),
     }
 
@@ -82,10 +90,22 @@ def test_json_schema_test_suite_ratchet() -> None:
     record = json.loads(RECORD.read_text())
     cases, counts = run_suite()
     assert set(cases) == set(record["cases"]), "the suite changed: rerun with --update"
-    lost = [c for c, s in record["cases"].items() if s == "pass" and cases[c] != "pass"]
+    old = record["cases"]
+    lost = [c for c, r in old.items() if r["status"] == "pass" and cases[c]["status"] != "pass"]
     assert not lost, f"cases that passed no longer do: {lost}"
-    assert counts["pass"] >= record["summary"]["instances"]["pass"]
-    assert counts["optional:pass"] >= record["summary"]["instances"].get("optional:pass", 0)
+    for kind in ("fp", "fn"):
+        rose = {c: (old[c][kind], r[kind]) for c, r in cases.items() if r[kind] > old[c][kind]}
+        assert not rose, f"{kind} rose in: {rose}"
+    recorded = record["summary"]["instances"]
+    for key in ("pass", "optional:pass"):
+        assert counts[key] >= recorded.get(key, 0), key
+    for key in (
+        "false_positive",
+        "false_negative",
+        "optional:false_positive",
+        "optional:false_negative",
+    ):
+        assert counts[key] <= recorded.get(key, 0), key
 
 
 if __name__ == "__main__":

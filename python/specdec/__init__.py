@@ -41,6 +41,7 @@ from .errors import (
     SpecdecTypeError,
     TreeError,
     UnknownSequence,
+    UnsupportedSchemaError,
     VerifyError,
 )
 from .protocols import (
@@ -160,6 +161,7 @@ __all__ = [
     "TreeShape",
     "TreeTensors",
     "UnknownSequence",
+    "UnsupportedSchemaError",
     "Verifier",
     "VerifyError",
     "Vocabulary",

@@ -551,7 +551,10 @@ class CfgGrammar:
         whitespace: bool = True,
         item_separator: str = ",",
         key_separator: str = ":",
-        strict: bool = False,
+        closed: bool = False,
+        declared_order: bool = False,
+        strict: bool = True,
+        format_assertion: bool = True,
         cache_bytes: int | None = None,
         max_depth: int | None = None,
         max_states: int | None = None,
@@ -573,6 +576,8 @@ class CfgGrammar:
 
     @property
     def num_rules(self) -> int: ...
+    @property
+    def approximations(self) -> list[tuple[str, str, str, str]]: ...
     @property
     def num_lexemes(self) -> int: ...
     @property

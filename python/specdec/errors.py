@@ -18,6 +18,7 @@ __all__ = [
     "DoubleFree",
     "SlotNotReserved",
     "GrammarError",
+    "UnsupportedSchemaError",
     "NoAllowedTokens",
     "DraftError",
 ]
@@ -74,6 +75,20 @@ class SlotNotReserved(KVCacheError, IndexError):
 
 class GrammarError(SpecdecError, ValueError):
     """Invalid grammar, regex, vocabulary, bitmask or matcher input."""
+
+
+class UnsupportedSchemaError(GrammarError):
+    """A JSON Schema that cannot be compiled exactly (``strict=True``): ``keyword`` is the
+    first keyword that cannot, ``pointer`` where it sits (a JSON pointer as a URI fragment,
+    ``#/properties/a``)."""
+
+    keyword: str = ""
+    pointer: str = ""
+
+    def __init__(self, message: str = "", keyword: str = "", pointer: str = "") -> None:
+        super().__init__(message)
+        self.keyword = keyword
+        self.pointer = pointer
 
 
 class NoAllowedTokens(GrammarError):

@@ -7,7 +7,7 @@ engine beside :mod:`.regex`)."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from .. import _core
 from .._arrays import check_bool, check_int
@@ -17,7 +17,21 @@ from .vocab import Vocabulary
 if TYPE_CHECKING:
     from .matcher import Matcher
 
-__all__ = ["CfgGrammar"]
+__all__ = ["CfgGrammar", "SchemaApproximation"]
+
+
+class SchemaApproximation(NamedTuple):
+    """Where a grammar compiled from a JSON Schema differs from the schema. ``kind``:
+    ``"subset"`` (some valid documents rejected, no invalid one accepted), ``"superset"``
+    (every valid document accepted, and some invalid ones), ``"neither"``, ``"spelling"``
+    (every value reachable, some spellings not: numbers without exponents, strings under
+    ``pattern`` without escape sequences) or ``"format"`` (a format's automaton, which
+    approximates its RFC)."""
+
+    keyword: str
+    pointer: str
+    kind: str
+    detail: str
 
 
 def _opt_int(value: int | None, name: str, lo: int) -> int | None:
@@ -147,7 +161,10 @@ class CfgGrammar:
         *,
         whitespace: bool = True,
         separators: tuple[str, str] | None = None,
-        strict: bool = False,
+        strict: bool = True,
+        property_order: Literal["any", "declared"] = "any",
+        additional_properties: bool = True,
+        format_assertion: bool = True,
         cache_bytes: int | None = None,
         max_depth: int | None = None,
         max_states: int | None = None,
@@ -156,11 +173,18 @@ class CfgGrammar:
         size_limit: int | None = None,
     ) -> CfgGrammar:
         """Compile a JSON Schema (a parsed document, or its JSON text) to the grammar of the
-        JSON texts it accepts, properties in declared order. ``whitespace``: any whitespace
-        around punctuation (else exactly ``separators``, ``(item, key)``, default
-        ``(", ", ": ")`` as :func:`json.dumps`); ``strict``: objects without
-        ``additionalProperties`` allow no other properties. A keyword the compiler does not
-        support raises :class:`GrammarError` listing each one."""
+        JSON texts it accepts. ``whitespace``: any whitespace around punctuation (else
+        exactly ``separators``, ``(item, key)``, default ``(", ", ": ")`` as
+        :func:`json.dumps`). ``strict``: a schema that cannot be compiled exactly raises
+        :class:`~specdec.errors.UnsupportedSchemaError` naming the first keyword that cannot
+        and its JSON pointer; with ``strict=False`` an approximation is compiled and listed
+        in :attr:`approximations` (spelling and format approximations are listed either
+        way). ``property_order``: ``"any"`` (each property at most once, every required one
+        present, in any order) or ``"declared"`` (declared properties in declared order,
+        others after them, as OpenAI structured outputs). ``additional_properties=False``:
+        objects without ``additionalProperties`` allow no other properties.
+        ``format_assertion=False``: ``format`` is an annotation (JSON Schema 2020-12's
+        default reading), not checked."""
         if not isinstance(vocab, Vocabulary):
             raise SpecdecTypeError(f"vocab must be a Vocabulary, got {type(vocab).__name__}")
         text = schema_text(schema)
@@ -173,13 +197,20 @@ class CfgGrammar:
             or not all(isinstance(x, str) for x in separators)
         ):
             raise SpecdecTypeError("separators must be a tuple of two str: (item, key)")
+        if property_order not in ("any", "declared"):
+            raise GrammarError(
+                f'property_order must be "any" or "declared", got {property_order!r}'
+            )
         core = _core.CfgGrammar.from_json_schema(
             vocab._v,
             text,
             ws,
             separators[0],
             separators[1],
+            not check_bool(additional_properties, "additional_properties"),
+            property_order == "declared",
             check_bool(strict, "strict"),
+            check_bool(format_assertion, "format_assertion"),
             *_limits(cache_bytes, max_depth, max_states, max_symbols, max_lexer_states, size_limit),
         )
         return cls(vocab, core, text)
@@ -214,6 +245,12 @@ class CfgGrammar:
     @property
     def num_rules(self) -> int:
         return self._g.num_rules
+
+    @property
+    def approximations(self) -> list[SchemaApproximation]:
+        """Where a JSON Schema's grammar differs from the schema (empty for other grammars,
+        and for exact schemas)."""
+        return [SchemaApproximation(*a) for a in self._g.approximations]
 
     @property
     def num_lexemes(self) -> int:

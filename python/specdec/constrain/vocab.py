@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .. import _core
 from .._arrays import as_list, check_int
@@ -293,7 +293,10 @@ class Vocabulary:
         *,
         whitespace: bool = True,
         separators: tuple[str, str] | None = None,
-        strict: bool = False,
+        strict: bool = True,
+        property_order: Literal["any", "declared"] = "any",
+        additional_properties: bool = True,
+        format_assertion: bool = True,
         cache_bytes: int | None = None,
         max_depth: int | None = None,
         max_states: int | None = None,
@@ -308,7 +311,15 @@ class Vocabulary:
 
         text = schema_text(schema)
         limits = (cache_bytes, max_depth, max_states, max_symbols, max_lexer_states, size_limit)
-        opts = (whitespace, separators, strict, *limits)
+        opts = (
+            whitespace,
+            separators,
+            strict,
+            property_order,
+            additional_properties,
+            format_assertion,
+            *limits,
+        )
         return self._cached(
             ("json_schema", text, *opts),
             lambda: CfgGrammar.from_json_schema(
@@ -317,6 +328,9 @@ class Vocabulary:
                 whitespace=whitespace,
                 separators=separators,
                 strict=strict,
+                property_order=property_order,
+                additional_properties=additional_properties,
+                format_assertion=format_assertion,
                 cache_bytes=cache_bytes,
                 max_depth=max_depth,
                 max_states=max_states,

@@ -222,7 +222,13 @@ class Engine:
                 self._grammars.move_to_end(key)
                 return hit
         if spec.kind == "json_schema":
-            g: Any = self.vocab.json_schema(spec.source, whitespace=False, strict=spec.strict)
+            # OpenAI's strict mode: closed objects, properties in declared order.
+            g: Any = self.vocab.json_schema(
+                spec.source,
+                whitespace=False,
+                additional_properties=not spec.strict,
+                property_order="declared" if spec.strict else "any",
+            )
         elif spec.kind == "regex":
             g = self.vocab.regex(spec.source)
         elif spec.kind == "gbnf":

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use serde_json::{json, Value};
-use specdec_core::constrain::grammar::json_schema::JsonOptions;
+use specdec_core::constrain::grammar::json_schema::{JsonOptions, Kind, PropertyOrder};
 use specdec_core::constrain::{
     CompiledGrammar, Constraint, GrammarError, GrammarLimits, Matcher, Vocabulary,
 };
@@ -103,10 +103,11 @@ fn integer_bounds() {
         json!({"type": "integer", "multipleOf": 12345.678}),
         JsonOptions::default(),
     );
-    assert!(e
-        .unwrap_err()
-        .to_string()
-        .contains("multipleOf 12345.678 (at #)"));
+    let e = e.unwrap_err();
+    assert!(e.to_string().contains("multipleOf 12345.678"), "{e}");
+    assert!(
+        matches!(&e, GrammarError::Inexact { keyword, pointer, .. } if keyword == "multipleOf" && pointer == "#")
+    );
     check(
         &compile(json!({"type": "number", "exclusiveMinimum": -1.5, "maximum": 2})),
         &["-1.25", "0", "2", "2.000", "1.99"],
@@ -163,14 +164,26 @@ fn objects_properties_required_additional() {
             "{\"b\": \"x\"}",
             "{\"a\": 1, \"b\": \"x\", \"c\": true}",
             "{ \"b\":\"x\" , \"c\":false }",
+            "{\"b\": \"x\", \"a\": 1}",
+            "{\"c\": true, \"b\": \"x\", \"a\": 1}",
         ],
         &[
             "{}",
             "{\"a\": 1}",
-            "{\"b\": \"x\", \"a\": 1}",
             "{\"b\": \"x\", \"d\": 1}",
             "{\"b\": \"x\",}",
+            "{\"b\": \"x\", \"b\": \"y\"}",
         ],
+    );
+    // Declared order on request (OpenAI-style).
+    let declared = JsonOptions {
+        property_order: PropertyOrder::Declared,
+        ..JsonOptions::default()
+    };
+    check(
+        &compile_with(schema.clone(), declared).unwrap(),
+        &["{\"a\": 1, \"b\": \"x\"}"],
+        &["{\"b\": \"x\", \"a\": 1}"],
     );
     // Without additionalProperties: extra properties after the declared ones...
     let open = json!({"properties": {"a": {"type": "integer"}}});
@@ -179,9 +192,9 @@ fn objects_properties_required_additional() {
         &["{}", "{\"a\": 1, \"z\": [null]}", "{\"z\": {}}"],
         &["{\"a\": \"x\"}"],
     );
-    // ...unless strict.
+    // ...unless closed.
     let strict = JsonOptions {
-        strict: true,
+        closed: true,
         ..JsonOptions::default()
     };
     let g = compile_with(open, strict).unwrap();
@@ -277,7 +290,8 @@ fn layout_options() {
         whitespace: false,
         item_separator: ", ".into(),
         key_separator: ": ".into(),
-        strict: true,
+        closed: true,
+        ..JsonOptions::default()
     };
     let g = compile_with(
         json!({"properties": {"a": {"type": "array"}, "b": {"const": [1, 2]}}}),
@@ -298,17 +312,34 @@ fn unsupported_keywords_are_listed() {
         JsonOptions::default(),
     )
     .unwrap_err();
+    // Strict: one error, naming the first keyword that cannot be exact and where.
     let m = e.to_string();
+    assert!(m.contains("unevaluatedItems at #/properties/n"), "{m}");
+    assert!(m.contains("2 more inexact places"), "{m}");
+    assert!(matches!(e, GrammarError::Inexact { .. }));
+    // Not strict: compiled, each approximation listed with how it differs.
+    let lax = JsonOptions {
+        strict: false,
+        ..JsonOptions::default()
+    };
+    let g = compile_with(
+        json!({"type": ["object", "array"], "properties": {"n": {"type": "integer", "unevaluatedItems": false}, "s": {"not": {"minLength": 1, "maxLength": 3}}}, "uniqueItems": true, "x-ignored": 1}),
+        lax,
+    )
+    .unwrap();
+    let listed: Vec<(&str, &str, Kind)> = (g.approximations().iter())
+        .filter(|a| a.kind != Kind::Spelling)
+        .map(|a| (a.keyword.as_str(), a.pointer.as_str(), a.kind))
+        .collect();
     for k in [
-        "unevaluatedItems (at #/properties/n)",
-        "not (at #/properties/s)",
-        "uniqueItems (at #): only on arrays of at most one item",
+        ("unevaluatedItems", "#/properties/n", Kind::Superset),
+        ("not", "#/properties/s", Kind::Superset),
+        ("uniqueItems", "#", Kind::Superset),
     ] {
-        assert!(m.contains(k), "{m}");
+        assert!(listed.contains(&k), "{listed:?}");
     }
     // Keywords outside the JSON Schema vocabularies are annotations.
-    assert!(!m.contains("x-ignored"), "{m}");
-    assert!(matches!(e, GrammarError::Unsupported(_)));
+    assert!(!listed.iter().any(|a| a.0 == "x-ignored"), "{listed:?}");
     let bad_ref =
         compile_with(json!({"$ref": "#/$defs/missing"}), JsonOptions::default()).unwrap_err();
     assert!(bad_ref.to_string().contains("points to nothing"));

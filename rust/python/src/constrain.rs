@@ -9,7 +9,7 @@ use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use rayon::prelude::*;
-use specdec_core::constrain::grammar::json_schema::JsonOptions;
+use specdec_core::constrain::grammar::json_schema::{JsonOptions, PropertyOrder};
 use specdec_core::constrain::{
     self as core, CompiledGrammar, CompiledRegex, Constraint, GrammarError, GrammarFilter,
     GrammarLimits, RegexLimits,
@@ -281,7 +281,7 @@ impl CfgGrammar {
 
     /// Compile a JSON Schema (JSON text) to the grammar of the JSON texts it accepts.
     #[staticmethod]
-    #[pyo3(signature = (vocab, schema, whitespace=true, item_separator=",".to_owned(), key_separator=":".to_owned(), strict=false, cache_bytes=None, max_depth=None, max_states=None, max_symbols=None, max_lexer_states=None, size_limit=None))]
+    #[pyo3(signature = (vocab, schema, whitespace=true, item_separator=",".to_owned(), key_separator=":".to_owned(), closed=false, declared_order=false, strict=true, format_assertion=true, cache_bytes=None, max_depth=None, max_states=None, max_symbols=None, max_lexer_states=None, size_limit=None))]
     #[allow(clippy::too_many_arguments)]
     fn from_json_schema(
         py: Python<'_>,
@@ -290,7 +290,10 @@ impl CfgGrammar {
         whitespace: bool,
         item_separator: String,
         key_separator: String,
+        closed: bool,
+        declared_order: bool,
         strict: bool,
+        format_assertion: bool,
         cache_bytes: Option<usize>,
         max_depth: Option<usize>,
         max_states: Option<usize>,
@@ -311,7 +314,14 @@ impl CfgGrammar {
             whitespace,
             item_separator,
             key_separator,
+            closed,
+            property_order: if declared_order {
+                PropertyOrder::Declared
+            } else {
+                PropertyOrder::Any
+            },
             strict,
+            format_assertion,
         };
         let g = py
             .detach(|| CompiledGrammar::from_json_schema_text(v, &schema, &opts, limits))
@@ -352,6 +362,18 @@ impl CfgGrammar {
     #[getter]
     fn num_rules(&self) -> usize {
         self.0.grammar().num_rules()
+    }
+
+    /// Where a JSON Schema's grammar differs from the schema: (keyword, pointer, kind,
+    /// detail) each, kind one of subset, superset, neither, spelling, format.
+    #[getter]
+    fn approximations(&self) -> Vec<(String, String, &'static str, String)> {
+        (self.0.approximations().iter())
+            .map(|a| {
+                let kind = a.kind.name();
+                (a.keyword.clone(), a.pointer.clone(), kind, a.detail.clone())
+            })
+            .collect()
     }
 
     #[getter]

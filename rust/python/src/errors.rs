@@ -28,9 +28,10 @@ pub enum Class {
     Draft,
     Config,
     Verify,
+    UnsupportedSchema,
 }
 
-const CLASS_NAMES: [&str; 11] = [
+const CLASS_NAMES: [&str; 12] = [
     "TreeError",
     "KVCacheError",
     "OutOfBlocks",
@@ -42,6 +43,7 @@ const CLASS_NAMES: [&str; 11] = [
     "DraftError",
     "ConfigError",
     "VerifyError",
+    "UnsupportedSchemaError",
 ];
 
 static CLASSES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
@@ -136,6 +138,26 @@ impl From<Error> for PyErr {
                 },
                 e.to_string(),
             ),
+            Error::Grammar(GrammarError::Inexact {
+                keyword,
+                pointer,
+                detail,
+            }) => {
+                let message = GrammarError::Inexact {
+                    keyword: keyword.clone(),
+                    pointer: pointer.clone(),
+                    detail,
+                }
+                .to_string();
+                // (message, keyword, pointer): the class keeps the last two as attributes.
+                return Python::attach(|py| match CLASSES.get(py) {
+                    Some(classes) => PyErr::from_type(
+                        classes[Class::UnsupportedSchema as usize].bind(py).clone(),
+                        (message, keyword, pointer),
+                    ),
+                    None => PyRuntimeError::new_err(message),
+                });
+            }
             Error::Grammar(e) => (Class::Grammar, e.to_string()),
             Error::Draft(e) => (Class::Draft, e.to_string()),
             Error::Budget(e) => (Class::Config, e.to_string()),

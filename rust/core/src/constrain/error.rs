@@ -13,6 +13,14 @@ pub enum GrammarError {
     /// The input uses features this compiler does not support (each listed).
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A JSON Schema that cannot be compiled exactly (strict mode): the first keyword that
+    /// cannot, and where.
+    #[error("unsupported: {keyword} at {pointer}: {detail}")]
+    Inexact {
+        keyword: String,
+        pointer: String,
+        detail: String,
+    },
     /// The automaton would exceed its configured size limit.
     #[error("grammar too large: {0}")]
     TooLarge(String),

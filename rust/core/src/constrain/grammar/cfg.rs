@@ -18,6 +18,63 @@ pub enum Sym {
 pub struct Rule {
     pub lhs: u32,
     pub rhs: Vec<Sym>,
+    /// Set when the rule is one arm of a [`MemberSet`]: completing it records the member.
+    pub(super) arm: Option<Arm>,
+}
+
+/// The member a rule of a [`MemberSet`] derives; `cont`: the arm after a separator (its
+/// items are only ever seeded by the completion of an earlier member, never predicted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Arm {
+    pub set: u32,
+    pub member: u32,
+    pub cont: bool,
+}
+
+/// Most once-only members one set tracks (bits of an item's `used` word; the top byte
+/// counts the members emitted).
+pub const MAX_SET_MEMBERS: usize = 56;
+/// Most members a set counts (`min`/`max`); past it the count saturates.
+pub const MAX_SET_COUNT: u32 = 255;
+
+/// Members in any order, each once-only member at most once, every required one present,
+/// between `min` and `max` members in all, separated by a separator. Context-free only with
+/// one nonterminal per subset (2^n); instead an Earley item carries the members used so far
+/// in its `used` word (bits 0..56: once-only members; bits 56..64: the count), which
+/// [`MemberSet::add`] updates when an arm completes.
+#[derive(Debug, Clone)]
+pub struct MemberSet {
+    /// Bit i: member i is once-only (repeatable members have no bit).
+    pub(super) once: u64,
+    pub(super) required: u64,
+    pub(super) min: u32,
+    pub(super) max: Option<u32>,
+    /// The continuation arms `(rule, member)`, filled by [`GrammarBuilder::build`].
+    pub(super) cont: Vec<(u32, u32)>,
+}
+
+impl MemberSet {
+    pub(super) fn count(used: u64) -> u32 {
+        (used >> 56) as u32
+    }
+
+    /// `used` after member `m`.
+    pub(super) fn add(&self, used: u64, m: u32) -> u64 {
+        let bit = if m < 56 { (1u64 << m) & self.once } else { 0 };
+        let count = (Self::count(used) + 1).min(MAX_SET_COUNT) as u64;
+        (used & ((1 << 56) - 1)) | bit | (count << 56)
+    }
+
+    /// May the set end after `used`?
+    pub(super) fn done(&self, used: u64) -> bool {
+        used & self.required == self.required && Self::count(used) >= self.min
+    }
+
+    /// May member `m` follow `used`?
+    pub(super) fn allows(&self, used: u64, m: u32) -> bool {
+        let free = m >= 56 || (1u64 << m) & self.once & used == 0;
+        free && self.max.is_none_or(|x| Self::count(used) < x)
+    }
 }
 
 /// Bounds checked while a grammar is built and compiled; exceeding one raises
@@ -68,6 +125,7 @@ pub struct Grammar {
     /// i.e. those whose prediction leads to B's.
     pub(super) left_of: Vec<FxHashSet<u32>>,
     pub(super) lexemes: Vec<Lexeme>,
+    pub(super) sets: Vec<MemberSet>,
     pub(super) start_rule: u32,
     pub(super) limits: GrammarLimits,
 }
@@ -117,6 +175,7 @@ pub struct GrammarBuilder {
     lex_by_regex: FxHashMap<String, u32>,
     /// Units of counted lexemes, by regex (their ids key shared masks).
     units: FxHashMap<String, u32>,
+    sets: Vec<MemberSet>,
     symbols: usize,
     lexer_states: usize,
     limits: GrammarLimits,
@@ -132,6 +191,7 @@ impl GrammarBuilder {
             lexemes: Vec::new(),
             lex_by_regex: FxHashMap::default(),
             units: FxHashMap::default(),
+            sets: Vec::new(),
             symbols: 0,
             lexer_states: 0,
             limits,
@@ -227,7 +287,81 @@ impl GrammarBuilder {
             )));
         }
         self.defined[lhs as usize] = true;
-        self.rules.push(Rule { lhs, rhs });
+        self.rules.push(Rule {
+            lhs,
+            rhs,
+            arm: None,
+        });
+        Ok(())
+    }
+
+    /// Define `lhs` as a member set (`MemberSet`) of `members` (each a symbol, `required`,
+    /// `once`), `sep` between members, `min..=max` members in all. The grammar stays the size
+    /// of its members (two arms each) whatever their number.
+    pub fn member_set(
+        &mut self,
+        lhs: u32,
+        members: &[(Sym, bool, bool)],
+        sep: Sym,
+        min: u32,
+        max: Option<u32>,
+    ) -> Result<(), GrammarError> {
+        let (mut once, mut required) = (0u64, 0u64);
+        let mut n_once = 0;
+        let mut index = Vec::new();
+        for &(_, req, o) in members {
+            // Once-only members take bits 0..56 in order; repeatable ones count from 56 up.
+            let m = if o { n_once } else { 56 + index.len() as u32 };
+            if o {
+                n_once += 1;
+                if n_once as usize > MAX_SET_MEMBERS {
+                    return Err(GrammarError::TooLarge(format!(
+                        "a member set of more than {MAX_SET_MEMBERS} once-only members"
+                    )));
+                }
+                once |= 1 << m;
+                if req {
+                    required |= 1 << m;
+                }
+            } else if req {
+                return Err(GrammarError::Grammar(
+                    "a repeatable member cannot be required".into(),
+                ));
+            }
+            index.push(m);
+        }
+        if min > MAX_SET_COUNT || max.is_some_and(|m| m > MAX_SET_COUNT) {
+            return Err(GrammarError::TooLarge(format!(
+                "a member set counting past {MAX_SET_COUNT}"
+            )));
+        }
+        let set = self.sets.len() as u32;
+        self.sets.push(MemberSet {
+            once,
+            required,
+            min,
+            max,
+            cont: Vec::new(),
+        });
+        let cont_nt = self.fresh("set-cont");
+        // (With `max` 0 no member may come: only the empty set.)
+        let members = if max == Some(0) { &[][..] } else { members };
+        for (&(sym, _, _), &m) in members.iter().zip(&index) {
+            for (nt, rhs, cont) in [(lhs, vec![sym], false), (cont_nt, vec![sep, sym], true)] {
+                self.rule(nt, rhs)?;
+                let last = self.rules.len() - 1;
+                self.rules[last].arm = Some(Arm {
+                    set,
+                    member: m,
+                    cont,
+                });
+            }
+        }
+        if required == 0 && min == 0 {
+            self.rule(lhs, vec![])?;
+        }
+        // (The continuation nonterminal is never referenced: its arms are seeded directly.)
+        self.defined[cont_nt as usize] = true;
         Ok(())
     }
 
@@ -247,6 +381,7 @@ impl GrammarBuilder {
         self.rules.push(Rule {
             lhs: aug,
             rhs: vec![Sym::Nt(start)],
+            arm: None,
         });
         let n = self.names.len();
         // Productive nonterminals (derive some string): a rule using an unproductive symbol
@@ -333,7 +468,10 @@ impl GrammarBuilder {
         }
         let mut by_lhs = vec![Vec::new(); n];
         for (i, r) in self.rules.iter().enumerate() {
-            by_lhs[r.lhs as usize].push(i as u32);
+            match r.arm {
+                Some(a) if a.cont => self.sets[a.set as usize].cont.push((i as u32, a.member)),
+                _ => by_lhs[r.lhs as usize].push(i as u32),
+            }
         }
         Ok(Grammar {
             names: self.names,
@@ -342,6 +480,7 @@ impl GrammarBuilder {
             nullable,
             left_of,
             lexemes: self.lexemes,
+            sets: self.sets,
             start_rule,
             limits: self.limits,
         })

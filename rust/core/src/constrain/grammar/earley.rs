@@ -39,13 +39,15 @@ const ROOT_NODE: u32 = 0;
 
 /// `rule`'s right-hand side with the dot before symbol `dot`; `lex` is the DFA state of the
 /// lexeme after the dot (DEAD when the dot is not before a lexeme); `origin` a node id or
-/// [`SELF`].
+/// [`SELF`]; `used`: in an arm of a member set, the members before it (see
+/// [`MemberSet`](super::cfg::MemberSet)), else 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Item {
     rule: u32,
     dot: u32,
     origin: u32,
     lex: StateId,
+    used: u64,
 }
 
 #[derive(Debug)]
@@ -340,7 +342,7 @@ impl Chart {
         for it in node_items.iter() {
             let c = waits_on(g, it).expect("node items wait on a nonterminal");
             if c == b {
-                out.push(item_at(g, it.rule, it.dot + 1, it.origin));
+                out.push(advance(g, it));
             }
             if lo.contains(&c) {
                 stack.push(c);
@@ -405,7 +407,27 @@ impl Chart {
                     }
                     // An item completed at its own origin derived the empty string: the
                     // nullable advance below (Aycock-Horspool) already moved its waiters.
-                    if it.origin != SELF {
+                    // (Set members never derive it.)
+                    if it.origin == SELF {
+                        continue;
+                    }
+                    let Some(arm) = rule.arm else {
+                        work.extend(self.complete(g, it.origin)?.iter().copied());
+                        continue;
+                    };
+                    // A member of a set: the set may end here, or go on with a separator
+                    // and a member still allowed (same origin: one derivation of the set).
+                    let set = &g.sets[arm.set as usize];
+                    let used = set.add(it.used, arm.member);
+                    for &(r, m) in &set.cont {
+                        if set.allows(used, m) {
+                            work.push(Item {
+                                used,
+                                ..item_at(g, r, 0, it.origin)
+                            });
+                        }
+                    }
+                    if set.done(used) {
                         work.extend(self.complete(g, it.origin)?.iter().copied());
                     }
                 }
@@ -419,13 +441,13 @@ impl Chart {
                         }
                     }
                     if g.nullable[a as usize] {
-                        work.push(item_at(g, it.rule, it.dot + 1, it.origin));
+                        work.push(advance(g, &it));
                     }
                 }
                 Some(&Sym::Lex(l)) => {
                     kept.push(it);
                     if g.lexemes[l as usize].is_accepting(it.lex) {
-                        work.push(item_at(g, it.rule, it.dot + 1, it.origin));
+                        work.push(advance(g, &it));
                     }
                 }
             }
@@ -472,6 +494,15 @@ fn item_at(g: &Grammar, rule: u32, dot: u32, origin: u32) -> Item {
         dot,
         origin,
         lex,
+        used: 0,
+    }
+}
+
+/// `it` with its dot moved over one symbol (its set members kept).
+fn advance(g: &Grammar, it: &Item) -> Item {
+    Item {
+        used: it.used,
+        ..item_at(g, it.rule, it.dot + 1, it.origin)
     }
 }
 

@@ -1,43 +1,48 @@
-//! JSON Schema to a [`Grammar`] of the JSON texts the schema accepts.
+//! JSON Schema to a [`Grammar`] of the JSON texts the schema accepts: exactly, or refused.
 //!
 //! Supported: `type` (one or a list), `properties`, `required`, `additionalProperties`
 //! (false, true or a schema), `items`, `prefixItems`, `minItems`, `maxItems`, `enum`,
-//! `const`, `anyOf`, `oneOf` (as `anyOf`: exclusivity is not context-free in general),
-//! `not` (of `type`s, `{}`/`true`/`false`, one bound or length, or a double negation),
-//! `patternProperties`, `propertyNames` (string keywords, `const`/`enum`, booleans),
-//! `minProperties`/`maxProperties` (counted, up to `MAX_COUNT` (64)), `contains` with
-//! `minContains` (counted; `maxContains` refused), `uniqueItems` (false; true on arrays of
-//! at most one item, or of items from at most 8 listed scalars), `dependentRequired`/`dependentSchemas`/`dependencies` (expanded over
-//! at most `MAX_DEP_TRIGGERS` (5) triggers), `if`/`then`/`else` (where `if` has a
-//! negation (`negation`), or without `then`), `allOf` (one member, or objects merged; bounds merged
-//! to the tighter), `$ref` into the same document (`#`, `#/$defs/x`,
-//! `#/definitions/x`, any JSON pointer; recursion allowed), `$defs`/`definitions`, `pattern`,
-//! `minLength`, `maxLength`, `format` (date, time, date-time, uuid, email, ipv4, ipv6, uri),
-//! `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` and `multipleOf` (a
-//! remainder automaton, `multiple_of.rs`) on integers and numbers (bounded numbers and
-//! multiples without exponents). Without `type`, every kind is allowed, each
-//! constrained by its own keywords (as the spec reads). Annotations (`title`,
-//! `description`, `default`, ...) and keywords outside the JSON Schema vocabularies (`x-...`,
-//! `example`) are ignored, as the spec ignores unknown keywords; so are formats the spec does
-//! not define. An assertion or applicator of drafts 4 to 2020-12 not compiled yet
-//! (`unevaluatedProperties`, `$dynamicRef`, ...), a form of a supported one that cannot be
-//! exact here (`uniqueItems` on longer arrays, a counter past its cap) or a spec format not
-//! supported raises [`GrammarError::Unsupported`] listing every one found, with its
-//! location: never dropped silently. Draft-4 array
-//! forms (`items` as an array, `additionalItems`) read as `prefixItems` and `items`.
+//! `const`, `anyOf`, `oneOf` (alternatives shown disjoint (`disjoint`: kinds, listed
+//! values, ranges, patterns, a required property's schemas), or each intersected with the
+//! negation of those it may overlap), `not` (of `type`s, `{}`/`true`/`false`, one bound or
+//! length, `required`/`properties` of objects, or a double negation), `patternProperties`
+//! (keys matching several patterns take all their schemas, up to `MAX_PATTERNS`),
+//! `propertyNames` (string keywords, `const`/`enum`, booleans), `minProperties`/
+//! `maxProperties`, `contains` with `minContains` (counted; `maxContains` refused),
+//! `uniqueItems` (false; true on arrays of at most one item, or of items from at most 8
+//! listed scalars), `dependentRequired`/`dependentSchemas`/`dependencies` (expanded over at
+//! most `MAX_DEP_TRIGGERS` (5) triggers), `if`/`then`/`else` (where `if` has a negation, or
+//! without `then`), `allOf` (one member, or members merged: properties joined, bounds to
+//! the tighter, enums intersected, two anyOf multiplied out), `$ref` into the same document
+//! (any JSON pointer; recursion allowed; beside other keywords an `allOf`, except in drafts
+//! 3 to 7, where `$schema` says so and `$ref` overrides its siblings), `$defs`/
+//! `definitions`, `pattern`, `minLength`, `maxLength`, `format` (date, time, date-time,
+//! uuid, email, ipv4, ipv6, uri; an annotation with `format_assertion` off), `minimum`,
+//! `maximum`, `exclusiveMinimum`, `exclusiveMaximum` and `multipleOf` (a remainder
+//! automaton, `multiple_of.rs`). Without `type`, every kind is allowed, each constrained by
+//! its own keywords (as the spec reads). Annotations and keywords outside the JSON Schema
+//! vocabularies (`x-...`, `example`) are ignored, as the spec ignores unknown keywords.
 //!
-//! Output shape: properties in declared order, optional ones omitted at will, additional
-//! ones (keys other than the declared, in their canonical escaping) after them, with up to
-//! three required properties that have no schema of their own in any order among those; the
-//! separators and the whitespace around punctuation follow [`JsonOptions`]. String values
-//! under `pattern` are generated without escape sequences (a subset of their language: every
-//! text generated is valid JSON that matches the pattern).
+//! Exactness: whatever cannot be compiled exactly is an [`Approximation`] naming the
+//! keyword, its location and how the grammar differs (subset, superset, neither). With
+//! [`JsonOptions::strict`] (the default) the first one is an error
+//! ([`GrammarError::Inexact`]); without, the approximation is compiled and listed. Two kinds
+//! are listed and never refused: spellings ([`Kind::Spelling`]: integers without a fraction
+//! or exponent, bounded numbers without exponents, `\u` escapes only for control
+//! characters: every value keeps a spelling) and the format automata ([`Kind::Format`]).
+//!
+//! Objects: properties in any order, each at most once, every required one present, counted
+//! for `minProperties`/`maxProperties` (a member set: the parser tracks the members used, so
+//! the grammar stays linear in the properties), or in declared order with
+//! [`PropertyOrder::Declared`]. Keys and string values under `pattern` are automata over
+//! characters read through JSON's escapes; the separators and the whitespace around
+//! punctuation follow [`JsonOptions`].
 
 use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
-use super::cfg::{Grammar, GrammarBuilder, GrammarLimits, Sym};
+use super::cfg::{Grammar, GrammarBuilder, GrammarLimits, Sym, MAX_SET_COUNT, MAX_SET_MEMBERS};
 use super::int_range::int_range_regex;
 use super::multiple_of::{self, multiple_of_dfa};
 use crate::constrain::{GrammarError, TableDfa};
@@ -52,7 +57,71 @@ pub struct JsonOptions {
     /// Between a key and its value.
     pub key_separator: String,
     /// Objects without `additionalProperties` allow no other properties (as if `false`).
+    pub closed: bool,
+    /// The order properties may come in.
+    pub property_order: PropertyOrder,
+    /// Refuse a schema that cannot be compiled exactly ([`GrammarError::Inexact`] naming
+    /// the first such keyword); otherwise compile an approximation and list it
+    /// ([`Approximation`]). Spelling restrictions ([`Kind::Spelling`]) and the supported
+    /// formats' automata ([`Kind::Format`]) are listed, never refused.
     pub strict: bool,
+    /// `format` asserts its format (else it is an annotation, as JSON Schema 2020-12 reads
+    /// it by default).
+    pub format_assertion: bool,
+}
+
+/// How an approximation's language relates to the schema's valid documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// Some valid documents are rejected, no invalid one accepted.
+    Subset,
+    /// Every valid document is accepted, and some invalid ones.
+    Superset,
+    /// Some of each.
+    Neither,
+    /// Values are all reachable but some spellings are not (numbers without exponents,
+    /// string values under `pattern` without escape sequences).
+    Spelling,
+    /// A format's automaton, which approximates its RFC (email, uri: both ways; time,
+    /// date-time, ipv6: no leap seconds, lowercase `t`/`z` or embedded IPv4).
+    Format,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Subset => "subset",
+            Kind::Superset => "superset",
+            Kind::Neither => "neither",
+            Kind::Spelling => "spelling",
+            Kind::Format => "format",
+        }
+    }
+
+    /// Does `strict` refuse it?
+    fn refused(self) -> bool {
+        matches!(self, Kind::Subset | Kind::Superset | Kind::Neither)
+    }
+}
+
+/// One place where the compiled grammar differs from the schema.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Approximation {
+    pub keyword: String,
+    /// The schema's location, a JSON pointer as a URI fragment (`#/properties/a`).
+    pub pointer: String,
+    pub kind: Kind,
+    pub detail: String,
+}
+
+/// The order an object's properties may come in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PropertyOrder {
+    /// Any order (each at most once), as JSON Schema reads objects.
+    Any,
+    /// Declared properties in declared order, others after them (OpenAI-style structured
+    /// output): a subset of the valid documents.
+    Declared,
 }
 
 impl Default for JsonOptions {
@@ -61,7 +130,10 @@ impl Default for JsonOptions {
             whitespace: true,
             item_separator: ",".into(),
             key_separator: ":".into(),
-            strict: false,
+            closed: false,
+            property_order: PropertyOrder::Any,
+            strict: true,
+            format_assertion: true,
         }
     }
 }
@@ -87,32 +159,52 @@ const NUMBER: &str = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?";
 const INTEGER: &str = r"-?(?:0|[1-9][0-9]*)";
 const WS: &str = r"[ \t\n\r]*";
 
-/// Compile `schema` (a JSON Schema document) to a grammar.
+/// Compile `schema` (a JSON Schema document) to a grammar, with the approximations it took
+/// (with `opts.strict`, an error at the first one strict mode refuses).
 pub fn compile(
     schema: &Value,
     opts: &JsonOptions,
     limits: GrammarLimits,
-) -> Result<Grammar, GrammarError> {
+) -> Result<(Grammar, Vec<Approximation>), GrammarError> {
     let mut c = Compiler {
         b: GrammarBuilder::new(limits),
         root: schema,
         opts: opts.clone(),
         refs: HashMap::new(),
         pending: Vec::new(),
-        unsupported: Vec::new(),
+        approximations: Vec::new(),
+        listed: Vec::new(),
         any: None,
+        ref_overrides: legacy_ref(schema),
     };
+    if let Some(uri) = schema.get("$schema").and_then(Value::as_str) {
+        if !known_metaschema(uri) {
+            let detail = "a metaschema this compiler does not know: its vocabularies may differ";
+            c.inexact("$schema", "#", Kind::Neither, detail);
+        }
+    }
     let top = c.schema(schema, "#", 0)?;
     while let Some((nt, path)) = c.pending.pop() {
         let target = resolve(c.root, &path)?;
         let sym = c.schema(target, &path, 0)?;
         c.b.rule(nt, vec![sym])?;
     }
-    if !c.unsupported.is_empty() {
-        c.unsupported.sort();
-        c.unsupported.dedup();
-        return Err(GrammarError::Unsupported(c.unsupported.join(", ")));
+    if let Some(a) = c.approximations.first().filter(|_| opts.strict) {
+        let others = c.approximations.len() - 1;
+        let detail = match others {
+            0 => a.detail.clone(),
+            n => format!("{} ({n} more inexact places)", a.detail),
+        };
+        return Err(GrammarError::Inexact {
+            keyword: a.keyword.clone(),
+            pointer: a.pointer.clone(),
+            detail,
+        });
     }
+    let listed = std::mem::take(&mut c.listed);
+    c.approximations.extend(listed);
+    c.approximations.sort();
+    c.approximations.dedup();
     let root = c.b.nonterminal("root");
     let ws = c.ws_lexeme()?;
     let mut rhs = vec![top];
@@ -120,7 +212,7 @@ pub fn compile(
         rhs = vec![w, top, w];
     }
     c.b.rule(root, rhs)?;
-    c.b.build(root)
+    Ok((c.b.build(root)?, c.approximations))
 }
 
 /// The sub-schema at `#/a/b` (JSON pointer, `~0`/`~1` escapes) of `root`.
@@ -170,6 +262,51 @@ fn negation(n: &Value) -> Option<Value> {
     if only("not") {
         return Some(n["not"].clone()); // double negation
     }
+    // An object-only schema fails where the value is an object (if `type` says so) lacking
+    // a required name, or holding a property that fails its schema. (Other kinds satisfy
+    // `required` and `properties`, which only constrain objects.)
+    let obj = n.as_object()?;
+    let object_only = obj
+        .keys()
+        .all(|k| ["required", "type", "properties"].contains(&k.as_str()) || ignored(k))
+        && obj.get("type").is_none_or(|t| t == "object")
+        && (obj.contains_key("required") || obj.contains_key("properties"));
+    if object_only {
+        let one = |k: &str, v: Value| {
+            let mut o = Map::new();
+            o.insert(k.to_owned(), v);
+            o
+        };
+        let mut fails: Vec<Value> = Vec::new();
+        if obj.contains_key("type") {
+            fails.push(json_kinds_but("object"));
+        }
+        if let Some(names) = obj.get("required") {
+            for name in names.as_array()? {
+                let absent = one(name.as_str()?, Value::Bool(false));
+                fails.push(Value::Object(one("properties", Value::Object(absent))));
+            }
+        }
+        if let Some(props) = obj.get("properties") {
+            for (p, ps) in props.as_object()? {
+                let violated = negation(ps)?;
+                if violated == Value::Bool(false) {
+                    continue; // a schema every value satisfies
+                }
+                let mut o = one("properties", Value::Object(one(p, violated)));
+                o.insert(
+                    "required".into(),
+                    Value::Array(vec![Value::String(p.clone())]),
+                );
+                fails.push(Value::Object(o));
+            }
+        }
+        return match fails.len() {
+            0 => Some(Value::Bool(false)),
+            1 => fails.pop(),
+            _ => Some(Value::Object(one("anyOf", Value::Array(fails)))),
+        };
+    }
     // One bound: values of its kind on the other side of it (other kinds satisfy the bound,
     // so they fail its negation).
     let flipped = [
@@ -205,6 +342,386 @@ fn negation(n: &Value) -> Option<Value> {
     None
 }
 
+/// `{"type": [every kind but `kind`]}`.
+fn json_kinds_but(kind: &str) -> Value {
+    let kinds: Vec<Value> = ["object", "array", "string", "number", "boolean", "null"]
+        .iter()
+        .filter(|k| **k != kind)
+        .map(|k| Value::String((*k).to_owned()))
+        .collect();
+    let mut t = Map::new();
+    t.insert("type".into(), Value::Array(kinds));
+    Value::Object(t)
+}
+
+/// The JSON kinds a schema's `type`, `const` or `enum` admit (`integer` read as `number`);
+/// `None`: every kind (or not known here).
+fn kinds_of(s: &Value) -> Option<Vec<&'static str>> {
+    let kind = |v: &Value| match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    let o = match s {
+        Value::Bool(false) => return Some(Vec::new()),
+        Value::Object(o) => o,
+        _ => return None,
+    };
+    let mut out: Option<Vec<&'static str>> = None;
+    let mut meet = |ks: Vec<&'static str>| {
+        out = Some(match out.take() {
+            None => ks,
+            Some(prev) => prev.into_iter().filter(|k| ks.contains(k)).collect(),
+        });
+    };
+    if let Some(t) = o.get("type") {
+        let listed: Vec<&str> = match t {
+            Value::String(t) => vec![t.as_str()],
+            Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+            _ => return None,
+        };
+        let all = ["object", "array", "string", "number", "boolean", "null"];
+        meet(
+            all.iter()
+                .copied()
+                .filter(|k| listed.contains(k) || (*k == "number" && listed.contains(&"integer")))
+                .collect(),
+        );
+    }
+    if let Some(c) = o.get("const") {
+        meet(vec![kind(c)]);
+    }
+    if let Some(Value::Array(e)) = o.get("enum") {
+        let mut ks: Vec<&'static str> = e.iter().map(kind).collect();
+        ks.dedup();
+        meet(ks);
+    }
+    out
+}
+
+/// The values a schema lists (`const`, or `enum`), if it does.
+fn listed_values(s: &Value) -> Option<Vec<Value>> {
+    match (s.get("const"), s.get("enum")) {
+        (Some(c), _) => Some(vec![c.clone()]),
+        (None, Some(Value::Array(e))) => Some(e.clone()),
+        _ => None,
+    }
+}
+
+/// Can no JSON value satisfy both `a` and `b`? `false` when not shown here: disjoint kinds,
+/// disjoint listed values, disjoint length or number ranges, or objects that both require
+/// a property whose listed values differ, or where one requires a property the other
+/// forbids.
+fn disjoint(a: &Value, b: &Value, limits: crate::constrain::RegexLimits) -> bool {
+    disjoint_within(a, b, 4, limits)
+}
+
+/// [`disjoint`], looking `depth` levels of properties down.
+fn disjoint_within(
+    a: &Value,
+    b: &Value,
+    depth: usize,
+    limits: crate::constrain::RegexLimits,
+) -> bool {
+    if let (Some(x), Some(y)) = (listed_values(a), listed_values(b)) {
+        let same = |u: &Value, v: &Value| match (u.as_f64(), v.as_f64()) {
+            (Some(p), Some(q)) => p == q,
+            _ => u == v,
+        };
+        if !x.iter().any(|u| y.iter().any(|v| same(u, v))) {
+            return true;
+        }
+    }
+    let (ka, kb) = (kinds_of(a), kinds_of(b));
+    let common: Vec<&str> = match (&ka, &kb) {
+        (Some(x), Some(y)) => x.iter().copied().filter(|k| y.contains(k)).collect(),
+        (Some(x), None) | (None, Some(x)) => x.clone(),
+        (None, None) => vec!["object", "array", "string", "number", "boolean", "null"],
+    };
+    if common.is_empty() {
+        return true;
+    }
+    // Ranges that cannot meet (for the one kind both allow).
+    let num = |s: &Value, k: &str| s.get(k).and_then(Value::as_f64);
+    let apart = |lo: &[&str], hi: &[&str]| {
+        let top = hi
+            .iter()
+            .filter_map(|k| num(a, k))
+            .fold(f64::INFINITY, f64::min);
+        let bottom = lo
+            .iter()
+            .filter_map(|k| num(b, k))
+            .fold(f64::NEG_INFINITY, f64::max);
+        top < bottom
+    };
+    let ranges_apart = |lo: &[&str], hi: &[&str]| {
+        apart(lo, hi) || {
+            let top = hi
+                .iter()
+                .filter_map(|k| num(b, k))
+                .fold(f64::INFINITY, f64::min);
+            let bottom = lo
+                .iter()
+                .filter_map(|k| num(a, k))
+                .fold(f64::NEG_INFINITY, f64::max);
+            top < bottom
+        }
+    };
+    if common == ["string"] && ranges_apart(&["minLength"], &["maxLength"]) {
+        return true;
+    }
+    // Two patterns no string matches both of.
+    let pattern = |s: &Value| s.get("pattern").and_then(Value::as_str).map(str::to_owned);
+    if let (true, Some(p), Some(q)) = (common == ["string"], pattern(a), pattern(b)) {
+        let dfa =
+            |p: &str| TableDfa::compile(&format!("(?s:.)*(?:{})(?s:.)*", ecma_classes(p)), limits);
+        if let (Ok(x), Ok(y)) = (dfa(&p), dfa(&q)) {
+            if let Ok(both) = x.intersect(&y, limits) {
+                if !both.states().any(|st| both.is_accepting(st)) {
+                    return true;
+                }
+            }
+        }
+    }
+    let (lo, hi) = (
+        ["minimum", "exclusiveMinimum"],
+        ["maximum", "exclusiveMaximum"],
+    );
+    if common == ["number"] && ranges_apart(&lo, &hi) {
+        return true;
+    }
+    if common != ["object"] {
+        return false;
+    }
+    let required = |s: &Value| -> Vec<String> {
+        s.get("required")
+            .and_then(Value::as_array)
+            .map(|r| {
+                r.iter()
+                    .filter_map(|x| x.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let prop = |s: &Value, p: &str| s.get("properties").and_then(|ps| ps.get(p)).cloned();
+    let forbids = |s: &Value, p: &str| match prop(s, p) {
+        Some(Value::Bool(false)) => true,
+        Some(_) => false,
+        None => {
+            s.get("additionalProperties") == Some(&Value::Bool(false))
+                && s.get("patternProperties").is_none()
+        }
+    };
+    let (ra, rb) = (required(a), required(b));
+    if ra.iter().any(|p| forbids(b, p)) || rb.iter().any(|p| forbids(a, p)) {
+        return true;
+    }
+    // A property both require, whose schemas no value satisfies together.
+    ra.iter().filter(|p| rb.contains(p)).any(|p| {
+        let (Some(x), Some(y)) = (prop(a, p), prop(b, p)) else {
+            return false;
+        };
+        depth > 0 && disjoint_within(&x, &y, depth - 1, limits)
+    })
+}
+
+/// The automaton of every UTF-8 text, `(?s:.)*` (built once).
+fn any_text(limits: crate::constrain::RegexLimits) -> Result<TableDfa, GrammarError> {
+    static ANY: std::sync::OnceLock<TableDfa> = std::sync::OnceLock::new();
+    if let Some(d) = ANY.get() {
+        return Ok(d.clone());
+    }
+    let d = TableDfa::compile("(?s:.)*", limits)?;
+    Ok(ANY.get_or_init(|| d).clone())
+}
+
+/// Where a JSON string's content is inside an escape sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Escape {
+    /// Before the opening quote (`quoted`).
+    Open,
+    Plain,
+    /// After the closing quote.
+    Closed,
+    Backslash,
+    U,
+    U0,
+    U00,
+    /// `\u00` and the code point's high hex digit (0 or 1).
+    U00x(u8),
+}
+
+/// The automaton of the JSON string contents (between the quotes) whose characters `d`
+/// accepts: characters written as themselves (except `"`, `\` and controls), as one of
+/// the short escapes, or as `\u00XX` for controls (so every string has a spelling; other
+/// `\u` spellings are not accepted).
+fn json_escaped(d: &TableDfa, quoted: bool) -> TableDfa {
+    use crate::constrain::regex::StateId;
+    const SHORT: [(u8, u8); 8] = [
+        (b'"', b'"'),
+        (b'\\', b'\\'),
+        (b'/', b'/'),
+        (b'b', 0x08),
+        (b'f', 0x0C),
+        (b'n', b'\n'),
+        (b'r', b'\r'),
+        (b't', b'\t'),
+    ];
+    let dead = crate::constrain::regex::DEAD;
+    // Escape states are shared by the states of `d` that escapes take to the same places
+    // (their signature: where each escaped character leads), so a set of names, whose
+    // states mostly send `"`, `\\` and controls to one place, stays small.
+    let mut sigs: HashMap<Vec<StateId>, usize> = HashMap::new();
+    let mut sig_targets: Vec<Vec<StateId>> = Vec::new();
+    // Node: (d state or signature, escape position); dense ids per kind.
+    let mut q_ids: Vec<u32> = vec![0; d.num_states() * 3];
+    let mut chain_ids: HashMap<(usize, Escape), u32> = HashMap::new();
+    let mut order: Vec<(usize, Escape)> = Vec::new();
+    let mut edges: Vec<[u32; 256]> = vec![[0; 256]];
+    let mut accepting = vec![false];
+    let code = |e: Escape| match e {
+        Escape::Open => 0,
+        Escape::Plain => 1,
+        _ => 2,
+    };
+    let mut node = |key: usize, e: Escape, order: &mut Vec<(usize, Escape)>| -> u32 {
+        let slot = match e {
+            Escape::Open | Escape::Plain | Escape::Closed => &mut q_ids[key * 3 + code(e)],
+            _ => chain_ids.entry((key, e)).or_insert(0),
+        };
+        if *slot == 0 {
+            order.push((key, e));
+            *slot = order.len() as u32;
+        }
+        *slot
+    };
+    let first = if quoted { Escape::Open } else { Escape::Plain };
+    node(d.start().index(), first, &mut order);
+    let mut i = 0;
+    while i < order.len() {
+        let (key, e) = order[i];
+        let mut row = [0u32; 256];
+        let q = StateId::from_index(key);
+        macro_rules! to {
+            ($t:expr) => {{
+                let t: StateId = $t;
+                if t == dead {
+                    0
+                } else {
+                    node(t.index(), Escape::Plain, &mut order)
+                }
+            }};
+        }
+        match e {
+            Escape::Open => row[b'"' as usize] = to!(q),
+            Escape::Closed => {}
+            Escape::Plain => {
+                for b in 0x20..=255u8 {
+                    row[b as usize] = match b {
+                        b'"' if quoted && d.is_accepting(q) => {
+                            node(key, Escape::Closed, &mut order)
+                        }
+                        b'"' => 0,
+                        b'\\' => {
+                            let sig: Vec<StateId> = (SHORT.iter().map(|&(_, c)| d.next(q, c)))
+                                .chain((0..0x20u8).map(|c| d.next(q, c)))
+                                .collect();
+                            if sig.iter().all(|&t| t == dead) {
+                                0
+                            } else {
+                                let n = sigs.len();
+                                let id = *sigs.entry(sig.clone()).or_insert_with(|| {
+                                    sig_targets.push(sig);
+                                    n
+                                });
+                                node(id, Escape::Backslash, &mut order)
+                            }
+                        }
+                        _ => to!(d.next(q, b)),
+                    };
+                }
+            }
+            Escape::Backslash => {
+                let t = sig_targets[key].clone();
+                for (k, &(c, _)) in SHORT.iter().enumerate() {
+                    row[c as usize] = to!(t[k]);
+                }
+                if t[SHORT.len()..].iter().any(|&x| x != dead) {
+                    row[b'u' as usize] = node(key, Escape::U, &mut order);
+                }
+            }
+            Escape::U => row[b'0' as usize] = node(key, Escape::U0, &mut order),
+            Escape::U0 => row[b'0' as usize] = node(key, Escape::U00, &mut order),
+            Escape::U00 => {
+                row[b'0' as usize] = node(key, Escape::U00x(0), &mut order);
+                row[b'1' as usize] = node(key, Escape::U00x(1), &mut order);
+            }
+            Escape::U00x(x) => {
+                let t = sig_targets[key].clone();
+                for c in b"0123456789abcdefABCDEF" {
+                    let h = (*c as char).to_digit(16).unwrap_or(0) as usize;
+                    row[*c as usize] = to!(t[SHORT.len() + x as usize * 16 + h]);
+                }
+            }
+        }
+        edges.push(row);
+        accepting.push(match (quoted, e) {
+            (true, _) => e == Escape::Closed,
+            (false, Escape::Plain) => d.is_accepting(q),
+            _ => false,
+        });
+        i += 1;
+    }
+    TableDfa::from_edges(&edges, &accepting)
+}
+
+/// Does `v` hold an object of two members or more (whose order a regex would fix)?
+fn has_object_pair(v: &Value) -> bool {
+    match v {
+        Value::Object(o) => o.len() > 1 || o.values().any(has_object_pair),
+        Value::Array(xs) => xs.iter().any(has_object_pair),
+        _ => false,
+    }
+}
+
+/// The schema whose one valid value is `v` (objects as closed objects of `const` members).
+fn literal_schema(v: &Value) -> Value {
+    let mut s = Map::new();
+    match v {
+        Value::Object(o) if has_object_pair(v) => {
+            let props: Map<String, Value> = o
+                .iter()
+                .map(|(k, x)| (k.clone(), literal_schema(x)))
+                .collect();
+            let names: Vec<Value> = o.keys().map(|k| Value::String(k.clone())).collect();
+            s.insert("type".into(), Value::String("object".into()));
+            s.insert("properties".into(), Value::Object(props));
+            s.insert("required".into(), Value::Array(names));
+            s.insert("additionalProperties".into(), Value::Bool(false));
+        }
+        Value::Array(xs) if has_object_pair(v) => {
+            let items: Vec<Value> = xs.iter().map(literal_schema).collect();
+            s.insert("type".into(), Value::String("array".into()));
+            s.insert("prefixItems".into(), Value::Array(items));
+            s.insert("items".into(), Value::Bool(false));
+            s.insert("minItems".into(), Value::from(xs.len()));
+        }
+        _ => {
+            s.insert("const".into(), v.clone());
+        }
+    }
+    Value::Object(s)
+}
+
+/// Most patternProperties combined (one key class per non-empty subset).
+const MAX_PATTERNS: usize = 4;
+
+/// Most alternatives an `allOf` of two `anyOf` expands to.
+const MAX_PRODUCT: usize = 64;
+
 /// The lexemes every JSON Schema grammar with the default options is made of (strings,
 /// numbers, whitespace and punctuation), spelled as the compiler spells them: a vocabulary
 /// prepares their automata and trie walks once for all the schemas it serves.
@@ -229,12 +746,64 @@ struct Compiler<'a> {
     /// `$ref` target -> its nonterminal (created on first use, defined from `pending`).
     refs: HashMap<String, u32>,
     pending: Vec<(u32, String)>,
-    unsupported: Vec<String>,
+    /// What strict mode refuses (in the order met).
+    approximations: Vec<Approximation>,
+    /// Spelling and format approximations (listed, not refused), one per keyword.
+    listed: Vec<Approximation>,
     /// The nonterminal of an unconstrained JSON value, built on first use.
     any: Option<Sym>,
+    /// Drafts 3 to 7: a `$ref` overrides its siblings (they are ignored).
+    ref_overrides: bool,
+}
+
+/// Is `uri` one of the JSON Schema drafts' metaschemas (3 to 2020-12)?
+fn known_metaschema(uri: &str) -> bool {
+    let uri = uri.trim_end_matches('#');
+    let rest = (uri.strip_prefix("http://json-schema.org/"))
+        .or_else(|| uri.strip_prefix("https://json-schema.org/"));
+    let drafts = [
+        "draft-03/schema",
+        "draft-04/schema",
+        "draft-06/schema",
+        "draft-07/schema",
+        "draft/2019-09/schema",
+        "draft/2020-12/schema",
+        "schema",
+    ];
+    rest.is_some_and(|r| drafts.contains(&r))
+}
+
+/// Does the document's `$schema` name draft 3, 4, 6 or 7, where `$ref` overrides its
+/// sibling keywords? (Later drafts, and documents that name none, apply them beside it.)
+fn legacy_ref(root: &Value) -> bool {
+    let Some(uri) = root.get("$schema").and_then(Value::as_str) else {
+        return false;
+    };
+    ["draft-03", "draft-04", "draft-06", "draft-07"]
+        .iter()
+        .any(|d| uri.contains(d))
 }
 
 impl Compiler<'_> {
+    /// Record that the grammar at `path` differs from the schema by `kind`.
+    fn inexact(&mut self, keyword: &str, path: &str, kind: Kind, detail: &str) {
+        let a = Approximation {
+            keyword: keyword.to_owned(),
+            pointer: path.to_owned(),
+            kind,
+            detail: detail.to_owned(),
+        };
+        if kind.refused() {
+            self.approximations.push(a);
+        } else if !self
+            .listed
+            .iter()
+            .any(|x| x.keyword == a.keyword && x.kind == kind)
+        {
+            self.listed.push(a);
+        }
+    }
+
     fn ws_regex(&self) -> &'static str {
         if self.opts.whitespace {
             WS
@@ -293,7 +862,7 @@ impl Compiler<'_> {
         // applicators the compiler lacks are refused.
         for k in obj.keys() {
             if NOT_YET.contains(&k.as_str()) {
-                self.unsupported.push(format!("{k} (at {path})"));
+                self.inexact(k, path, Kind::Superset, "not compiled: ignored");
             }
         }
         if let Some(r) = obj.get("$ref") {
@@ -303,7 +872,7 @@ impl Compiler<'_> {
                 )));
             };
             let only_ref = obj.keys().all(|k| k == "$ref" || ignored(k));
-            if !only_ref {
+            if !only_ref && !self.ref_overrides {
                 // Since draft 2019-09 siblings of $ref apply beside it: an allOf.
                 let mut rest = obj.clone();
                 rest.remove("$ref");
@@ -332,7 +901,12 @@ impl Compiler<'_> {
             rest.remove("not");
             let negated = negation(n);
             let Some(negated) = negated else {
-                self.unsupported.push(format!("not (at {path})"));
+                self.inexact(
+                    "not",
+                    path,
+                    Kind::Superset,
+                    "no schema for its negation here",
+                );
                 return self.any_value();
             };
             if negated == Value::Bool(false)
@@ -361,6 +935,12 @@ impl Compiler<'_> {
                     return Err(GrammarError::Grammar(format!(
                         "{path}: {key} must be a non-empty array"
                     )));
+                };
+                // oneOf: each alternative without the others it may overlap.
+                let alts = &if key == "oneOf" {
+                    self.exclusive(alts, obj, path)?
+                } else {
+                    alts.clone()
                 };
                 // Sibling keywords apply to every alternative.
                 let mut base = obj.clone();
@@ -416,8 +996,7 @@ impl Compiler<'_> {
                 "maxProperties",
             ] {
                 if obj.contains_key(k) {
-                    self.unsupported
-                        .push(format!("{k} beside const/enum (at {path})"));
+                    self.inexact(k, path, Kind::Superset, "beside const/enum: not checked");
                 }
             }
         }
@@ -515,10 +1094,13 @@ impl Compiler<'_> {
             (Some(c), None, Some(e)) => any(vec![all(vec![rest.clone(), c]), all(vec![rest, e])]),
             (Some(c), then, other) => {
                 let Some(not_c) = negation(&c) else {
-                    self.unsupported.push(format!(
-                        "if (at {path}): only an `if` whose negation has a schema (types, one \
-                         bound or length, booleans) is supported with then"
-                    ));
+                    self.inexact(
+                        "if",
+                        path,
+                        Kind::Superset,
+                        "with then, only an `if` whose negation has a schema (types, one bound \
+                         or length, required names, booleans)",
+                    );
                     return self.any_value();
                 };
                 let t = then.unwrap_or(Value::Bool(true));
@@ -594,11 +1176,11 @@ impl Compiler<'_> {
             return self.schema(&Value::Object(rest), path, depth + 1);
         }
         if triggers.len() > MAX_DEP_TRIGGERS {
-            self.unsupported.push(format!(
-                "dependentRequired/dependentSchemas with {} trigger properties (at {path}): \
-                 at most {MAX_DEP_TRIGGERS}",
+            let detail = format!(
+                "{} trigger properties: at most {MAX_DEP_TRIGGERS}",
                 triggers.len()
-            ));
+            );
+            self.inexact("dependentRequired", path, Kind::Superset, &detail);
             return self.any_value();
         }
         let mut alts = Vec::new();
@@ -666,6 +1248,76 @@ impl Compiler<'_> {
         let mut m = Map::new();
         m.insert("anyOf".into(), Value::Array(alts));
         self.schema(&Value::Object(m), path, depth + 1)
+    }
+
+    /// `oneOf` as alternatives that exclude each other: alternative i, and the negation
+    /// of each other alternative it is not shown disjoint from ([`disjoint`]); refused
+    /// where such a negation has no schema here ([`negation`]).
+    fn exclusive(
+        &mut self,
+        alts: &[Value],
+        outer: &Map<String, Value>,
+        path: &str,
+    ) -> Result<Vec<Value>, GrammarError> {
+        let (mut resolved, mut bare) = (Vec::new(), Vec::new());
+        for a in alts {
+            let mut a = a;
+            let mut hops = 0;
+            while let Some(r) = a.get("$ref").and_then(Value::as_str) {
+                let bare = a.as_object().is_some_and(|o| {
+                    self.ref_overrides || o.keys().all(|k| k == "$ref" || ignored(k))
+                });
+                hops += 1;
+                if !bare || hops > self.b.limits().max_depth {
+                    break;
+                }
+                a = resolve(self.root, r)?;
+            }
+            bare.push(a.clone());
+            // The sibling `type` and `required` hold for every alternative (for telling
+            // them apart).
+            let mut a = a.clone();
+            if let Some(o) = a.as_object_mut() {
+                if let Some(t) = outer.get("type") {
+                    o.entry("type").or_insert_with(|| t.clone());
+                }
+                if let Some(Value::Array(r)) = outer.get("required") {
+                    let req = o
+                        .entry("required")
+                        .or_insert_with(|| Value::Array(Vec::new()));
+                    if let Value::Array(req) = req {
+                        req.extend(r.iter().cloned());
+                    }
+                }
+            }
+            resolved.push(a);
+        }
+        let mut out = Vec::new();
+        for (i, a) in resolved.iter().enumerate() {
+            let mut parts = vec![alts[i].clone()];
+            for (j, b) in resolved.iter().enumerate() {
+                if i == j || disjoint(a, b, self.b.limits().lexeme) {
+                    continue;
+                }
+                match negation(&bare[j]) {
+                    Some(n) => parts.push(n),
+                    None => {
+                        let detail =
+                            format!("alternatives {i} and {j} may both hold (read as anyOf)");
+                        self.inexact("oneOf", path, Kind::Superset, &detail);
+                        return Ok(alts.to_vec());
+                    }
+                }
+            }
+            out.push(if parts.len() == 1 {
+                parts.pop().expect("one part")
+            } else {
+                let mut m = Map::new();
+                m.insert("allOf".into(), Value::Array(parts));
+                Value::Object(m)
+            });
+        }
+        Ok(out)
     }
 
     fn reference(&mut self, r: &str) -> Result<Sym, GrammarError> {
@@ -739,9 +1391,7 @@ impl Compiler<'_> {
             .count()
             > 1
         {
-            self.unsupported.push(format!(
-                "allOf with if/then/else in two members (at {path})"
-            ));
+            self.inexact("allOf", path, Kind::Neither, "if/then/else in two members");
         }
         // Keywords that read their siblings (items after prefixItems, additionalProperties
         // beside properties) would change meaning if merged across members.
@@ -752,9 +1402,12 @@ impl Compiler<'_> {
                     continue;
                 }
                 if has(p, "items") && has(q, "prefixItems") && !has(p, "prefixItems") {
-                    self.unsupported.push(format!(
-                        "allOf with items and prefixItems in different members (at {path})"
-                    ));
+                    self.inexact(
+                        "allOf",
+                        path,
+                        Kind::Neither,
+                        "items and prefixItems in different members",
+                    );
                 }
                 let closed = p
                     .get("additionalProperties")
@@ -767,10 +1420,12 @@ impl Compiler<'_> {
                 };
                 let own = names(p);
                 if closed && names(q).iter().any(|n| !own.contains(n)) {
-                    self.unsupported.push(format!(
-                        "allOf with additionalProperties beside properties of another member \
-                         (at {path})"
-                    ));
+                    self.inexact(
+                        "allOf",
+                        path,
+                        Kind::Superset,
+                        "additionalProperties beside properties of another member",
+                    );
                 }
             }
         }
@@ -832,8 +1487,8 @@ impl Compiler<'_> {
                         .map(|k| Value::String((*k).to_owned()))
                         .collect();
                         if both.is_empty() {
-                            self.unsupported
-                                .push(format!("allOf with disjoint types (at {path})"));
+                            // No kind satisfies both: nothing is valid.
+                            return Ok(Value::Bool(false));
                         } else {
                             *prev = Value::Array(both);
                         }
@@ -849,9 +1504,12 @@ impl Compiler<'_> {
                         if v == Value::Bool(false) {
                             *prev = v;
                         } else if *prev != Value::Bool(false) && *prev != v {
-                            self.unsupported.push(format!(
-                                "allOf with two additionalProperties schemas (at {path})"
-                            ));
+                            self.inexact(
+                                "allOf",
+                                path,
+                                Kind::Superset,
+                                "two additionalProperties schemas (one kept)",
+                            );
                         }
                     }
                     // Both bounds hold: the tighter one.
@@ -882,15 +1540,50 @@ impl Compiler<'_> {
                         }
                         match (a / x.max(1)).checked_mul(b) {
                             Some(l) => *prev = Value::from(l),
-                            None => self
-                                .unsupported
-                                .push(format!("allOf merging two multipleOf (at {path})")),
+                            None => self.inexact(
+                                "allOf",
+                                path,
+                                Kind::Superset,
+                                "two multipleOf whose product overflows (one kept)",
+                            ),
                         }
+                    }
+                    // Both lists hold: the values in both (numbers compared by value).
+                    ("enum", Some(Value::Array(prev))) if v.is_array() => {
+                        let other = v.as_array().cloned().unwrap_or_default();
+                        let same = |u: &Value, w: &Value| match (u.as_f64(), w.as_f64()) {
+                            (Some(p), Some(q)) => p == q,
+                            _ => u == w,
+                        };
+                        prev.retain(|x| other.iter().any(|y| same(x, y)));
+                    }
+                    // Both hold: one alternative of each (a bounded product).
+                    ("anyOf", Some(Value::Array(prev))) if v.is_array() => {
+                        let other = v.as_array().cloned().unwrap_or_default();
+                        if prev.len() * other.len() > MAX_PRODUCT {
+                            let detail = format!(
+                                "two anyOf with {} x {} alternatives: at most {MAX_PRODUCT} \
+                                 combined (one kept)",
+                                prev.len(),
+                                other.len()
+                            );
+                            self.inexact("allOf", path, Kind::Superset, &detail);
+                            continue;
+                        }
+                        let mut product = Vec::new();
+                        for a in prev.iter() {
+                            for b in &other {
+                                let mut m = Map::new();
+                                m.insert("allOf".into(), Value::Array(vec![a.clone(), b.clone()]));
+                                product.push(Value::Object(m));
+                            }
+                        }
+                        *prev = product;
                     }
                     (_, Some(prev)) if *prev == v || ignored(&k) => {}
                     (key, Some(_)) => {
-                        self.unsupported
-                            .push(format!("allOf merging two {key:?} (at {path})"));
+                        let detail = format!("two {key:?} that are not merged (one kept)");
+                        self.inexact("allOf", path, Kind::Superset, &detail);
                     }
                 }
             }
@@ -900,6 +1593,11 @@ impl Compiler<'_> {
 
     /// A JSON value equal to `v`, laid out with the configured separators.
     fn literal(&mut self, v: &Value) -> Result<Sym, GrammarError> {
+        if self.opts.property_order == PropertyOrder::Any && has_object_pair(v) {
+            // Members of an object compare in any order: a schema of exactly this value.
+            let s = literal_schema(v);
+            return self.schema(&s, "#", 0);
+        }
         let regex = self.literal_regex(v);
         self.b.lexeme(&regex)
     }
@@ -939,7 +1637,10 @@ impl Compiler<'_> {
                 format!("\\{{{ws}{}{ws}\\}}", inner.join(&sep(item)))
             }
             // Numbers compare by value: an integral one may be written with a zero fraction.
-            Value::Number(n) => match n.as_f64().filter(|x| x.fract() == 0.0 && x.abs() < 9e15) {
+            Value::Number(n) => match n
+                .as_f64()
+                .filter(|x| x.fract() == 0.0 && x.abs() <= 2f64.powi(53))
+            {
                 Some(x) => format!("{}(?:\\.0+)?", regex_escape(&format!("{}", x as i64))),
                 None => regex_escape(&v.to_string()),
             },
@@ -950,16 +1651,29 @@ impl Compiler<'_> {
     fn string(&mut self, obj: &Map<String, Value>, path: &str) -> Result<Sym, GrammarError> {
         let min = self.count(obj, "minLength", path)?.unwrap_or(0);
         let max = self.count(obj, "maxLength", path)?;
-        let fmt = obj.get("format").and_then(Value::as_str);
+        let fmt =
+            (obj.get("format").and_then(Value::as_str)).filter(|_| self.opts.format_assertion);
         let pattern = obj.get("pattern").and_then(Value::as_str);
+        if pattern.is_some() {
+            let detail = "string values under pattern are written with \\u escapes only \
+                          for control characters";
+            self.inexact("pattern", path, Kind::Spelling, detail);
+        }
         let body = match fmt {
             None => None,
             Some(f) => match format_regex(f) {
-                Some(r) => Some(r.to_owned()),
+                Some(r) => {
+                    if APPROXIMATE_FORMATS.contains(&f) {
+                        let detail = format!("format {f:?}: an automaton approximating its RFC");
+                        self.inexact("format", path, Kind::Format, &detail);
+                    }
+                    Some(r.to_owned())
+                }
                 // A format the spec defines but this compiler lacks is refused; others are
                 // annotations no validator checks.
                 None if SPEC_FORMATS.contains(&f) => {
-                    self.unsupported.push(format!("format {f:?} (at {path})"));
+                    let detail = format!("format {f:?} not compiled: not checked");
+                    self.inexact("format", path, Kind::Superset, &detail);
                     None
                 }
                 None => None,
@@ -981,9 +1695,9 @@ impl Compiler<'_> {
             };
         }
         // The pattern (unanchored, as JSON Schema reads it), the length and the format
-        // intersected, over unescaped characters.
+        // intersected, over the string's characters, then read through JSON's escapes.
         let limits = self.b.limits().lexeme;
-        let plain = format!(r#"(?:[^"\\\x00-\x1F]){len}"#);
+        let plain = format!(r#"(?s:.){len}"#);
         let key = format!("pattern {pattern:?} length {len} format {fmt:?}");
         let content = self.b.lexeme_dfa(&key, || {
             let mut dfa = TableDfa::compile(&plain, limits)?;
@@ -995,7 +1709,7 @@ impl Compiler<'_> {
             if let Some(b) = &body {
                 dfa = dfa.intersect(&TableDfa::compile(b, limits)?, limits)?;
             }
-            Ok(dfa)
+            Ok(json_escaped(&dfa, false))
         })?;
         let quote = self.b.lexeme("\"")?;
         let nt = self.b.fresh("string");
@@ -1053,6 +1767,8 @@ impl Compiler<'_> {
             }
         }
         let multiple = self.multiple_of(obj, path)?;
+        let detail = "integers are written without a fraction or an exponent (1, not 1.0 or 1e0)";
+        self.inexact("type", path, Kind::Spelling, detail);
         if lo.is_none() && hi.is_none() && multiple.is_none() {
             return self.b.lexeme(INTEGER);
         }
@@ -1117,10 +1833,11 @@ impl Compiler<'_> {
             _ => {
                 // Divisibility needs one state per remainder: a large divisor (or a long
                 // fraction) would need too many.
-                self.unsupported.push(format!(
-                    "multipleOf {v} (at {path}): its automaton needs more than {} states",
+                let detail = format!(
+                    "multipleOf {v}: its automaton needs more than {} states (not checked)",
                     multiple_of::MAX_STATES
-                ));
+                );
+                self.inexact("multipleOf", path, Kind::Superset, &detail);
                 Ok(Some((1, 0)))
             }
         }
@@ -1152,6 +1869,8 @@ impl Compiler<'_> {
         if parts.is_empty() && multiple.is_none() {
             return self.b.lexeme(NUMBER);
         }
+        let detail = "numbers under bounds or multipleOf are written without exponents";
+        self.inexact("minimum", path, Kind::Spelling, detail);
         if parts.is_empty() {
             parts.push(NUMBER.to_owned());
         }
@@ -1205,7 +1924,7 @@ impl Compiler<'_> {
         path: &str,
     ) -> Result<Option<NameFilter>, GrammarError> {
         let never = || NameFilter {
-            quoted: vec![NOTHING.to_owned()],
+            desc: vec!["nothing".to_owned()],
             raw: Vec::new(),
             listed: Some(Vec::new()),
         };
@@ -1225,9 +1944,11 @@ impl Compiler<'_> {
                 && (GENERAL_KEYS.contains(&k.as_str())
                     || ["if", "then", "else", "$dynamicRef", "$recursiveRef"].contains(&k.as_str()))
         });
-        let refused: Vec<String> = applicators.map(|k| format!("{k} (at {at})")).collect();
+        let refused: Vec<String> = applicators.cloned().collect();
         if !refused.is_empty() {
-            self.unsupported.extend(refused);
+            for k in refused {
+                self.inexact(&k, &at, Kind::Superset, "not compiled in propertyNames");
+            }
             return Ok(None);
         }
         if let Some(t) = o.get("type") {
@@ -1242,18 +1963,12 @@ impl Compiler<'_> {
         }
         let limits = self.b.limits().lexeme;
         let mut f = NameFilter {
-            quoted: Vec::new(),
+            desc: Vec::new(),
             raw: Vec::new(),
             listed: None,
         };
         if let Some(p) = o.get("pattern").and_then(Value::as_str) {
-            if embed_pattern(p).is_none() {
-                self.unsupported.push(format!(
-                    "propertyNames pattern {p:?} with ^ or $ inside (at {at})"
-                ));
-                return Ok(None);
-            }
-            f.quoted.push(pattern_key(p));
+            f.desc.push(format!("pattern {p:?}"));
             let raw = format!("(?s:.)*(?:{})(?s:.)*", ecma_classes(p));
             f.raw.push(TableDfa::compile(&raw, limits)?);
         }
@@ -1264,18 +1979,20 @@ impl Compiler<'_> {
                 Some(max) => format!("{{{min},{max}}}"),
                 None => format!("{{{min},}}"),
             };
-            f.quoted.push(format!(r#""(?:[^"\\\x00-\x1F]){len}""#));
+            f.desc.push(format!("length {len}"));
             f.raw
                 .push(TableDfa::compile(&format!("(?s:.){len}"), limits)?);
         }
-        if let Some(fmt) = o.get("format").and_then(Value::as_str) {
+        let fmt = o.get("format").and_then(Value::as_str);
+        if let Some(fmt) = fmt.filter(|_| self.opts.format_assertion) {
             match format_regex(fmt) {
                 Some(r) => {
-                    f.quoted.push(format!("\"(?:{r})\""));
+                    f.desc.push(format!("format {fmt:?}"));
                     f.raw.push(TableDfa::compile(r, limits)?);
                 }
                 None if SPEC_FORMATS.contains(&fmt) => {
-                    self.unsupported.push(format!("format {fmt:?} (at {at})"));
+                    let detail = format!("format {fmt:?} not compiled: not checked");
+                    self.inexact("format", &at, Kind::Superset, &detail);
                 }
                 None => {}
             }
@@ -1298,15 +2015,7 @@ impl Compiler<'_> {
                 .filter(|n| f.allows(n))
                 .map(str::to_owned)
                 .collect();
-            let texts: Vec<String> = names
-                .iter()
-                .map(|n| regex_escape(&Value::String(n.clone()).to_string()))
-                .collect();
-            f.quoted = vec![if texts.is_empty() {
-                NOTHING.to_owned()
-            } else {
-                alts(texts)
-            }];
+            f.desc = vec![format!("names {names:?}")];
             f.listed = Some(names);
         }
         Ok(Some(f))
@@ -1333,6 +2042,28 @@ impl Compiler<'_> {
             .and_then(Value::as_array)
             .map(|r| r.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
+        // A required name that a pattern of patternProperties matches is declared (its
+        // schemas are the patterns', merged below).
+        let with_matched;
+        let pattern_names: Vec<&String> = (obj.get("patternProperties"))
+            .and_then(Value::as_object)
+            .map(|p| p.keys().collect())
+            .unwrap_or_default();
+        let mut matched = props.clone();
+        for p in pattern_names {
+            let raw = format!("(?s:.)*(?:{})(?s:.)*", ecma_classes(p));
+            let dfa = TableDfa::compile(&raw, self.b.limits().lexeme)?;
+            for r in &required {
+                if !matched.contains_key(*r) && dfa.is_accepting(dfa.run(dfa.start(), r.as_bytes()))
+                {
+                    matched.insert((*r).to_owned(), Value::Bool(true));
+                }
+            }
+        }
+        if matched.len() > props.len() {
+            with_matched = matched;
+            props = &with_matched;
+        }
         // A required property without a schema of its own: any value (unless
         // additionalProperties forbids it: then no object is valid). A few of them, with no
         // patternProperties, are generated among the additional properties in any order (the
@@ -1340,7 +2071,7 @@ impl Compiler<'_> {
         // `required` order.
         let mut with_required;
         let forbids_more = obj.get("additionalProperties") == Some(&Value::Bool(false))
-            || (self.opts.strict && !obj.contains_key("additionalProperties"));
+            || (self.opts.closed && !obj.contains_key("additionalProperties"));
         let mut undeclared: Vec<&str> = Vec::new();
         for r in &required {
             if !props.contains_key(*r) && !undeclared.contains(r) {
@@ -1385,9 +2116,9 @@ impl Compiler<'_> {
                 props = &with_names;
             }
         }
-        let name_regexes: Vec<String> = names.map(|f| f.quoted).unwrap_or_default();
+        let name_regexes: Vec<String> = names.as_ref().map(|f| f.desc.clone()).unwrap_or_default();
         let additional = match obj.get("additionalProperties") {
-            None if self.opts.strict => None,
+            None if self.opts.closed => None,
             None | Some(Value::Bool(true)) => Some(Value::Bool(true)),
             Some(Value::Bool(false)) => None,
             Some(s) => Some(s.clone()),
@@ -1418,103 +2149,194 @@ impl Compiler<'_> {
             .map(|k| regex_escape(&Value::String(k.to_owned()).to_string()))
             .collect();
         let limits = self.b.limits().lexeme;
-        let plain_key = r#""[^"\\\x00-\x1F]*""#;
-        let mut bad_pattern = false;
-        for (p, _) in &patterns {
-            if embed_pattern(p).is_none() {
-                bad_pattern = true;
-                self.unsupported.push(format!(
-                    "patternProperties {p:?} with ^ or $ inside (at {path})"
-                ));
+        // Keys are built over names (decoded characters), then read through JSON's escapes.
+        let raw_pattern = |p: &str| format!("(?s:.)*(?:{})(?s:.)*", ecma_classes(p));
+        let declared_names: Vec<String> = props
+            .keys()
+            .map(String::as_str)
+            .chain(extras.iter().copied())
+            .map(regex_escape)
+            .collect();
+        let declared_raw = declared_names.join("|");
+        let key_dfa = |inside: &[String], outside: &[String]| -> Result<TableDfa, GrammarError> {
+            let mut d = any_text(limits)?;
+            for r in inside {
+                d = d.intersect(&TableDfa::compile(r, limits)?, limits)?;
             }
-        }
-        if bad_pattern {
-            return self.b.lexeme(STRING); // a placeholder: compile ends in the error
-        }
-        // A declared property matching a pattern must satisfy both schemas: not merged yet.
-        for (p, _) in &patterns {
-            let dfa = TableDfa::compile(&pattern_key(p), limits)?;
-            for name in props.keys() {
-                let text = Value::String(name.clone()).to_string();
-                if dfa.is_accepting(dfa.run(dfa.start(), text.as_bytes())) {
-                    self.unsupported.push(format!(
-                        "property {name:?} also matching patternProperties {p:?} (at {path})"
-                    ));
+            if let Some(f) = &names {
+                for r in &f.raw {
+                    d = d.intersect(r, limits)?;
+                }
+                if let Some(l) = &f.listed {
+                    let listed = match l.is_empty() {
+                        true => NOTHING.to_owned(),
+                        false => alts(l.iter().map(|n| regex_escape(n)).collect()),
+                    };
+                    d = d.intersect(&TableDfa::compile(&listed, limits)?, limits)?;
                 }
             }
-        }
-        let mut classes: Vec<(Sym, Sym)> = Vec::new();
-        for (i, (p, schema)) in patterns.iter().enumerate() {
-            let others: Vec<String> = patterns
+            for o in outside
                 .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .map(|(_, (q, _))| pattern_key(q))
+                .chain([&declared_raw])
+                .filter(|o| !o.is_empty())
+            {
+                d = d.difference(&TableDfa::compile(o, limits)?, limits)?;
+            }
+            Ok(json_escaped(&d, true))
+        };
+        // A declared property matching patterns satisfies their schemas beside its own.
+        let with_patterns;
+        let mut merged = props.clone();
+        for (p, ps) in &patterns {
+            let dfa = TableDfa::compile(&raw_pattern(p), limits)?;
+            for (name, s) in merged.iter_mut() {
+                if dfa.is_accepting(dfa.run(dfa.start(), name.as_bytes())) {
+                    let mut both = Map::new();
+                    both.insert("allOf".into(), Value::Array(vec![s.clone(), ps.clone()]));
+                    *s = Value::Object(both);
+                }
+            }
+        }
+        if merged != *props {
+            with_patterns = merged;
+            props = &with_patterns;
+        }
+        // Keys matching exactly the patterns of a subset S take all of S's schemas: one class
+        // per non-empty subset (keys outside every pattern take additionalProperties).
+        if patterns.len() > MAX_PATTERNS {
+            let detail = format!(
+                "{} patterns (at most {MAX_PATTERNS} combined): keys matching two are not \
+                 generated",
+                patterns.len()
+            );
+            self.inexact("patternProperties", path, Kind::Subset, &detail);
+        }
+        let subsets: Vec<Vec<usize>> = if patterns.len() > MAX_PATTERNS {
+            (0..patterns.len()).map(|i| vec![i]).collect()
+        } else {
+            (1..1usize << patterns.len())
+                .map(|m| (0..patterns.len()).filter(|i| m & (1 << i) != 0).collect())
+                .collect()
+        };
+        let mut classes: Vec<(Sym, Sym)> = Vec::new();
+        for subset in subsets {
+            let inside: Vec<String> = subset
+                .iter()
+                .map(|&i| raw_pattern(&patterns[i].0))
                 .collect();
-            let key_desc = format!("key {p:?} but {declared:?} {others:?} in {name_regexes:?}");
-            let key = self.b.lexeme_dfa(&key_desc, || {
-                let mut d = TableDfa::compile(plain_key, limits)?
-                    .intersect(&TableDfa::compile(&pattern_key(p), limits)?, limits)?;
-                for n in &name_regexes {
-                    d = d.intersect(&TableDfa::compile(n, limits)?, limits)?;
-                }
-                for o in others
-                    .iter()
-                    .chain(&[declared.join("|")])
-                    .filter(|x| !x.is_empty())
-                {
-                    d = d.difference(&TableDfa::compile(o, limits)?, limits)?;
-                }
-                Ok(d)
-            })?;
-            let value = self.schema(schema, &format!("{path}/patternProperties/{p}"), depth + 1)?;
+            let others: Vec<String> = (0..patterns.len())
+                .filter(|j| !subset.contains(j))
+                .map(|j| raw_pattern(&patterns[j].0))
+                .collect();
+            let key_desc =
+                format!("key {inside:?} but {declared:?} {others:?} in {name_regexes:?}");
+            let key = self.b.lexeme_dfa(&key_desc, || key_dfa(&inside, &others))?;
+            let schemas: Vec<Value> = subset.iter().map(|&i| patterns[i].1.clone()).collect();
+            let first = &patterns[subset[0]].0;
+            let at = format!("{path}/patternProperties/{first}");
+            let value = if schemas.len() == 1 {
+                self.schema(&schemas[0], &at, depth + 1)?
+            } else {
+                let mut all = Map::new();
+                all.insert("allOf".into(), Value::Array(schemas));
+                self.schema(&Value::Object(all), &at, depth + 1)?
+            };
             classes.push((key, value));
+        }
+        if !patterns.is_empty() || !name_regexes.is_empty() || !declared.is_empty() {
+            let detail = "object keys are written with \\u escapes only for control characters";
+            self.inexact("properties", path, Kind::Spelling, detail);
         }
         if let Some(schema) = &additional {
             let key = if declared.is_empty() && patterns.is_empty() && name_regexes.is_empty() {
                 self.b.lexeme(STRING)?
             } else {
-                let excluded: Vec<String> = patterns
-                    .iter()
-                    .map(|(q, _)| pattern_key(q))
-                    .chain((!declared.is_empty()).then(|| declared.join("|")))
-                    .collect();
-                let base = if patterns.is_empty() {
-                    STRING
-                } else {
-                    plain_key
-                };
-                let desc = format!("{base} but {excluded:?} in {name_regexes:?}");
-                self.b.lexeme_dfa(&desc, || {
-                    let mut d = TableDfa::compile(base, limits)?;
-                    for n in &name_regexes {
-                        d = d.intersect(&TableDfa::compile(n, limits)?, limits)?;
-                    }
-                    for o in &excluded {
-                        d = d.difference(&TableDfa::compile(o, limits)?, limits)?;
-                    }
-                    Ok(d)
-                })?
+                let excluded: Vec<String> = patterns.iter().map(|(q, _)| raw_pattern(q)).collect();
+                let desc = format!("key but {excluded:?} {declared:?} in {name_regexes:?}");
+                self.b.lexeme_dfa(&desc, || key_dfa(&[], &excluded))?
             };
             let value = self.schema(schema, &format!("{path}/additionalProperties"), depth + 1)?;
             classes.push((key, value));
+        }
+        let min_props = self.count(obj, "minProperties", path)?.unwrap_or(0);
+        let max_props = self.count(obj, "maxProperties", path)?;
+        let once = props.len() + extras.len();
+        let counts_fit = [Some(min_props), max_props]
+            .iter()
+            .flatten()
+            .all(|&c| c <= u64::from(MAX_SET_COUNT));
+        if self.opts.property_order == PropertyOrder::Any && once <= MAX_SET_MEMBERS && counts_fit {
+            // Any order, each declared property at most once, every required one present:
+            // a member set (the parser tracks the members used, the grammar stays linear).
+            let mut members: Vec<(Sym, bool, bool)> = Vec::new();
+            let mut required_count = 0u64;
+            let named: Vec<(String, Value, bool)> = props
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone(), required.contains(&k.as_str())))
+                .chain(extras.iter().map(|n| {
+                    let s = additional.clone().unwrap_or(Value::Bool(true));
+                    ((*n).to_owned(), s, true)
+                }))
+                .collect();
+            for (name, s, req) in &named {
+                if *req && *s == Value::Bool(false) {
+                    return self.b.lexeme(NOTHING); // a required property that cannot be
+                }
+                required_count += u64::from(*req);
+                let key_json = Value::String(name.clone()).to_string();
+                let key = self.b.lexeme(&regex_escape(&key_json))?;
+                let value = self.schema(s, &format!("{path}/properties/{name}"), depth + 1)?;
+                let m = self.b.fresh("member");
+                self.b.rule(m, vec![key, key_sep, value])?;
+                members.push((Sym::Nt(m), *req, true));
+            }
+            for &(key, value) in &classes {
+                let m = self.b.fresh("member");
+                self.b.rule(m, vec![key, key_sep, value])?;
+                members.push((Sym::Nt(m), false, false));
+            }
+            let impossible = max_props.is_some_and(|m| m < required_count.max(min_props))
+                || (classes.is_empty() && (named.len() as u64) < min_props);
+            if impossible {
+                return self.b.lexeme(NOTHING);
+            }
+            let set = self.b.fresh("members");
+            let max = max_props.map(|m| m as u32);
+            self.b
+                .member_set(set, &members, sep, min_props as u32, max)?;
+            let nt = self.b.fresh("object");
+            self.b.rule(nt, vec![open, Sym::Nt(set), close])?;
+            return Ok(Sym::Nt(nt));
+        }
+        if !counts_fit {
+            let top = max_props.unwrap_or(min_props);
+            let key = ["minProperties", "maxProperties"][usize::from(max_props.is_some())];
+            let detail = format!("counting to {top}: at most {MAX_SET_COUNT} (no object)");
+            self.inexact(key, path, Kind::Subset, &detail);
+            return self.b.lexeme(NOTHING);
+        }
+        if self.opts.property_order == PropertyOrder::Any {
+            let detail = format!(
+                "{once} properties (more than {MAX_SET_MEMBERS} tracked in any order): declared \
+                 order only"
+            );
+            self.inexact("properties", path, Kind::Subset, &detail);
         }
         // Properties are counted (0..=top emitted so far) where min/maxProperties ask:
         // up to maxProperties, or else up to max(minProperties, 1), saturating (past it only
         // "something was emitted" matters, for the separator). Without either keyword this
         // is the plain "first / rest" chain.
-        let min_props = self.count(obj, "minProperties", path)?.unwrap_or(0);
-        let max_props = self.count(obj, "maxProperties", path)?;
         let top = max_props.unwrap_or(min_props.max(1));
         let width = (top as usize + 1)
             .saturating_mul(props.len() + 1)
             .saturating_mul(1 << extras.len());
         if top > MAX_COUNT || width > MAX_COUNT_RULES {
-            self.unsupported.push(format!(
-                "minProperties/maxProperties counting to {top} over {} properties (at {path}): \
-                 more than {MAX_COUNT} counts or {MAX_COUNT_RULES} rules",
+            let detail = format!(
+                "counting to {top} over {} properties in declared order: more than \
+                 {MAX_COUNT} counts or {MAX_COUNT_RULES} rules (no object)",
                 props.len()
-            ));
+            );
+            self.inexact("maxProperties", path, Kind::Subset, &detail);
             return self.b.lexeme(NOTHING);
         }
         let top = top as usize;
@@ -1678,10 +2500,15 @@ impl Compiler<'_> {
                     Some(v) if v.len() <= MAX_UNIQUE_VALUES => {
                         return self.unique_array(&v, min, most);
                     }
-                    _ => self.unsupported.push(format!(
-                        "uniqueItems (at {path}): only on arrays of at most one item, or of \
-                         items from at most {MAX_UNIQUE_VALUES} listed scalars"
-                    )),
+                    _ => self.inexact(
+                        "uniqueItems",
+                        path,
+                        Kind::Superset,
+                        &format!(
+                            "only on arrays of at most one item, or of items from at most \
+                             {MAX_UNIQUE_VALUES} listed scalars (not checked)"
+                        ),
+                    ),
                 }
             }
             Some(_) => {
@@ -1694,7 +2521,7 @@ impl Compiler<'_> {
             let need = self.count(obj, "minContains", path)?.unwrap_or(1);
             if obj.contains_key("maxContains") {
                 // At most n matches needs the items that do not match: a negation.
-                self.unsupported.push(format!("maxContains (at {path})"));
+                self.inexact("maxContains", path, Kind::Superset, "not checked");
             }
             if need > 0 {
                 let c = c.clone();
@@ -1812,10 +2639,11 @@ impl Compiler<'_> {
         let last = most.unwrap_or(k.max(min).max(1));
         let need = need as usize;
         if need as u64 > MAX_COUNT || (last + 1).saturating_mul(need + 1) > MAX_COUNT_RULES {
-            self.unsupported.push(format!(
-                "contains counting {need} matches over {last} positions (at {path}): more \
-                 than {MAX_COUNT} matches or {MAX_COUNT_RULES} rules"
-            ));
+            let detail = format!(
+                "counting {need} matches over {last} positions: more than {MAX_COUNT} matches \
+                 or {MAX_COUNT_RULES} rules (no array)"
+            );
+            self.inexact("contains", path, Kind::Subset, &detail);
             return self.b.lexeme(NOTHING);
         }
         // The schemas of each position, as values, to pair with `contains`.
@@ -2007,6 +2835,9 @@ const NUMBER_KEYS: &[&str] = &[
     "multipleOf",
 ];
 
+/// ECMA-262's white space and line terminators (`\s`), as a class body.
+const ECMA_SPACE: &str = r"\t\n\x0B\x0C\r \x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}\x{FEFF}";
+
 /// ECMA-262 reads `\d` and `\w` as ASCII (the regex engine here as Unicode): spell them out.
 /// (`\D`, `\W` outside classes too; inside a class they are left alone.)
 fn ecma_classes(p: &str) -> String {
@@ -2021,6 +2852,9 @@ fn ecma_classes(p: &str) -> String {
                 (Some('w'), true) => out.push_str("0-9A-Za-z_"),
                 (Some('D'), false) => out.push_str("[^0-9]"),
                 (Some('W'), false) => out.push_str("[^0-9A-Za-z_]"),
+                (Some('s'), false) => out.push_str(&format!("[{ECMA_SPACE}]")),
+                (Some('s'), true) => out.push_str(ECMA_SPACE),
+                (Some('S'), false) => out.push_str(&format!("[^{ECMA_SPACE}]")),
                 (Some(e), _) => {
                     out.push('\\');
                     out.push(e);
@@ -2041,50 +2875,13 @@ fn ecma_classes(p: &str) -> String {
     out
 }
 
-/// An unanchored JSON Schema pattern as (prefix, body, suffix) to embed inside a larger
-/// regex: `^`/`$` at the ends become the absence of the `.*` padding; `None` if an anchor
-/// sits anywhere else.
-fn embed_pattern(p: &str) -> Option<(&'static str, &str, &'static str)> {
-    let (pre, body) = match p.strip_prefix('^') {
-        Some(b) => ("", b),
-        None => ("(?s:.)*", p),
-    };
-    let trailing_backslashes = |s: &str| s.chars().rev().take_while(|&c| c == '\\').count();
-    let (body, post) = match body.strip_suffix('$') {
-        Some(b) if trailing_backslashes(b) % 2 == 0 => (b, ""),
-        _ => (body, "(?s:.)*"),
-    };
-    let (mut escaped, mut class, mut prev) = (false, false, ' ');
-    for c in body.chars() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' => escaped = true,
-            '[' if !class => class = true,
-            ']' if class => class = false,
-            '^' if class && prev == '[' => {}
-            '^' | '$' if !class => return None,
-            _ => {}
-        }
-        prev = c;
-    }
-    Some((pre, body, post))
-}
-
 /// The regex of no text at all (the false schema's lexeme).
 const NOTHING: &str = "[^\\x{0}-\\x{10FFFF}]";
 
-/// A JSON key (its JSON text, quoted) matching the JSON Schema pattern `p` (checked by
-/// [`embed_pattern`] first).
-fn pattern_key(p: &str) -> String {
-    let (pre, body, post) = embed_pattern(p).expect("anchors checked by the caller");
-    format!(r#""{pre}(?:{}){post}""#, ecma_classes(body))
-}
-
 /// What `propertyNames` allows.
 struct NameFilter {
-    /// Regexes over a key's JSON text, all to match: the keys generated (unescaped
-    /// characters only, except listed names, which are exact).
-    quoted: Vec<String>,
+    /// What it checks, in words (to tell key automata apart).
+    desc: Vec<String>,
     /// Automata over a name's characters, all to match (declared names are checked exactly).
     raw: Vec<TableDfa>,
     /// The names `const`/`enum` list, if they do.
@@ -2196,6 +2993,9 @@ const NOT_YET: &[&str] = &[
     "extends",
     "disallow",
 ];
+
+/// Supported formats whose automata approximate their RFCs ([`Kind::Format`]).
+const APPROXIMATE_FORMATS: &[&str] = &["email", "uri", "ipv6", "time", "date-time"];
 
 /// Formats the spec defines (2020-12) beside the supported ones.
 const SPEC_FORMATS: &[&str] = &[

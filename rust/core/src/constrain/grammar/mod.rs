@@ -123,6 +123,8 @@ pub struct CompiledGrammar {
     generations: AtomicU64,
     walks: LexWalks,
     budget: Arc<CacheBudget>,
+    /// Where a JSON Schema's grammar differs from the schema (empty otherwise).
+    approximations: Vec<json_schema::Approximation>,
 }
 
 impl CompiledGrammar {
@@ -142,6 +144,7 @@ impl CompiledGrammar {
             current: Mutex::new(Arc::new(first)),
             generations: AtomicU64::new(1),
             grammar,
+            approximations: Vec::new(),
         })
     }
 
@@ -170,7 +173,16 @@ impl CompiledGrammar {
         opts: &json_schema::JsonOptions,
         limits: GrammarLimits,
     ) -> Result<Self, GrammarError> {
-        CompiledGrammar::new(vocab, json_schema::compile(schema, opts, limits)?)
+        let (grammar, approximations) = json_schema::compile(schema, opts, limits)?;
+        let mut g = CompiledGrammar::new(vocab, grammar)?;
+        g.approximations = approximations;
+        Ok(g)
+    }
+
+    /// Where the grammar differs from its JSON Schema (compiled with `strict` off; spelling
+    /// and format approximations also with it on).
+    pub fn approximations(&self) -> &[json_schema::Approximation] {
+        &self.approximations
     }
 
     /// As [`from_json_schema`](Self::from_json_schema), the schema given as JSON text.
