@@ -1,6 +1,6 @@
 """The architecture docs match the folders: every file and folder docs/architecture.md names
-exists, every module of the package is named there and imports, and every module the
-README's layout section names imports."""
+exists, every module of the package is named there and imports, and its stage table names
+every stage's folder in both languages."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import specdec
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = (ROOT / "docs" / "architecture.md").read_text()
-README = (ROOT / "README.md").read_text()
 
 
 def block_after(text: str, heading: str) -> str:
@@ -68,15 +67,14 @@ def test_every_module_imports() -> None:
         importlib.import_module(name)
 
 
-def test_readme_layout_names_real_modules() -> None:
-    section = README[README.index("## Layout") :]
-    modules = set(re.findall(r"`(specdec(?:\.[a-z_]+)+)`", section))
-    folders = set(re.findall(r"`(python/specdec/[a-z_]+/?)`", section))
-    assert modules, "the README's layout section names no module"
-    for name in modules:
-        importlib.import_module(name)
-    for folder in folders:
-        assert (ROOT / folder).exists(), folder
-    # Every stage package is in the README.
+def test_stage_table_names_every_stage_folder() -> None:
+    table = DOC[DOC.index("| stage | Python") :].split("\n\n")[0]
+    rows = [r for r in table.splitlines()[2:] if r.startswith("|")]
+    python = {f for r in rows for f in re.findall(r"`([a-z_]+)/`", r.split("|")[2])}
+    rust = {f for r in rows for f in re.findall(r"`([a-z_]+)/", r.split("|")[3])}
     for stage in ("draft", "tree", "constrain", "verify", "cache", "decode", "models"):
-        assert f"specdec.{stage}" in section, stage
+        assert stage in python, stage
+        assert (ROOT / "python" / "specdec" / stage).is_dir(), stage
+    for folder in rust:
+        assert (ROOT / "rust" / "core" / "src" / folder).is_dir(), folder
+    assert {"draft", "tree", "constrain", "kv", "decode", "linear", "model"} <= rust, rust
