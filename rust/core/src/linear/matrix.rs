@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use super::format::{BlockFormat, BLOCK};
 use super::int8::{self, int8_block_bytes, Int8Rows};
 use super::kernel::{self, tile_block_bytes, MAX_ROWS, TILE};
-use super::pool;
+use super::pool::{self, OutPtr};
 use super::{LinearError, Numeric};
 
 /// Whether the fast kernel runs on this CPU (AVX-512F). Without it [`QuantMatrix::matmul`]
@@ -60,21 +60,6 @@ impl Eq for QuantMatrix {}
 
 /// One tile's products for a group of rows: `(tile, first row, rows, results)`.
 type TileRows<'a> = dyn Fn(usize, usize, usize, &mut [[f32; TILE]; MAX_ROWS]) + Sync + 'a;
-
-/// A raw output pointer shared by the threads of one product: each writes its own columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: the threads of `matmul` write disjoint column ranges of one buffer.
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The pointer `i` values on (a method, so closures capture the whole `Send` wrapper).
-    fn add(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
-}
 
 impl QuantMatrix {
     /// A matrix from GGUF's bytes: `rows` rows, each `cols / 32` blocks of `format`.

@@ -160,3 +160,19 @@ impl Drop for Retire {
         }
     }
 }
+
+/// A raw output pointer shared by the chunks of one [`run`]: each chunk writes only its own
+/// range of the buffer (the caller's contract), so no two threads touch one value.
+#[derive(Clone, Copy)]
+pub(crate) struct OutPtr(pub(crate) *mut f32);
+// SAFETY: the chunks of one run write disjoint ranges of one buffer (callers' contract).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer `i` values on (a method, so closures capture the whole `Send` wrapper).
+    pub(crate) fn add(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}

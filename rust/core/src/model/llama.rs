@@ -7,7 +7,8 @@ use std::sync::Arc;
 use super::kv::{KvBuffer, StepRows, Strides};
 use super::ops;
 use super::ModelError;
-use crate::linear::{pool, simd_available, Numeric, QuantMatrix};
+use crate::linear::pool::{self, OutPtr};
+use crate::linear::{simd_available, Numeric, QuantMatrix};
 
 /// The model's dimensions.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -108,21 +109,6 @@ pub struct LlamaStack {
     /// `x * cos + swap_halves(x) * sin` (the first half of `sin` negated).
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
-}
-
-/// A pointer to the attention output, shared by the chunks of one layer's attention: each
-/// writes only its own (row, head) columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: the chunks write disjoint ranges (see `attention`).
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    fn add(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
 }
 
 thread_local! {
