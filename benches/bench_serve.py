@@ -58,6 +58,7 @@ ALL_SERVERS = (
     "specdec-nodraft",
     "specdec-int8",
     "specdec-nodraft-int8",
+    "specdec-nogd",
     "llama",
     "llama-ngram",
     "vllm",
@@ -183,6 +184,61 @@ def build_requests() -> list[Request]:
         for reqs in by_kind.values():
             if i < len(reqs):
                 out.append(reqs[i])
+    return out
+
+
+# Each JSON request's schema, by request name: its outputs are validated against it.
+SCHEMA_OF: dict[str, dict[str, Any]] = {name: schema for name, schema, _ in SCHEMAS}
+
+# MaskBench schemas longer than this (as compact JSON) make prompts longer than the answers.
+MASKBENCH_MAX_SCHEMA_CHARS = 1500
+
+
+def maskbench_requests(data: Path, limit: int) -> list[Request]:
+    """JSON requests (kind ``json``) from MaskBench schema files in ``data`` (public:
+    guidance-ai/jsonschemabench, ``maskbench/data``): of the files whose schema is an object
+    schema of at most :data:`MASKBENCH_MAX_SCHEMA_CHARS` characters that specdec compiles
+    exactly (strict), ``limit`` spread evenly over the sorted names; each prompt asks for a
+    document that follows the schema, which goes in ``response_format`` (not strict: the
+    schema's own additional properties and property order)."""
+    from specdec.models.gguf import smollm2
+
+    vocab = smollm2().vocabulary()
+    usable: list[tuple[str, dict[str, Any]]] = []
+    for path in sorted(data.glob("*.json")):
+        schema = json.loads(path.read_text()).get("schema")
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            continue
+        text = json.dumps(schema, separators=(",", ":"))
+        if len(text) > MASKBENCH_MAX_SCHEMA_CHARS:
+            continue
+        try:
+            vocab.json_schema(schema, whitespace=False)
+        except Exception:  # refused or not compilable: not a fair request for this run
+            continue
+        usable.append((path.stem, schema))
+    if not usable:
+        raise SystemExit(f"--maskbench {data}: no usable schema files")
+    step = max(1, len(usable) // max(limit, 1))
+    picked = usable[::step][:limit]
+    out = []
+    for name, schema in picked:
+        SCHEMA_OF[f"mb-{name}"] = schema
+        prompt = (
+            "Write a JSON document that follows this JSON Schema. Reply with the JSON only.\n"
+            + json.dumps(schema, indent=1)
+        )
+        out.append(
+            Request(
+                "json",
+                f"mb-{name}",
+                [{"role": "user", "content": prompt}],
+                {
+                    "type": "json_schema",
+                    "json_schema": {"name": name[:64], "schema": schema, "strict": False},
+                },
+            )
+        )
     return out
 
 
@@ -339,12 +395,21 @@ def pct(values: Sequence[float], q: float) -> float | None:
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
-def json_valid(text: str) -> bool:
+def json_valid(text: str, schema: dict[str, Any] | None = None) -> bool:
+    """The text is JSON, and follows ``schema`` when one is given (and the jsonschema
+    package is installed)."""
     try:
-        json.loads(text)
+        doc = json.loads(text)
     except ValueError:
         return False
-    return True
+    if schema is None:
+        return True
+    try:
+        import jsonschema  # type: ignore[import-untyped]
+    except ImportError:
+        return True
+    cls = jsonschema.validators.validator_for(schema)
+    return bool(cls(schema).is_valid(doc))
 
 
 def per_request(r: Result, text: bool) -> dict[str, Any]:
@@ -402,7 +467,7 @@ def summarize(results: Sequence[Result], wall: float | None) -> dict[str, Any]:
         "chunk_gap_ms_p99": p(gaps, 99),
         "tokens_per_chunk": tokens / chunks if chunks else None,
         "json_requests": len(json_reqs),
-        "json_valid": sum(json_valid(r.text) for r in json_reqs),
+        "json_valid": sum(json_valid(r.text, SCHEMA_OF.get(r.name)) for r in json_reqs),
         "finish_length": sum(r.finish_reason == "length" for r in ok),
     }
 
@@ -486,6 +551,8 @@ def server_specs(args: argparse.Namespace, names: Sequence[str]) -> list[ServerS
             argv += ["--port", "{port}", "--threads", threads, "--max-batch", parallel]
             if name.startswith("specdec-nodraft"):
                 argv += ["--drafter", "none"]
+            if name.startswith("specdec-nogd"):  # the drafter's trees without grammar drafts
+                argv += ["--no-grammar-drafts"]
             if name.endswith("-int8"):  # llama.cpp's numeric class: 8-bit activations
                 argv += ["--numeric", "int8"]
             argv += shlex.split(args.specdec_args)
@@ -771,11 +838,14 @@ def bench_server(
             at_least = args.requests if args.requests > 0 else max(8, 2 * c)
             reqs = requests_for_level(base, at_least)
             other = OtherWork(server.proc.pid if server.proc is not None else None)
+            before = engine_counters(server.base_url) if spec.name.startswith("specdec") else {}
             results, wall = asyncio.run(
                 run_level(server.base_url, model, reqs, c, args.max_tokens, args.request_timeout)
             )
             other_share = other.share()
             level: dict[str, Any] = summarize(results, wall)
+            if before:
+                level.update(engine_figures(before, engine_counters(server.base_url)))
             level["concurrency"] = c
             level["passes"] = len(reqs) // len(base)
             level["cpu_busy_before"] = record["cpu_busy_before"].get(tag)
@@ -805,6 +875,38 @@ def bench_server(
             server.stop()
             say(f"[{spec.name}] stopped")
     return record
+
+
+ENGINE_COUNTERS = {
+    "specdec:generation_tokens_total": "tokens",
+    "specdec:engine_steps_total": "steps",
+    "specdec:grammar_drafted_tokens_total": "grammar",
+}
+
+
+def engine_counters(base_url: str) -> dict[str, float]:
+    """specdec's generated tokens, engine steps and grammar-drafted tokens so far (its
+    Prometheus ``/metrics``); empty when they cannot be read."""
+    try:
+        text = httpx.get(f"{base_url}/metrics", timeout=10.0, trust_env=False).text
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ENGINE_COUNTERS:
+            out[ENGINE_COUNTERS[name]] = float(value)
+    return out
+
+
+def engine_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """A level's tokens per engine step (at concurrency 1: the acceptance length) and the
+    share of its tokens its grammars drafted, from the counters around it."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ENGINE_COUNTERS.values()}
+    return {
+        "engine_tokens_per_step": d["tokens"] / d["steps"] if d["steps"] > 0 else None,
+        "grammar_share": d["grammar"] / d["tokens"] if d["tokens"] > 0 else None,
+    }
 
 
 def fmt(x: Any, nd: int = 1) -> str:
@@ -886,6 +988,28 @@ def markdown(records: Sequence[dict[str, Any]], args: argparse.Namespace) -> str
             else "Every prompt sent once per level."
         ),
     ]
+    engine = [
+        (rec["server"], c, lv)
+        for rec in records
+        for c, lv in rec["levels"].items()
+        if lv.get("engine_tokens_per_step") is not None
+    ]
+    if engine:
+        lines += [
+            "",
+            "specdec's engine per level (its /metrics): tokens per engine step (at concurrency "
+            "1 the acceptance length) and the share of tokens its grammars drafted:",
+            "",
+            "| server | conc | tok/step | grammar-drafted share |",
+            "|---|---:|---:|---:|",
+        ]
+        for server, c, lv in engine:
+            share = lv.get("grammar_share")
+            lines.append(
+                f"| {server} | {c} | {fmt(lv['engine_tokens_per_step'], 2)} | "
+                + ("-" if share is None else f"{share:.0%}")
+                + " |"
+            )
     kinds = [
         (rec["server"], k, s)
         for rec in records
@@ -981,6 +1105,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--keep-text", action="store_true", help="put the generated texts in --json too"
     )
     ap.add_argument(
+        "--maskbench",
+        type=Path,
+        default=None,
+        help="instead of the built-in prompts: JSON requests from the MaskBench schema files "
+        "in this directory (guidance-ai/jsonschemabench maskbench/data)",
+    )
+    ap.add_argument(
+        "--maskbench-limit", type=int, default=8, help="MaskBench schemas taken (evenly spread)"
+    )
+    ap.add_argument(
         "--smoke",
         action="store_true",
         help="specdec alone, concurrency 1, one request of each kind, 8 tokens (the test suite)",
@@ -1002,7 +1136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_dir = args.logs or Path(tempfile.mkdtemp(prefix="bench_serve-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     say(f"server logs: {log_dir}")
-    base = build_requests()
+    base = (
+        build_requests()
+        if args.maskbench is None
+        else maskbench_requests(args.maskbench, args.maskbench_limit)
+    )
     if args.smoke:
         base = [next(r for r in base if r.kind == k) for k in dict.fromkeys(r.kind for r in base)]
     records: list[dict[str, Any]] = []

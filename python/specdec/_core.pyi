@@ -5,6 +5,7 @@ Every refusal raises a :class:`specdec.SpecdecError` subclass (``TreeError``,
 ``KVCacheError`` and its subclasses, ``GrammarError``, ``DraftError``, ``SpecdecTypeError``)
 and changes nothing."""
 
+import builtins
 from collections.abc import Sequence
 from typing import Literal, final
 
@@ -609,6 +610,24 @@ class Matcher:
     def fork(self) -> Matcher: ...
     def fill_next_token_bitmask(self, bitmask: npt.NDArray[np.int32], row: int = 0) -> None:
         """Fill row ``row`` of an int32 ``[B, >= ceil(V/32)]`` numpy buffer."""
+    def forced_paths(
+        self, *, max_bytes: int = 64, max_branches: int = 4, levels: int = 2, max_paths: int = 16
+    ) -> list[ForcedPath]:
+        """Every way the text can go from here (forced bytes, then small choices with their
+        forced tails); cached per parser state."""
+
+@final
+class ForcedPath:
+    """One way the text can go from a matcher's state."""
+
+    @property
+    def bytes(self) -> builtins.bytes: ...
+    @property
+    def eos(self) -> bool: ...
+    @property
+    def weight(self) -> float: ...
+    @property
+    def choices(self) -> int: ...
 
 def fill_next_token_bitmask_batch(
     matchers: list[Matcher], bitmask: npt.NDArray[np.int32], rows: list[int] | None = None

@@ -77,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=["exact", "int8"],
         help="the target's products: exact float32, or int8 activations (llama.cpp's class)",
     )
+    s.add_argument(
+        "--no-grammar-drafts",
+        action="store_true",
+        help="do not draft what a request's grammar forces (on by default)",
+    )
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on /v1")
@@ -166,6 +171,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         served_name=args.served_model_name,
         numeric=args.numeric,
+        grammar_drafts=not args.no_grammar_drafts,
     )
     return run_server(
         config,

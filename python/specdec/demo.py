@@ -500,6 +500,30 @@ class JsonSchemaRun(DemoRun):
     text: str = ""
     valid: bool = False
     problem: str = ""
+    grammar_tokens: int = 0  # accepted tokens the grammar drafted
+
+
+def _json_engine(
+    target: Any,
+    make_drafter: Callable[[], Any],
+    budget: int | str,
+    max_depth: int,
+    grammar: Any,
+    grammar_drafts: bool,
+    cost: Any,
+) -> Any:
+    """A constrained speculative generator for the JSON-schema demo."""
+    from .decode import SpeculativeGenerator
+
+    return SpeculativeGenerator(
+        target,
+        make_drafter(),
+        budget=budget,  # type: ignore[arg-type]
+        max_depth=max_depth,
+        constraint=grammar,
+        grammar_drafts=grammar_drafts,
+        cost_model=cost,
+    )
 
 
 def _schema_problem(text: str, schema: Any, grammar: Any) -> str:
@@ -529,13 +553,16 @@ def run_json_schema_demo(
     log: Callable[[str], None] = print,
 ) -> list[JsonSchemaRun]:
     """Constrained greedy generation on SmolLM2 with the JSON Schema in ``schema_path``:
-    specdec AR (the reference) and DDTree (suffix drafter at each budget, plus the shipped
-    block drafter when present), the grammar masking every tree node. Prints each engine's
-    tokens/s, acceptance length, whether its output equals AR's and whether it validates,
-    and the JSON itself. ``whitespace``: let the model place whitespace freely (off: the
-    compact ``", "``/``": "`` layout, which keeps a small model from padding forever)."""
-    from .decode import SpeculativeGenerator
-    from .draft import BlockDrafter, SuffixDrafter
+    specdec AR (constrained plain decoding, the reference) and DDTree with the suffix
+    drafter and, when shipped, the block + suffix drafters, each under the adaptive budget
+    without and with grammar drafts (:mod:`specdec.draft.grammar`), and with grammar drafts
+    at each fixed budget of ``budgets``; the grammar masks every tree node. Prints each
+    engine's tokens/s, acceptance length, the share of tokens the grammar drafted, whether
+    its output equals AR's and whether it validates, and the JSON itself. ``whitespace``:
+    let the model place whitespace freely (off: the compact ``", "``/``": "`` layout, which
+    keeps a small model from padding forever)."""
+    from .decode import CostModel, SpeculativeGenerator
+    from .draft import BlockDrafter, CombinedDrafter, SuffixDrafter
     from .draft.checkpoint import shipped_path
     from .errors import CheckpointError
     from .models import smollm2
@@ -560,6 +587,8 @@ def run_json_schema_demo(
         schema, indent=1
     )
     ids = lm.encode_chat([{"role": "user", "content": prompt}])
+    # One cost model for every adaptive engine (calibrating it is start-up work).
+    cost = CostModel.calibrate(target, sizes=CostModel.ladder(33))
     engines: list[tuple[str, int | None, Callable[[], Any]]] = [
         (
             "specdec AR",
@@ -567,42 +596,39 @@ def run_json_schema_demo(
             lambda: SpeculativeGenerator(target, strategy="ar", constraint=grammar),
         ),
     ]
-    for b in budgets:
-        engines.append(
-            (
-                f"suffix ddtree B={b}",
-                b,
-                functools.partial(
-                    SpeculativeGenerator,
-                    target,
-                    SuffixDrafter(max_depth=32),
-                    budget=b,
-                    constraint=grammar,
-                ),
-            )
-        )
+    drafters: list[tuple[str, Callable[[], Any], int]] = [
+        ("suffix", lambda: SuffixDrafter(max_depth=32), 8)
+    ]
     try:
         shipped_path("block")
         block = BlockDrafter.shipped(target)
         depth = block.config.block_size
-        for b in budgets:
-            engines.append(
-                (
-                    f"block ddtree B={b}",
-                    b,
-                    functools.partial(
-                        SpeculativeGenerator,
-                        target,
-                        block,
-                        max_depth=depth,
-                        budget=b,
-                        constraint=grammar,
-                    ),
-                )
+        drafters.append(
+            (
+                "block+suffix",
+                lambda: CombinedDrafter(block, SuffixDrafter(max_depth=32), max_depth=depth),
+                depth,
             )
+        )
     except CheckpointError:
         pass
-    engines[0][2]().generate(ids[:8], max_new_tokens=2)  # warm-up (first-call allocations)
+    for name, make_drafter, max_depth in drafters:
+        for gd in (False, True):
+            sizes: list[int | str] = ["auto", *budgets] if gd else ["auto"]
+            for b in sizes:
+                label = f"{name} {'auto' if b == 'auto' else f'B={b}'}"
+                engines.append(
+                    (
+                        label + (" +grammar" if gd else ""),
+                        None if b == "auto" else int(b),
+                        functools.partial(
+                            _json_engine, target, make_drafter, b, max_depth, grammar, gd, cost
+                        ),
+                    )
+                )
+    # Warm-up: first-call allocations, and the grammar's masks along the answer (every
+    # engine then finds them cached, as a server does after its first such request).
+    engines[0][2]().generate(ids, max_new_tokens=tokens)
     stop = set(vocab.eos_ids) | ({eos} if eos is not None else set())
     runs: list[JsonSchemaRun] = []
     ref: list[int] | None = None
@@ -630,6 +656,7 @@ def run_json_schema_demo(
                 budget=budget,
                 steps=res.steps,
                 tokens_per_step=[a + 1 for a in res.accepted],
+                grammar_tokens=res.grammar_tokens,
                 text=text,
                 valid=not problem,
                 problem=problem,
@@ -638,13 +665,18 @@ def run_json_schema_demo(
     base = runs[0].tok_s
     for r in runs:
         r.speedup = r.tok_s / base if base > 0 else math.nan
-    log(f"\n{'engine':<22} {'tokens':>6} {'acc.len':>7} {'tok/s':>7} {'vs AR':>6}  same  valid")
+    log(
+        f"\n{'engine':<28} {'tokens':>6} {'acc.len':>7} {'grammar':>7} {'tok/s':>7} "
+        f"{'vs AR':>6}  same  valid"
+    )
     for r in runs:
+        share = r.grammar_tokens / r.tokens if r.tokens else 0.0
         log(
-            f"{r.engine:<22} {r.tokens:>6} {r.accept_len:>7.2f} {r.tok_s:>7.1f} "
+            f"{r.engine:<28} {r.tokens:>6} {r.accept_len:>7.2f} {share:>7.0%} {r.tok_s:>7.1f} "
             f"{r.speedup:>5.2f}x  {'yes' if r.identical else 'NO':<4}  "
             f"{'yes' if r.valid else 'NO: ' + r.problem}"
         )
+    log("(grammar: the share of tokens the grammar drafted; +grammar: grammar drafts on)")
     log(f"\noutput (specdec AR):\n{runs[0].text}")
     same = all(r.identical for r in runs)
     log(f"greedy outputs identical to specdec AR: {'all' if same else 'NOT all'}")

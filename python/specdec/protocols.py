@@ -52,12 +52,16 @@ class DraftRequest:
     costs no extra target pass); ``None`` where the target exposes none. ``request_id``: the
     request this context belongs to, as given to :meth:`RequestLifecycle.add_request` (a
     drafter with per-request state keys it by this id); ``None`` for a one-off call, which
-    a drafter serves from the context alone.
+    a drafter serves from the context alone. ``prefix``: tokens the step's tree starts with
+    whatever the drafter says (a grammar's forced tokens, :mod:`specdec.draft.grammar`): a
+    drafter that honours it (``accepts_prefix = True``) drafts what follows them, its tree
+    rooted at ``prefix[-1]``; they are not part of the context (they may be rejected).
     """
 
     context: Sequence[int]
     hidden_states: torch.Tensor | None = None
     request_id: int | None = None
+    prefix: Sequence[int] = ()
 
 
 @runtime_checkable

@@ -89,6 +89,25 @@ class Matcher:
             arr = bitmask_rows(bitmask)
         self._m.fill_next_token_bitmask(arr, row)
 
+    def forced_paths(
+        self, *, max_bytes: int = 64, max_branches: int = 4, levels: int = 2, max_paths: int = 16
+    ) -> list[_core.ForcedPath]:
+        """Every way the text can go from here, as bytes: what the grammar forces, and at
+        each choice point of at most ``max_branches`` options (EOS counts as one) each
+        option with its own forced tail, ``levels`` choice points deep; at most
+        ``max_paths`` paths of ``max_bytes`` bytes. Each path's ``weight`` is the product
+        of ``1 / options`` over its choices; ``eos``: the text ends after it. Empty after
+        EOS. Cached per parser state."""
+        args = {"max_bytes": max_bytes, "max_branches": max_branches, "levels": levels}
+        lim = {k: check_int(v, k, 0, GrammarError) for k, v in args.items()}
+        paths = check_int(max_paths, "max_paths", 1, GrammarError)
+        return self._m.forced_paths(**lim, max_paths=paths)
+
+    def forced_bytes(self, max_bytes: int = 64) -> bytes:
+        """The bytes every valid continuation starts with (at most ``max_bytes``)."""
+        paths = self.forced_paths(max_bytes=max_bytes, levels=0, max_paths=1)
+        return paths[0].bytes if paths else b""
+
     def allowed_tokens(self) -> np.ndarray:
         """Sorted ids of the allowed tokens (convenience; the bitmask is the fast path)."""
         v = self.grammar.vocab.vocab_size

@@ -20,6 +20,18 @@ __all__ = ["Vocabulary", "MAX_VOCAB_SIZE"]
 
 # Compiled grammars kept per vocabulary (the oldest is dropped past this many).
 _GRAMMAR_CACHE_SIZE = 32
+_CANONICAL_CACHE_SIZE = 4096
+
+
+def _complete_utf8(data: bytes) -> bytes:
+    """``data`` without an incomplete UTF-8 character at its end (a forced path may stop
+    inside one); invalid UTF-8 elsewhere gives the bytes up to it."""
+    try:
+        data.decode("utf-8")
+        return data
+    except UnicodeDecodeError as e:
+        return data[: e.start]
+
 
 # Real vocabularies hold up to about a million tokens; a larger size is a mistake that would
 # allocate gigabytes of per-token tables.
@@ -66,13 +78,83 @@ class Vocabulary:
     against it then shares those, so build one per tokenizer and keep it.
     """
 
-    __slots__ = ("_v", "_grammars")
+    __slots__ = ("_v", "_grammars", "_tokenizer", "_tokenizer_json", "_pieces", "_canonical")
 
     def __init__(self, core: _core.Vocabulary) -> None:
         self._v = core
         # (kind, source, options) -> compiled grammar: compiling is the slow part, and a
         # compiled grammar is immutable apart from its thread-safe caches, so it is shared.
         self._grammars: dict[tuple[object, ...], CfgGrammar] = {}
+        # The tokenizer that canonical_tokens asks (a tokenizers.Tokenizer, or its JSON
+        # text until first use); None: the longest token at each step.
+        self._tokenizer: Any = None
+        self._tokenizer_json: str | None = None
+        self._pieces: tuple[dict[bytes, int], int] | None = None
+        self._canonical: dict[bytes, tuple[int, ...]] = {}
+
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        """The tokenizer whose tokenization :meth:`canonical_tokens` returns: a
+        ``tokenizers.Tokenizer`` (or anything with its ``encode(text,
+        add_special_tokens=False).ids``), or ``None`` for the longest-token fallback.
+        :meth:`from_tokenizer_json` sets it."""
+        if tokenizer is not None and not callable(getattr(tokenizer, "encode", None)):
+            raise SpecdecTypeError(
+                f"tokenizer must have an encode method, got {type(tokenizer).__name__}"
+            )
+        self._tokenizer, self._tokenizer_json = tokenizer, None
+        self._canonical.clear()
+
+    def canonical_tokens(self, data: bytes) -> tuple[int, ...]:
+        """The tokens the tokenizer itself writes ``data`` as (no special tokens added),
+        its incomplete trailing UTF-8 character left out; without a tokenizer (or where its
+        tokens do not spell ``data`` exactly), the longest token at each step. Cached per
+        ``data``: a grammar drafter asks for the same keys and punctuation every step."""
+        hit = self._canonical.get(data)
+        if hit is not None:
+            return hit
+        text = _complete_utf8(data)
+        ids: tuple[int, ...] | None = None
+        tok = self._tokenizer
+        if tok is None and self._tokenizer_json is not None:
+            from tokenizers import Tokenizer
+
+            tok = self._tokenizer = Tokenizer.from_str(self._tokenizer_json)
+            self._tokenizer_json = None
+        if tok is not None and text:
+            enc = tok.encode(text.decode("utf-8"), add_special_tokens=False)
+            got = tuple(int(t) for t in enc.ids)
+            parts = [self._v.token_bytes(t) for t in got]
+            if all(parts) and b"".join(p for p in parts if p) == text:
+                ids = got
+        if ids is None:
+            ids = self._longest_tokens(text)
+        if len(self._canonical) >= _CANONICAL_CACHE_SIZE:
+            self._canonical.clear()
+        self._canonical[data] = ids
+        return ids
+
+    def _longest_tokens(self, data: bytes) -> tuple[int, ...]:
+        """``data`` as the longest token at each step (stops where no token spells on)."""
+        if self._pieces is None:
+            pieces: dict[bytes, int] = {}
+            for t in range(self._v.vocab_size):
+                b = self._v.token_bytes(t)
+                if b and b not in pieces:
+                    pieces[b] = t
+            self._pieces = (pieces, max(map(len, pieces), default=0))
+        pieces, longest = self._pieces
+        out: list[int] = []
+        i = 0
+        while i < len(data):
+            for n in range(min(longest, len(data) - i), 0, -1):
+                hit = pieces.get(data[i : i + n])
+                if hit is not None:
+                    out.append(hit)
+                    i += n
+                    break
+            else:
+                break
+        return tuple(out)
 
     @classmethod
     def from_bytes(
@@ -148,14 +230,15 @@ class Vocabulary:
         Special added tokens have no text; EOS defaults to the special tokens named like an
         end of sequence (``</s>``, ``<|endoftext|>``, ``<|eot_id|>``, ``<|im_end|>``, ...)."""
         if isinstance(source, dict):
-            tj = source
+            tj, raw_json = source, None
         else:
             text = os.fspath(source)
             if text.lstrip().startswith("{"):
-                tj = json.loads(text)
+                raw_json = text
             else:
                 with open(text, encoding="utf-8") as f:
-                    tj = json.load(f)
+                    raw_json = f.read()
+            tj = json.loads(raw_json)
         model = tj.get("model") or {}
         kind = model.get("type")
         raw = model.get("vocab")
@@ -189,7 +272,10 @@ class Vocabulary:
             else:
                 toks[i] = str(a.get("content", "")).encode("utf-8")
         eos = guessed if eos_ids is None else [int(e) for e in eos_ids]
-        return cls.from_bytes(toks, eos, vocab_size)
+        vocab = cls.from_bytes(toks, eos, vocab_size)
+        # Parsed on first use: canonical tokenization is only for grammar drafts.
+        vocab._tokenizer_json = raw_json if raw_json is not None else json.dumps(tj)
+        return vocab
 
     @property
     def vocab_size(self) -> int:

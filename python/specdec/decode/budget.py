@@ -443,19 +443,30 @@ class AdaptiveBudget:
         maximises expected tokens per second, within the trust region (``growth``)."""
         return self.choose_among([[t] for t in trees])
 
-    def choose_among(self, candidates: Sequence[Sequence[DraftTree]]) -> BudgetChoice:
+    def choose_among(
+        self, candidates: Sequence[Sequence[DraftTree]], *, forced: Sequence[int] | None = None
+    ) -> BudgetChoice:
         """As :meth:`choose`, with several candidate trees per request (e.g. a model's and
         a suffix index's, :meth:`~specdec.draft.CombinedDrafter.candidates`): for each
         size, each request takes the candidate ranked highest on its first that many nodes
         (:attr:`pick`: by the drafters' expected acceptance, or by the calibrated values),
         so the source is chosen at the size that will be verified; the picked candidates'
-        calibrated values price the size. ``picks`` says which."""
+        calibrated values price the size. ``picks`` says which.
+
+        ``forced``: per request, nodes its tree carries before the candidate (a grammar's
+        forced tokens, :mod:`specdec.draft.grammar`): each is one sure token, fed at every
+        size (the rows are padded to the longest chain), and the candidate sizes stop at
+        ``max_budget`` nodes in all. ``nodes`` counts the candidate's nodes alone."""
         r = len(candidates)
-        most = self.size_bound()
+        k = [check_int(x, "forced", 0, ConfigError) for x in forced] if forced else [0] * r
+        if len(k) != r:
+            raise ConfigError(f"forced has {len(k)} entries for {r} requests")
+        chain = max(k, default=0)
+        most = max(min(self.size_bound(), self.max_budget - chain), 0)
         arrays = [[t._arrays for t in trees] for trees in candidates]
         g = self.stats.choose(arrays, most, pick=self.pick, **self._params)
-        gains, which = g.gains, g.picks
-        secs = self.forward_costs(r, most) + self.host_seconds
+        gains, which = g.gains + sum(k), g.picks
+        secs = self.forward_costs(r, most + chain)[chain:] + self.host_seconds
         rate = (r + gains) / secs
 
         def at(b: int) -> BudgetChoice:

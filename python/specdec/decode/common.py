@@ -43,7 +43,9 @@ class GenerationResult:
     token, its drafter raised...; only that request failed); ``prefix_hit``: prompt tokens
     whose K/V came from the prefix cache; ``seconds``: submit (or call) to finish;
     ``first_token_seconds``: submit to the first streamed token; ``preemptions``: times its
-    KV blocks were taken back for other requests (it resumed from its committed tokens)."""
+    KV blocks were taken back for other requests (it resumed from its committed tokens);
+    ``grammar_tokens``: accepted tokens its grammar drafted (forced tokens and grammar
+    branches, :mod:`specdec.draft.grammar`)."""
 
     tokens: list[int]
     steps: int = 0
@@ -58,6 +60,7 @@ class GenerationResult:
     first_token_seconds: float | None = None
     error: BaseException | None = None
     preemptions: int = 0
+    grammar_tokens: int = 0
 
     @property
     def tokens_per_step(self) -> float:

@@ -31,6 +31,7 @@ last one (the root of its next tree, fed with it).
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections import deque
@@ -38,11 +39,13 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+import numpy as np
 import torch
 
 from .._arrays import check_int
 from ..draft.base import hidden_capture
 from ..draft.combined import CombinedDrafter
+from ..draft.grammar import GrammarDrafts
 from ..errors import ConfigError, KVCacheError, SpecdecTypeError, VerifyError
 from ..protocols import (
     Constraint,
@@ -141,6 +144,12 @@ class SpeculativeGenerator:
     is refused by :meth:`submit`.
     ``constraint``: a grammar (``vocab.regex(...)``) or matcher every request follows (each
     gets its own matcher; :meth:`submit` takes one per request too).
+    ``grammar_drafts``: a constrained request's trees start with what its grammar forces
+    (probability-1 nodes; the drafter's tree continues from their end) and its small
+    choices are one more candidate continuation (:mod:`specdec.draft.grammar`); ``True``
+    (default) with the default :class:`~specdec.draft.GrammarDrafts`, ``False`` off, or a
+    configured one. The forced nodes count within ``budget`` (``max_budget``); under
+    ``budget="auto"`` each is valued as one sure token, apart from the drafters' statistics.
     ``max_batch``: most requests verified together. ``pad_to_budget``: every tree padded to
     ``budget`` drafted nodes (fixed shapes for CUDA graphs).
     ``generator``: the torch RNG a sampling rule draws from; ``seed``: instead, seeded
@@ -169,6 +178,7 @@ class SpeculativeGenerator:
         cost_model: CostModel | None = None,
         kv_tokens: int | None = None,
         block_size: int = 16,
+        grammar_drafts: bool | GrammarDrafts = True,
     ) -> None:
         if not callable(target) or not hasattr(target, "new_cache"):
             raise SpecdecTypeError(f"target must follow specdec.protocols.Target, got {target!r}")
@@ -242,6 +252,19 @@ class SpeculativeGenerator:
         self.kv_tokens = None if kv_tokens is None else check_int(kv_tokens, "kv_tokens", 1)
         self._pool: Any = None
         self.constraint = constraint
+        # What a request's grammar forces goes first in its trees (strategy "ar" drafts
+        # nothing, not even that).
+        if isinstance(grammar_drafts, GrammarDrafts):
+            self.grammar_drafts: GrammarDrafts | None = grammar_drafts
+        elif grammar_drafts is True or grammar_drafts is False:
+            self.grammar_drafts = GrammarDrafts() if grammar_drafts else None
+        else:
+            raise SpecdecTypeError(
+                f"grammar_drafts must be a bool or a GrammarDrafts, got {grammar_drafts!r}"
+            )
+        if strategy == "ar":
+            self.grammar_drafts = None
+        self._gd_of: dict[int, _GrammarStep] = {}
         self.verifier = Verifier(target, rule, generator=generator)
         self.seed = None if seed is None else check_int(seed, "seed", None, ConfigError)
         self.pad_to_budget = bool(pad_to_budget)
@@ -428,6 +451,11 @@ class SpeculativeGenerator:
         reqs = list(self._running)
         timings = dict.fromkeys(("draft", *STAGES), 0.0)
         t0 = time.perf_counter()
+        # What each constrained request's grammar forces: its trees start with it.
+        reqs = self._grammar_step(reqs, outputs)
+        if not reqs:
+            return outputs
+        gds = self._gd_of
         # The adaptive budget skips the drafter while its trees have not been paying.
         drafting = not self.auto or self._adaptive().draft_now(len(reqs))
         if drafting:
@@ -440,21 +468,35 @@ class SpeculativeGenerator:
                 return outputs
         else:
             self._adaptive().skip()
-            cands = _root_trees([r.context for r in reqs])
-        t1 = time.perf_counter()
-        # No node deeper than the request still needs (accepted + bonus <= what is left).
+            cands = _root_trees([[*r.context, *_forced(gds, r.rid)] for r in reqs])
+        # A grammar's small choices: one more candidate continuation.
         cands = [
-            [t.pruned(self.max_budget, r.max_new - len(r.result.tokens) - 1) for t in ts]
+            [*ts, g.branches] if (g := gds.get(r.rid)) and g.branches is not None else ts
             for ts, r in zip(cands, reqs, strict=True)
         ]
+        forced = [len(_forced(gds, r.rid)) for r in reqs]
+        t1 = time.perf_counter()
+        # No node deeper than the request still needs (accepted + bonus <= what is left),
+        # the forced nodes within the budget.
+        cands = [
+            [t.pruned(self.max_budget - k, r.max_new - len(r.result.tokens) - 1 - k) for t in ts]
+            for ts, r, k in zip(cands, reqs, forced, strict=True)
+        ]
         if self.auto and drafting:
-            choice = self._adaptive().choose_among(cands)
-            trees = [ts[p].pruned(choice.nodes) for ts, p in zip(cands, choice.picks, strict=True)]
+            choice = self._adaptive().choose_among(cands, forced=forced)
+            picks = list(choice.picks)
+            conts = [ts[p].pruned(choice.nodes) for ts, p in zip(cands, picks, strict=True)]
             if isinstance(self.tree_drafter, CombinedDrafter):
-                for p in choice.picks:  # its candidates are (model tree, suffix tree)
-                    self.tree_drafter.record(p == 1)
+                for p in picks:  # its candidates: (model tree, suffix tree, grammar's)
+                    if p < 2:
+                        self.tree_drafter.record(p == 1)
         else:
-            trees = [ts[0] for ts in cands]
+            picks = [_best(ts) for ts in cands]
+            conts = [ts[p] for ts, p in zip(cands, picks, strict=True)]
+        trees = [
+            c.with_prefix(gds[r.rid].forced, r.context[-1]) if k else c
+            for c, r, k in zip(conts, reqs, forced, strict=True)
+        ]
         most = max(t.num_nodes for t in trees) - 1
         pad = self.budget if self.pad_to_budget else most
         trees = [t.padded(pad) if t.num_nodes < pad + 1 else t for t in trees]
@@ -462,6 +504,7 @@ class SpeculativeGenerator:
         timings["draft"], timings["build"] = t1 - t0, t2 - t1
         tree_of = {r.rid: t for r, t in zip(reqs, trees, strict=True)}
         cand_of = {r.rid: c for r, c in zip(reqs, cands, strict=True)}
+        cont_of = {r.rid: (c, p) for r, c, p in zip(reqs, conts, picks, strict=True)}
         if len(reqs) > 1 and hasattr(self.target, "forward_batch"):
             reqs, steps = self._isolated(
                 reqs,
@@ -481,23 +524,45 @@ class SpeculativeGenerator:
         trees = [tree_of[r.rid] for r in reqs]
         self.last_trees = trees
         timings.update({k: v for k, v in steps[0].timings.items() if k != "build"})
+        # Per request: the continuation (its tree after the forced nodes) and what the
+        # step accepted of it; None where the forced nodes were not all accepted.
+        after: list[tuple[DraftTree, np.ndarray] | None] = []
+        for r, s in zip(reqs, steps, strict=True):
+            nf = len(_forced(gds, r.rid))
+            acc = np.asarray(s.accepted, dtype=np.int64)
+            took = int(np.count_nonzero(acc <= nf))  # the chain's nodes are 1..k
+            cont, pick = cont_of[r.rid]
+            if nf:
+                r.result.grammar_tokens += took
+            if took < nf:
+                after.append(None)
+                continue
+            rest = acc[acc > nf] - nf
+            g = gds.get(r.rid)
+            if g is not None and g.branches is not None and pick == len(cand_of[r.rid]) - 1:
+                r.result.grammar_tokens += len(rest)
+            after.append((cont, rest))
         if self.adaptive is not None:
             host = sum(timings.values()) - timings["forward"]
             fwd = timings["forward"]
+            seen = [(t, a) for t, a in (x for x in after if x is not None)]
             self.adaptive.observe(
-                trees,
-                [s.accepted for s in steps],
+                [t for t, _ in seen],
+                [a for _, a in seen],
                 host,
                 draft=timings["draft"],
                 drafted=drafting,
                 forward=fwd if fwd > 0.0 else None,  # a clock too coarse to time it: skip
+                fed=sum(t.num_nodes for t in trees),
                 learn=not (self.auto and drafting),  # the candidates, whole, below
             )
             if self.auto and drafting:
                 # The rule's choices along the committed path decide the candidates' nodes,
-                # verified or not.
-                for r, s in zip(reqs, steps, strict=True):
-                    self.adaptive.learn(cand_of[r.rid], s.tokens)
+                # verified or not (the continuations: after the forced nodes, when taken).
+                for r, s, x in zip(reqs, steps, after, strict=True):
+                    if x is not None:
+                        nf = len(_forced(gds, r.rid))
+                        self.adaptive.learn(cand_of[r.rid], s.tokens[nf:])
         for req, tree, s in zip(reqs, trees, steps, strict=True):
             outputs.append(self._advance(req, tree, s, timings))
         return outputs
@@ -641,6 +706,33 @@ class SpeculativeGenerator:
             done = req.result.finish_reason in ("stop", "length")
             self._lifecycle.remove_request(req.rid, req.result.tokens if done else None)
 
+    def _grammar_step(self, reqs: list[_Request], outputs: list[RequestOutput]) -> list[_Request]:
+        """Each constrained request's grammar draft for this step (``self._gd_of``): its
+        forced tokens (within the budget and what the request still needs) and its
+        grammar branches rooted at their end. A request whose grammar fails here (past a
+        limit of its own) ends alone."""
+        self._gd_of = {}
+        drafts = self.grammar_drafts
+        if drafts is None:
+            return reqs
+
+        def one(r: _Request) -> None:
+            if r.matcher is None:
+                return
+            g = drafts.draft(r.matcher)
+            if not g.forced and g.branches is None:
+                return
+            room = min(self.max_budget, r.max_new - len(r.result.tokens) - 1)
+            forced = g.forced[: max(room, 0)]
+            branches = g.branches if len(forced) == len(g.forced) else None
+            if branches is not None:
+                branches = branches.with_root(forced[-1] if forced else r.context[-1])
+            if forced or branches is not None:
+                self._gd_of[r.rid] = _GrammarStep(tuple(forced), branches)
+
+        kept, _ = self._each(reqs, one, outputs)
+        return kept
+
     def _isolated(
         self,
         reqs: list[_Request],
@@ -747,8 +839,14 @@ class SpeculativeGenerator:
         # Request ids only for a drafter that was told of the requests (RequestLifecycle);
         # any other drafter serves each context as it comes.
         rids = [r.rid if r is not None and r.in_drafter else None for r in reqs]
+        # A grammar's forced tokens: the drafter drafts what follows them.
+        prefixes = [
+            self._gd_of[r.rid].forced if r is not None and r.rid in self._gd_of else ()
+            for r in reqs
+        ]
         requests = [
-            DraftRequest(c, h, rid) for c, h, rid in zip(contexts, hidden, rids, strict=True)
+            DraftRequest(c, h, rid, p)
+            for c, h, rid, p in zip(contexts, hidden, rids, prefixes, strict=True)
         ]
         # A best-first tree of B drafted nodes is at most B deep: deeper marginals (their LM
         # head rows above all) would go unread; the adaptive budget cuts deeper still.
@@ -764,6 +862,10 @@ class SpeculativeGenerator:
             depth = self._adaptive().draft_depth(depth)
         if self.tree_drafter is not None:
             td = self.tree_drafter
+            if any(prefixes) and not getattr(td, "accepts_prefix", False):
+                # Its trees would start at the context, not after the forced tokens: only
+                # the requests without a prefix get them.
+                return self._trees_without_prefix(contexts, hidden, reqs, prefixes, candidates)
             if isinstance(td, CombinedDrafter) and candidates and self.strategy == "ddtree":
                 pairs = td.candidates(requests, size, max_depth=depth)
                 return [list(p) for p in pairs]
@@ -775,14 +877,49 @@ class SpeculativeGenerator:
                 trees = [t.best_path().pruned(self.max_depth) for t in trees]
             return [[t] for t in trees]
         assert isinstance(self.drafter, Drafter)
-        logits = self.drafter.draft(requests, depth)
-        want = (len(contexts), depth, self.target.vocab_size)
+        # A prefix takes a per-depth drafter's first depths: each tree starts after it.
+        skip = [len(p) for p in prefixes]
+        drafted = min(self.max_depth, depth + max(skip)) if any(skip) else depth
+        logits = self.drafter.draft(requests, drafted)
+        want = (len(contexts), drafted, self.target.vocab_size)
         if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != want:
             from ..errors import DraftError
 
             got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits)
             raise DraftError(f"the drafter returned {got}, expected [R, depth, V] = {list(want)}")
-        return [[shape.build(lg, c[-1])] for lg, c in zip(logits, contexts, strict=True)]
+        out = []
+        for lg, c, p in zip(logits, contexts, prefixes, strict=True):
+            root = p[-1] if p else c[-1]
+            rows = lg[len(p) : len(p) + depth]
+            out.append([shape.build(rows, root) if len(rows) else _root_tree(root)])
+        return out
+
+    def _trees_without_prefix(
+        self,
+        contexts: list[list[int]],
+        hidden: Sequence[torch.Tensor | None],
+        reqs: Sequence[_Request | None],
+        prefixes: list[tuple[int, ...]],
+        candidates: bool | None,
+    ) -> list[list[DraftTree]]:
+        """:meth:`_trees` for a drafter that ignores prefixes: the requests without one get
+        its trees, those with one the root alone (after their forced tokens)."""
+        plain = [i for i, p in enumerate(prefixes) if not p]
+        out = [[_root_tree(p[-1])] if p else [] for p in prefixes]
+        if plain:
+            saved, self._gd_of = self._gd_of, {}
+            try:
+                got = self._trees(
+                    [contexts[i] for i in plain],
+                    [hidden[i] for i in plain],
+                    [reqs[i] for i in plain],
+                    candidates=candidates,
+                )
+            finally:
+                self._gd_of = saved
+            for i, ts in zip(plain, got, strict=True):
+                out[i] = ts
+        return out
 
     def _adaptive(self) -> AdaptiveBudget:
         if self.adaptive is None:
@@ -948,3 +1085,37 @@ def _is_single_prompt(prompts: Any) -> bool:
 def _root_trees(contexts: list[list[int]]) -> list[list[DraftTree]]:
     """Per context one tree of its root alone (a plain step: nothing drafted)."""
     return [[DraftTree([c[-1]], [-1])] for c in contexts]
+
+
+def _forced(gds: dict[int, _GrammarStep], rid: int) -> tuple[int, ...]:
+    """Request ``rid``'s forced tokens this step (none without a grammar draft)."""
+    g = gds.get(rid)
+    return () if g is None else g.forced
+
+
+def _root_tree(token: int) -> DraftTree:
+    """A scored tree of ``token`` alone (expects to accept nothing)."""
+    return DraftTree([token], [-1], logprobs=[0.0])
+
+
+def _best(trees: Sequence[DraftTree]) -> int:
+    """The candidate its drafter expects to accept most (the first on ties; a tree without
+    probabilities, as its drafter's only word, counts as expecting half its nodes)."""
+    if len(trees) == 1:
+        return 0
+
+    def value(t: DraftTree) -> float:
+        e = t.expected_acceptance if t.num_drafted else 0.0
+        return 0.5 * t.num_drafted if math.isnan(e) else e
+
+    vals = [value(t) for t in trees]
+    return vals.index(max(vals))
+
+
+@dataclass(frozen=True)
+class _GrammarStep:
+    """A request's grammar draft for one step: ``forced`` tokens (its trees start with
+    them) and its grammar ``branches`` rooted at their end (a candidate continuation)."""
+
+    forced: tuple[int, ...]
+    branches: DraftTree | None

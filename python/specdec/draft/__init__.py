@@ -3,7 +3,7 @@ each (:class:`NgramDrafter` and :class:`SuffixDrafter` need no model and also pr
 trees, :class:`~specdec.protocols.TreeDrafter`). :class:`SequenceDrafter` adapts a
 one-sequence drafter to the batched protocol. :class:`BlockDrafter` (DFlash-style) and
 :class:`MedusaDrafter` are trained (``python -m specdec.train``) and read the target's hidden
-states."""
+states. :class:`GrammarDrafts` drafts what a request's grammar forces (:mod:`.grammar`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from .base import SequenceDrafter
 from .block import BlockDrafter, BlockDrafterConfig
 from .checkpoint import DraftVocab
 from .combined import CombinedDrafter
+from .grammar import GrammarDraft, GrammarDrafts
 from .medusa import MedusaConfig, MedusaDrafter
 from .model import ModelDrafter, greedy_rollout
 from .ngram import NgramDrafter
@@ -30,6 +31,8 @@ __all__ = [
     "MedusaDrafter",
     "MedusaConfig",
     "CombinedDrafter",
+    "GrammarDraft",
+    "GrammarDrafts",
     "DraftVocab",
     "TreeDrafter",
 ]

@@ -66,6 +66,8 @@ class CombinedDrafter:
     def num_requests(self) -> int:
         return self.suffix.num_requests
 
+    accepts_prefix = True  # DraftRequest.prefix: the model's depths after it, the suffix's lookup
+
     def propose(
         self, requests: Sequence[DraftRequest], budget: int, *, max_depth: int | None = None
     ) -> list[DraftTree]:
@@ -93,13 +95,20 @@ class CombinedDrafter:
             else min(self.max_depth, check_int(max_depth, "max_depth", 1, DraftError))
         )
         # A best-first tree of ``budget`` nodes is at most that deep: no deeper marginals.
-        logits = self.model.draft(requests, min(cap, budget))
+        depth = min(cap, budget)
+        # A request's prefix takes the model's first depths: its tree starts after them.
+        skip = [len(r.prefix) for r in requests]
+        drafted = min(self.max_depth, depth + max(skip))
+        logits = self.model.draft(requests, drafted)
         shape = DDTreeShape(budget)
         suffix = self.suffix.propose(requests, budget)
-        return [
-            (shape.build(lg, int(r.context[-1])), st)
-            for r, lg, st in zip(requests, logits, suffix, strict=True)
-        ]
+        out = []
+        for r, lg, st, k in zip(requests, logits, suffix, skip, strict=True):
+            root = int(r.prefix[-1]) if k else int(r.context[-1])
+            rows = lg[k : k + depth]
+            mt = shape.build(rows, root) if len(rows) else DraftTree([root], [-1])
+            out.append((mt, st))
+        return out
 
     def record(self, suffix: bool) -> None:
         """Count one tree taken from the suffix index (``True``) or the model."""

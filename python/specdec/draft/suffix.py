@@ -175,8 +175,11 @@ class SuffixDrafter:
         """The tree of at most ``budget`` drafted nodes after ``context`` (one request)."""
         return self.propose([DraftRequest(context)], budget)[0]
 
+    accepts_prefix = True  # DraftRequest.prefix: the lookup continues through it
+
     def propose(self, requests: Sequence[DraftRequest], budget: int) -> list[DraftTree]:
-        """One tree per request (root: its last context token; the root alone on no match)."""
+        """One tree per request (root: its last context token, or its ``prefix``'s last
+        token; the root alone on no match)."""
         budget = check_int(budget, "budget", 1, DraftError)
         check_requests(requests)
         # Every request is checked before any index grows.
@@ -185,11 +188,13 @@ class SuffixDrafter:
             raise DraftError("a request id appears more than once in one propose call")
         plans = [self._plan(r) for r in requests]
         out = []
-        for state, new in plans:
+        for r, (state, new) in zip(requests, plans, strict=True):
             if new:
                 state.index.extend(new)
                 state.seen.extend(new)
-            tail = state.seen[-self.max_match :]  # a proposal reads no more of the context
+            # A proposal reads no more of the context; the prefix's tokens come after it.
+            seen = [*state.seen[-self.max_match :], *r.prefix] if r.prefix else state.seen
+            tail = seen[-self.max_match :]
             arrays = state.index.propose(
                 tail,
                 self.max_depth,

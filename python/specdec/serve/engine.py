@@ -56,7 +56,9 @@ class EngineConfig:
     ``threads``: torch threads (None: torch's default); ``max_queue``: most requests waiting
     for a slot in the batch (past it, :class:`QueueFull`); ``served_name``: the model name
     clients send (None: the file's stem); ``numeric``: how the target's products round
-    (:attr:`~specdec.models.llama.LlamaModel.numeric`: ``"exact"`` or ``"int8"``)."""
+    (:attr:`~specdec.models.llama.LlamaModel.numeric`: ``"exact"`` or ``"int8"``);
+    ``grammar_drafts``: a constrained request's trees start with what its grammar forces
+    (:mod:`specdec.draft.grammar`)."""
 
     model: str | None = None
     drafter: DrafterName = "suffix"
@@ -69,6 +71,7 @@ class EngineConfig:
     block_size: int = 16
     max_budget: int = 32
     numeric: Literal["exact", "int8"] = "exact"
+    grammar_drafts: bool = True
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,7 @@ class Engine:
             kv_tokens=config.kv_tokens,
             block_size=config.block_size,
             max_batch=config.max_batch,
+            grammar_drafts=config.grammar_drafts,
         )
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)

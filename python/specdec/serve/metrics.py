@@ -47,6 +47,11 @@ class ServerMetrics:
         self.accepted_tokens = Counter(
             "specdec:spec_decode_num_accepted_tokens", "Drafted tokens accepted", registry=r
         )
+        self.grammar_tokens = Counter(
+            "specdec:grammar_drafted_tokens",
+            "Accepted tokens drafted by a request's grammar (forced tokens, grammar branches)",
+            registry=r,
+        )
         self.steps = Counter("specdec:engine_steps", "Engine steps (target forwards)", registry=r)
         self.running = Gauge("specdec:num_requests_running", "Requests in the batch", registry=r)
         self.waiting = Gauge("specdec:num_requests_waiting", "Requests queued", registry=r)
@@ -104,6 +109,7 @@ class ServerMetrics:
         self.generation_tokens.inc(len(result.tokens))
         self.drafted_tokens.inc(sum(result.tree_sizes))
         self.accepted_tokens.inc(sum(result.accepted))
+        self.grammar_tokens.inc(result.grammar_tokens)
         self.e2e.observe(seconds)
 
     def render(self) -> bytes:

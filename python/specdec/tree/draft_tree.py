@@ -11,6 +11,7 @@ for DDTrees, a parent's index always smaller than its child's. A padded tree has
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -245,6 +246,29 @@ class DraftTree:
         """The same tree with the root's token set (e.g. to the last bonus token)."""
         out = DraftTree._from_core(self._arrays.with_root(check_int(token, "root token", 0)))
         out._expected = self._expected
+        return out
+
+    def with_prefix(self, prefix: Sequence[int], root_token: int) -> DraftTree:
+        """This tree below a chain: ``root_token``, then ``prefix`` (each of probability 1,
+        e.g. a grammar's forced tokens), then this tree's drafted nodes under the chain's
+        last node, which takes this tree's root's place (so this tree's root token should be
+        ``prefix[-1]``). Node order stays best first: the chain, then this tree's nodes.
+        Padding is dropped."""
+        k = len(prefix)
+        root_token = check_int(root_token, "root token", None)
+        if k == 0:
+            return self.with_root(root_token)
+        n = self.num_real
+        chain = np.arange(-1, k, dtype=np.int32)
+        out = DraftTree._from_core(
+            _core.TreeArrays(
+                np.concatenate([np.array([root_token, *prefix], dtype=np.int64), self.tokens[1:n]]),
+                np.concatenate([chain, self.parents[1:n] + k]),
+                np.concatenate([np.arange(k + 1, dtype=np.int32), self.depths[1:n] + k]),
+                np.concatenate([np.zeros(k + 1), self.logprobs[1:n]]),
+                self._unscored(),
+            )
+        )
         return out
 
     def to(self, device: str | torch.device = "cpu") -> TreeTensors:

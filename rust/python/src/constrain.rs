@@ -11,8 +11,8 @@ use pyo3::types::PyBytes;
 use rayon::prelude::*;
 use specdec_core::constrain::grammar::json_schema::{JsonOptions, PropertyOrder};
 use specdec_core::constrain::{
-    self as core, CompiledGrammar, CompiledRegex, Constraint, GrammarError, GrammarFilter,
-    GrammarLimits, RegexLimits,
+    self as core, CompiledGrammar, CompiledRegex, Constraint, ForcedLimits, GrammarError,
+    GrammarFilter, GrammarLimits, RegexLimits,
 };
 use specdec_core::tree::{
     build_ddtree_filtered, check_sibling_tokens, check_tree_size, max_nodes, Marginals, TreeError,
@@ -442,9 +442,61 @@ impl AnyMatcher {
         with_matcher!(self, m => m.fill_bitmask(out))
     }
 
+    fn forced_paths(&self, limits: ForcedLimits) -> Result<Vec<ForcedPath>, GrammarError> {
+        with_matcher!(self, m => {
+            let paths = m.grammar().forced_paths(m.state(), limits)?;
+            Ok(paths.iter().cloned().map(ForcedPath::from).collect())
+        })
+    }
+
     /// Is the current mask ready without a trie walk?
     fn is_cheap(&self) -> bool {
         with_matcher!(self, m => m.grammar().is_cheap(m.state()))
+    }
+}
+
+/// One way the text can go from a matcher's state ([`Matcher::forced_paths`]).
+#[pyclass(module = "specdec._core", frozen)]
+pub struct ForcedPath {
+    /// The path's bytes (forced bytes, choices and their forced tails).
+    bytes: Vec<u8>,
+    /// EOS follows the bytes.
+    #[pyo3(get)]
+    eos: bool,
+    /// The product of `1 / options` over the choice points taken.
+    #[pyo3(get)]
+    weight: f64,
+    /// Choice points taken (0: forced all the way).
+    #[pyo3(get)]
+    choices: u32,
+}
+
+impl From<core::ForcedPath> for ForcedPath {
+    fn from(p: core::ForcedPath) -> Self {
+        ForcedPath {
+            bytes: p.bytes,
+            eos: p.eos,
+            weight: p.weight,
+            choices: p.choices,
+        }
+    }
+}
+
+#[pymethods]
+impl ForcedPath {
+    #[getter(bytes)]
+    fn py_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.bytes)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ForcedPath(bytes={:?}, eos={}, weight={}, choices={})",
+            String::from_utf8_lossy(&self.bytes),
+            if self.eos { "True" } else { "False" },
+            self.weight,
+            self.choices
+        )
     }
 }
 
@@ -614,6 +666,30 @@ impl Matcher {
 
     fn fork(&self, py: Python<'_>) -> Matcher {
         Matcher::from_any(self.state.with(py, |m| m.clone()))
+    }
+
+    /// Every way the text can go from here: the forced bytes, and at each choice point of
+    /// at most `max_branches` options (EOS counts as one) each option with its forced tail,
+    /// `levels` points deep, at most `max_paths` paths of `max_bytes` bytes (cached per
+    /// parser state; computed with the GIL released).
+    #[pyo3(signature = (*, max_bytes=64, max_branches=4, levels=2, max_paths=16))]
+    fn forced_paths(
+        &self,
+        py: Python<'_>,
+        max_bytes: usize,
+        max_branches: usize,
+        levels: usize,
+        max_paths: usize,
+    ) -> PyResult<Vec<ForcedPath>> {
+        let limits = ForcedLimits {
+            max_bytes,
+            max_branches,
+            levels,
+            max_paths,
+        };
+        // A clone shares the history (O(1)): the walk runs on it without the lock or GIL.
+        let m = self.state.with(py, |m| m.clone());
+        py.detach(|| m.forced_paths(limits)).or_raise()
     }
 
     /// Fill row `row` of an int32 `[B, >= ceil(V/32)]` numpy buffer (the GIL is released
@@ -798,6 +874,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RegexGrammar>()?;
     m.add_class::<CfgGrammar>()?;
     m.add_class::<Matcher>()?;
+    m.add_class::<ForcedPath>()?;
     m.add_function(wrap_pyfunction!(fill_next_token_bitmask_batch, m)?)?;
     m.add_function(wrap_pyfunction!(fill_tree_bitmask, m)?)?;
     m.add_function(wrap_pyfunction!(build_ddtree_constrained, m)?)?;

@@ -14,6 +14,7 @@
 //! row; bit `t % 32` of word `t / 32` set = token `t` allowed.
 
 mod error;
+mod forced;
 pub mod grammar;
 mod matcher;
 pub mod regex;
@@ -24,6 +25,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 pub use error::GrammarError;
+pub use forced::{forced_bytes, forced_paths, ForcedLimits, ForcedPath};
 pub use grammar::{CompiledGrammar, GrammarBuilder, GrammarLimits, ParserState};
 pub use matcher::Matcher;
 pub use regex::{
@@ -62,6 +64,31 @@ pub trait Constraint {
     /// `vocab().words()` words, every one written), EOS included where the text may end;
     /// an error (and `out` not the mask) when it runs past a limit, as [`Self::step_bytes`].
     fn fill_live_mask(&self, state: Self::State, out: &mut [u32]) -> Result<(), GrammarError>;
+
+    /// The bytes that keep the live state `state` live, as a 256-bit set (bit `b % 64` of
+    /// word `b / 64`). By default every byte is stepped; engines that know their next bytes
+    /// (a grammar's scanning lexemes) say so directly.
+    fn next_bytes(&self, state: Self::State) -> Result<[u64; 4], GrammarError> {
+        let mut set = [0u64; 4];
+        for b in 0..=255u8 {
+            if self.step_bytes(state.clone(), &[b])? != Self::DEAD {
+                set[b as usize / 64] |= 1 << (b % 64);
+            }
+        }
+        Ok(set)
+    }
+
+    /// [`forced_paths`] from `state` (a grammar caches them per parser state).
+    fn forced_paths(
+        &self,
+        state: Self::State,
+        limits: ForcedLimits,
+    ) -> Result<Arc<[ForcedPath]>, GrammarError>
+    where
+        Self: Sized,
+    {
+        Ok(forced_paths(self, state, limits)?.into())
+    }
 
     /// State after `token` from `state` (DEAD if the constraint rejects it). `token` must
     /// be in range (checked by the caller).

@@ -32,6 +32,13 @@ use rustc_hash::FxHashMap;
 use super::cfg::Grammar;
 use super::earley::{Chart, Full, Portable, DEAD_SET};
 use super::mask::{read_chart, write_chart, CacheBudget, StateMasks};
+use crate::constrain::{ForcedLimits, ForcedPath};
+
+/// Forced-path entries a generation keeps before its cache is cleared (rebuilt on demand).
+const MAX_FORCED: usize = 1 << 16;
+
+/// Per state and limits: its forced paths.
+type ForcedCache = FxHashMap<(u32, ForcedLimits), Arc<[ForcedPath]>>;
 
 /// One chart and the masks of its states.
 pub struct Generation {
@@ -44,6 +51,8 @@ pub struct Generation {
     full: AtomicBool,
     /// States of this (full) chart carried to a newer generation, and where they went.
     moved: Mutex<FxHashMap<u32, (Arc<Generation>, u32)>>,
+    /// Per state and limits: its forced paths (a grammar drafter asks every step).
+    forced: Mutex<ForcedCache>,
 }
 
 impl std::fmt::Debug for Generation {
@@ -66,6 +75,7 @@ impl Generation {
             masks: StateMasks::new(budget),
             full: AtomicBool::new(false),
             moved: Mutex::default(),
+            forced: Mutex::default(),
         })
     }
 
@@ -94,6 +104,33 @@ impl Generation {
     /// answer is kept and returned (all requests at the state then agree).
     pub fn set_moved(&self, id: u32, to: (Arc<Generation>, u32)) -> (Arc<Generation>, u32) {
         self.lock_moved().entry(id).or_insert(to).clone()
+    }
+
+    /// The bytes some item of state `id` can scan next.
+    pub fn first_bytes(&self, g: &Grammar, id: u32) -> [u64; 4] {
+        if let Some(f) = read_chart(&self.chart).cached_first_bytes(id) {
+            return f;
+        }
+        write_chart(&self.chart).first_bytes(g, id)
+    }
+
+    fn lock_forced(&self) -> std::sync::MutexGuard<'_, ForcedCache> {
+        // Entries go in whole: a poisoned lock still holds only complete entries.
+        self.forced.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// State `id`'s cached forced paths under `limits`.
+    pub fn cached_forced(&self, id: u32, limits: ForcedLimits) -> Option<Arc<[ForcedPath]>> {
+        self.lock_forced().get(&(id, limits)).cloned()
+    }
+
+    /// Keep state `id`'s forced paths under `limits`.
+    pub fn cache_forced(&self, id: u32, limits: ForcedLimits, paths: Arc<[ForcedPath]>) {
+        let mut m = self.lock_forced();
+        if m.len() >= MAX_FORCED {
+            m.clear();
+        }
+        m.insert((id, limits), paths);
     }
 
     pub fn export(&self, id: u32) -> Portable {

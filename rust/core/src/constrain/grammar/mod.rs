@@ -50,7 +50,7 @@ use earley::{Full, DEAD_SET};
 use generation::Generation;
 use mask::{CacheBudget, LexWalks};
 
-use super::{Constraint, GrammarError, Vocabulary};
+use super::{forced_paths, Constraint, ForcedLimits, ForcedPath, GrammarError, Vocabulary};
 
 /// A parser state: an interned Earley set of one chart generation (which it keeps alive),
 /// or the dead or the matcher's terminated state.
@@ -363,6 +363,31 @@ impl Constraint for CompiledGrammar {
 
     fn accepts_end(&self, state: ParserState) -> bool {
         state.gen.is_some_and(|g| g.accepts(state.id))
+    }
+
+    fn next_bytes(&self, state: ParserState) -> Result<[u64; 4], GrammarError> {
+        // Every byte a scanning item's lexeme takes leads to a live set (Earley sets are
+        // prefix-exact), so the chart's scan set is the answer.
+        Ok(match &state.gen {
+            Some(gen) => gen.first_bytes(&self.grammar, state.id),
+            None => [0; 4],
+        })
+    }
+
+    fn forced_paths(
+        &self,
+        state: ParserState,
+        limits: ForcedLimits,
+    ) -> Result<Arc<[ForcedPath]>, GrammarError> {
+        let Some(gen) = state.gen.clone() else {
+            return Ok(Arc::from(Vec::new()));
+        };
+        if let Some(p) = gen.cached_forced(state.id, limits) {
+            return Ok(p);
+        }
+        let paths: Arc<[ForcedPath]> = forced_paths(self, state.clone(), limits)?.into();
+        gen.cache_forced(state.id, limits, paths.clone());
+        Ok(paths)
     }
 
     fn fill_live_mask(&self, state: ParserState, out: &mut [u32]) -> Result<(), GrammarError> {

@@ -1,0 +1,335 @@
+"""Grammar drafts: what a constraint forces, drafted into the tree.
+
+- Forced paths against an independent oracle: a finite language written out in Python, its
+  completions from every prefix enumerated, their longest common prefix and first bytes
+  computed directly (no automaton), for the regex engine and the grammar engine alike.
+- Canonical tokens against the tokenizer itself (SmolLM2's), and the longest-token
+  fallback of a vocabulary without one.
+- The generator with grammar drafts is lossless: greedy output equals constrained plain
+  decoding, and seeded sampling equals constrained plain sampling, on a random tiny target
+  (whose choices are rarely the canonical tokenization: forced chains are rejected in the
+  middle and at their last token) and on SmolLM2 with JSON Schemas (compact and free
+  whitespace, enums and booleans), for the suffix, block and combined drafters under fixed
+  and adaptive budgets; every output validates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+import specdec
+from specdec.decode import SpeculativeGenerator, autoregressive_generate
+from specdec.draft import SuffixDrafter
+from specdec.draft.grammar import GrammarDrafts
+from specdec.errors import GrammarError
+from specdec.testing import OracleDrafter, tiny_config
+from specdec.tree import DraftTree
+from specdec.verify import Sampling
+
+# A finite language: every word is written out, so completions can be enumerated.
+PARTS = [["{"], ['"name":"'], ["al", "bo", "b"], ['","ok":'], ["true", "false"], ["}", ',"x":1}']]
+WORDS = sorted({"".join(p).encode() for p in itertools.product(*PARTS)})
+
+
+def _re_escape(s: str) -> str:
+    return "".join("\\" + c if c in '{}[]().*+?|^$\\"' else c for c in s)
+
+
+def _regex() -> str:
+    return "".join("(" + "|".join(_re_escape(o) for o in opts) + ")" for opts in PARTS)
+
+
+def _gbnf() -> str:
+    def lit(s: str) -> str:
+        return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    return "root ::= " + " ".join("(" + " | ".join(lit(o) for o in opts) + ")" for opts in PARTS)
+
+
+def _byte_vocab() -> specdec.Vocabulary:
+    return specdec.Vocabulary.from_bytes([bytes([b]) for b in range(256)] + [None], [256])
+
+
+def _lcp(xs: list[bytes]) -> bytes:
+    out = xs[0]
+    for x in xs[1:]:
+        n = 0
+        while n < min(len(out), len(x)) and out[n] == x[n]:
+            n += 1
+        out = out[:n]
+    return out
+
+
+def _oracle_forced(prefix: bytes) -> bytes:
+    """The bytes every completion of ``prefix`` starts with, stopping where a word ends."""
+    comps = [w[len(prefix) :] for w in WORDS if w.startswith(prefix)]
+    f = _lcp(comps)
+    # The text may end at any completion shorter than the common prefix's end.
+    ends = [len(c) for c in comps if len(c) <= len(f)]
+    return f[: min(ends)] if ends else f
+
+
+def _oracle_paths(prefix: bytes) -> set[tuple[bytes, bool]]:
+    """One level of choices after the forced bytes: each next byte with its forced tail,
+    and EOS where a word ends."""
+    f = _oracle_forced(prefix)
+    at = prefix + f
+    out: set[tuple[bytes, bool]] = set()
+    if at in WORDS:
+        out.add((f, True))
+    for b in sorted({w[len(at)] for w in WORDS if w.startswith(at) and len(w) > len(at)}):
+        nxt = at + bytes([b])
+        tail = _oracle_forced(nxt)
+        end = nxt + tail
+        only_eos = end in WORDS and not any(w.startswith(end) and w != end for w in WORDS)
+        out.add((f + bytes([b]) + tail, only_eos))
+    return out
+
+
+@pytest.mark.parametrize("engine", ["regex", "gbnf"])
+def test_forced_paths_match_the_enumerated_language(engine: str) -> None:
+    vocab = _byte_vocab()
+    grammar = vocab.regex(_regex()) if engine == "regex" else vocab.gbnf(_gbnf())
+    prefixes = sorted({w[:i] for w in WORDS for i in range(len(w) + 1)})
+    checked = 0
+    for p in prefixes:
+        m = grammar.matcher()
+        assert m.accept_tokens(list(p)) == len(p)
+        assert m.forced_bytes() == _oracle_forced(p), p
+        if p in WORDS and not any(w.startswith(p) and w != p for w in WORDS):
+            assert [(x.bytes, x.eos) for x in m.forced_paths()] == [(b"", True)]
+            continue
+        got = m.forced_paths(max_branches=256, levels=1, max_paths=1000)
+        assert {(x.bytes, x.eos) for x in got} == _oracle_paths(p), p
+        assert abs(sum(x.weight for x in got) - 1.0) < 1e-9
+        checked += 1
+    assert checked > 40
+    # After EOS: nothing.
+    m = grammar.matcher()
+    m.accept_tokens(list(WORDS[0]))
+    assert m.accept_token(256) and m.forced_paths() == [] and m.forced_bytes() == b""
+
+
+def test_forced_paths_refuse_bad_limits() -> None:
+    m = _byte_vocab().regex(_regex()).matcher()
+    with pytest.raises(GrammarError, match="max_paths"):
+        m.forced_paths(max_paths=0)
+    with pytest.raises(GrammarError, match="levels"):
+        m.forced_paths(levels=-1)
+
+
+def test_canonical_tokens_are_the_tokenizers(lm: Any) -> None:
+    vocab = lm.vocabulary()
+    tok = lm.tokenizer
+    for text in ['{"name": "', '", "age": ', "true, ", '"]}', "Zürich", ' "x_y": [', "  \n"]:
+        want = tuple(tok.encode(text, add_special_tokens=False).ids)
+        assert vocab.canonical_tokens(text.encode()) == want
+    # An incomplete UTF-8 character at the end is left out.
+    data = "aü".encode()[:-1]
+    assert vocab.canonical_tokens(data) == tuple(tok.encode("a", add_special_tokens=False).ids)
+    # Without a tokenizer: the longest token at each step.
+    v = specdec.Vocabulary.from_bytes([b"a", b"b", b"ab", b"abb", b"ba"], [])
+    assert v.canonical_tokens(b"abbab") == (3, 2)
+    assert v.canonical_tokens(b"babz") == (4, 1)  # stops where no token spells on
+
+
+def test_grammar_draft_has_forced_tokens_then_weighted_branches() -> None:
+    vocab = _byte_vocab()
+    m = vocab.gbnf(_gbnf()).matcher()
+    m.accept_tokens(list(b'{"name":"al'))
+    d = GrammarDrafts(levels=1).draft(m)
+    assert bytes(d.forced) == b'","ok":'
+    assert d.branches is not None and not d.ends
+    t = d.branches
+    # The two branches, "true" and "false", each with weight 1/2 on every node.
+    leaves = [i for i in range(t.num_nodes) if i not in t.parents]
+    paths = {bytes(t.tokens[t.path_to(i)][1:].tolist()) for i in leaves}
+    assert paths == {b"true", b"false"}
+    assert np.allclose(np.exp(t.logprobs[1:]), 0.5)
+    # At the end: EOS is forced.
+    m.accept_tokens(list(b'","ok":true}'))
+    d = GrammarDrafts().draft(m)
+    assert d.forced == (256,) and d.ends and d.branches is None
+
+
+def test_with_prefix_puts_a_chain_before_the_tree() -> None:
+    t = DraftTree([7, 1, 2, 3], [-1, 0, 0, 1], logprobs=[0.0, -0.1, -0.5, -0.3])
+    g = t.with_prefix([5, 6, 7], 9)
+    assert g.tokens.tolist() == [9, 5, 6, 7, 1, 2, 3]
+    assert g.parents.tolist() == [-1, 0, 1, 2, 3, 3, 4]
+    assert g.depths.tolist() == [0, 1, 2, 3, 4, 4, 5]
+    assert g.logprobs.tolist() == [0.0, 0.0, 0.0, 0.0, -0.1, -0.5, -0.3]
+    assert g.expected_acceptance == pytest.approx(3 + t.expected_acceptance)
+
+
+# -- lossless generation on a tiny random target ----------------------------------------------
+TINY_TOKENS = [
+    *[bytes([c]) for c in b'{}",:0123abcdefklnrsuvt'],
+    b'{"',
+    b'":',
+    b'",',
+    b'"}',
+    b"true",
+    b"fal",
+    b"se}",
+    b'"a',
+    b"ab",
+]
+TINY_GBNF = r"""
+root ::= "{\"k\":" ("true" | "false") ",\"v\":\"" [a-e]{1,5} "\"" (",\"n\":" [0-3]{1,2})? "}"
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny() -> tuple[Any, Any]:
+    from specdec.models import LlamaModel
+
+    vocab = specdec.Vocabulary.from_bytes([*TINY_TOKENS, None], [len(TINY_TOKENS)])
+    # Random weights: its choices rarely follow the longest-token tokenization.
+    target = LlamaModel(tiny_config(len(TINY_TOKENS) + 1)).double().init_random(5, std=0.6)
+    return target, vocab.gbnf(TINY_GBNF)
+
+
+def _text(vocab: Any, tokens: list[int]) -> bytes:
+    return b"".join(vocab.token_bytes(t) or b"" for t in tokens)
+
+
+@pytest.mark.parametrize("budget", [3, 12, "auto"])
+def test_greedy_with_grammar_drafts_is_constrained_plain_decoding(tiny: Any, budget: Any) -> None:
+    target, grammar = tiny
+    eos = len(TINY_TOKENS)
+    prompts = [[i % eos, (3 * i + 1) % eos, (5 * i + 2) % eos] for i in range(12)]
+    want = [
+        autoregressive_generate(
+            target, p, max_new_tokens=40, constraint=grammar, stop_tokens=[eos]
+        ).tokens
+        for p in prompts
+    ]
+    drafted = 0
+    for drafter in (SuffixDrafter(max_depth=6), OracleDrafter(target, miss=0.5, seed=2)):
+        gen = SpeculativeGenerator(
+            target, drafter, budget=budget, max_depth=4, constraint=grammar, max_batch=4
+        )
+        got = gen.generate(prompts, max_new_tokens=40, stop_tokens=[eos])
+        assert [r.tokens for r in got] == want
+        drafted += sum(r.grammar_tokens for r in got)
+        for r in got:
+            if r.finish_reason == "stop":
+                assert grammar.matches(_text(grammar.vocab, r.tokens))
+    assert drafted > 0
+
+
+def test_seeded_sampling_with_grammar_drafts_is_constrained_plain_sampling(tiny: Any) -> None:
+    target, grammar = tiny
+    eos = len(TINY_TOKENS)
+    rule = Sampling(temperature=1.3)
+    prompts = [[i % eos, (7 * i + 3) % eos] for i in range(10)]
+    want = [
+        autoregressive_generate(
+            target, p, max_new_tokens=40, rule=rule, seed=100 + i, constraint=grammar
+        ).tokens
+        for i, p in enumerate(prompts)
+    ]
+    gen = SpeculativeGenerator(
+        target, SuffixDrafter(max_depth=6), rule=rule, budget=8, constraint=grammar, max_batch=5
+    )
+    rids = [gen.submit(p, max_new_tokens=40, seed=100 + i) for i, p in enumerate(prompts)]
+    done: dict[int, list[int]] = {}
+    drafted = 0
+    while gen.has_unfinished():
+        for o in gen.step():
+            if o.finished:
+                assert o.result is not None
+                done[o.request_id] = o.result.tokens
+                drafted += o.result.grammar_tokens
+    assert [done[r] for r in rids] == want
+    assert drafted > 0
+
+
+def test_grammar_drafts_can_be_turned_off(tiny: Any) -> None:
+    target, grammar = tiny
+    gen = SpeculativeGenerator(target, budget=4, constraint=grammar, grammar_drafts=False)
+    r = gen.generate([1, 2], max_new_tokens=20)
+    assert r.grammar_tokens == 0
+    with pytest.raises(specdec.SpecdecTypeError, match="grammar_drafts"):
+        SpeculativeGenerator(target, constraint=grammar, grammar_drafts="yes")  # type: ignore[arg-type]
+
+
+# -- SmolLM2 with JSON Schemas ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lm() -> Any:
+    from specdec.models import smollm2
+
+    return smollm2()
+
+
+SCHEMAS = {
+    "record": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "sunny": {"type": "boolean"},
+            "level": {"enum": ["low", "medium", "high"]},
+            "days": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["city", "sunny", "level", "days"],
+        "additionalProperties": False,
+    },
+    "list": {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {"id": {"type": "integer"}, "tag": {"enum": ["a", "b"]}},
+            "required": ["id", "tag"],
+            "additionalProperties": False,
+        },
+        "minItems": 2,
+        "maxItems": 3,
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("schema", "whitespace", "drafter", "budget"),
+    [
+        ("record", False, "suffix", "auto"),
+        ("record", True, "suffix", 8),
+        ("list", False, "block", 8),
+        ("list", False, "combined", "auto"),
+    ],
+)
+def test_smollm2_json_with_grammar_drafts_is_constrained_plain_decoding(
+    lm: Any, schema: str, whitespace: bool, drafter: str, budget: Any
+) -> None:
+    import jsonschema  # type: ignore[import-untyped]
+
+    from specdec.draft import BlockDrafter, CombinedDrafter
+
+    vocab = lm.vocabulary()
+    grammar = vocab.json_schema(SCHEMAS[schema], whitespace=whitespace, property_order="declared")
+    prompt = lm.encode_chat(
+        [{"role": "user", "content": "Reply with JSON for: " + json.dumps(SCHEMAS[schema])}]
+    )
+    stop = vocab.eos_ids
+    want = autoregressive_generate(
+        lm.model, prompt, max_new_tokens=60, constraint=grammar, stop_tokens=stop
+    ).tokens
+    d: Any
+    if drafter == "suffix":
+        d = SuffixDrafter(max_depth=16)
+    elif drafter == "block":
+        d = BlockDrafter.shipped(lm.model)
+    else:
+        d = CombinedDrafter(BlockDrafter.shipped(lm.model), SuffixDrafter(max_depth=16))
+    gen = SpeculativeGenerator(lm.model, d, budget=budget, max_depth=8, constraint=grammar)
+    r = gen.generate(prompt, max_new_tokens=60, stop_tokens=stop)
+    assert r.tokens == want
+    assert r.grammar_tokens > 0
+    if r.finish_reason == "stop":
+        text = _text(vocab, [t for t in r.tokens if t not in stop]).decode()
+        jsonschema.validate(json.loads(text), SCHEMAS[schema])
