@@ -23,10 +23,10 @@ __all__ = ["CfgGrammar", "SchemaApproximation"]
 class SchemaApproximation(NamedTuple):
     """Where a grammar compiled from a JSON Schema differs from the schema. ``kind``:
     ``"subset"`` (some valid documents rejected, no invalid one accepted), ``"superset"``
-    (every valid document accepted, and some invalid ones), ``"neither"``, ``"spelling"``
-    (every value reachable, some spellings not: numbers without exponents, strings under
-    ``pattern`` without escape sequences) or ``"format"`` (a format's automaton, which
-    approximates its RFC)."""
+    (every valid document accepted, and some invalid ones), ``"neither"`` or ``"spelling"``
+    (every value reachable, some spellings not: numbers under bounds without exponents,
+    integers with exponents only as floats print them, strings under ``pattern`` or
+    ``format`` without escape sequences)."""
 
     keyword: str
     pointer: str
@@ -178,13 +178,15 @@ class CfgGrammar:
         :func:`json.dumps`). ``strict``: a schema that cannot be compiled exactly raises
         :class:`~specdec.errors.UnsupportedSchemaError` naming the first keyword that cannot
         and its JSON pointer; with ``strict=False`` an approximation is compiled and listed
-        in :attr:`approximations` (spelling and format approximations are listed either
-        way). ``property_order``: ``"any"`` (each property at most once, every required one
+        in :attr:`approximations` (spelling approximations are listed either way).
+        ``property_order``: ``"any"`` (each property at most once, every required one
         present, in any order) or ``"declared"`` (declared properties in declared order,
         others after them, as OpenAI structured outputs). ``additional_properties=False``:
         objects without ``additionalProperties`` allow no other properties.
-        ``format_assertion=False``: ``format`` is an annotation (JSON Schema 2020-12's
-        default reading), not checked."""
+        ``format_assertion``: each format compiled is exactly its RFC's grammar (``hostname``,
+        ``idn-hostname``, ``idn-email`` and ``regex`` are not compiled: refused, or a
+        superset without ``strict``); ``False``: ``format`` is an annotation (JSON Schema
+        2020-12's default reading), not checked."""
         if not isinstance(vocab, Vocabulary):
             raise SpecdecTypeError(f"vocab must be a Vocabulary, got {type(vocab).__name__}")
         text = schema_text(schema)

@@ -40,8 +40,12 @@ fn check(g: &CompiledGrammar, good: &[&str], bad: &[&str]) {
 fn scalar_types_enum_const() {
     check(
         &compile(json!({"type": "integer"})),
-        &["0", "-12"],
-        &["1.5", "01", "\"1\""],
+        // By value: a zero fraction, and exponents whose value is an integer.
+        &["0", "-12", "1.0", "-3.00", "1e2", "1.5e1", "-0"],
+        // (Finite doubles only, written as floats print them: a spelling approximation.)
+        &[
+            "1.5", "01", "\"1\"", "1.5e0", "1.", "1.0.0", "1e400", "1.8e308", "15e0",
+        ],
     );
     check(
         &compile(json!({"type": "number"})),
@@ -75,8 +79,9 @@ fn integer_bounds() {
     let g = compile(json!({"type": "integer", "minimum": -12, "exclusiveMaximum": 100}));
     check(
         &g,
-        &["-12", "0", "99", "7"],
-        &["-13", "100", "1000", "-0", "007"],
+        &["-12", "0", "99", "7", "-0", "99.00", "-12.0"],
+        // (Exponents are not written under bounds: a spelling approximation.)
+        &["-13", "100", "1000", "007", "99.5", "100.0", "1e1"],
     );
     let g = compile(json!({"type": "integer", "exclusiveMinimum": 2.5}));
     check(&g, &["3", "123456789012"], &["2", "-5"]);
@@ -96,8 +101,14 @@ fn integer_bounds() {
     );
     check(
         &compile(json!({"type": "integer", "maximum": 10, "multipleOf": 0.5})),
-        &["-7", "0", "10"],
-        &["11", "1.5", "12"],
+        &["-7", "0", "10", "10.0"],
+        &["11", "1.5", "12", "11.0"],
+    );
+    // Unbounded multiples with exponents: 12 = 2^2 * 3, so `m e k` needs 3 | m, k >= 2.
+    check(
+        &compile(json!({"type": "integer", "multipleOf": 12})),
+        &["24", "24.0", "3e2", "1.2e3", "3.6e+003"],
+        &["6", "6.0", "3e1", "1.3e3", "3e-2", "36e2"],
     );
     let e = compile_with(
         json!({"type": "integer", "multipleOf": 12345.678}),

@@ -365,7 +365,7 @@ impl CfgGrammar {
     }
 
     /// Where a JSON Schema's grammar differs from the schema: (keyword, pointer, kind,
-    /// detail) each, kind one of subset, superset, neither, spelling, format.
+    /// detail) each, kind one of subset, superset, neither, spelling.
     #[getter]
     fn approximations(&self) -> Vec<(String, String, &'static str, String)> {
         (self.0.approximations().iter())

@@ -16,20 +16,34 @@
 //! the tighter, enums intersected, two anyOf multiplied out), `$ref` into the same document
 //! (any JSON pointer; recursion allowed; beside other keywords an `allOf`, except in drafts
 //! 3 to 7, where `$schema` says so and `$ref` overrides its siblings), `$defs`/
-//! `definitions`, `pattern`, `minLength`, `maxLength`, `format` (date, time, date-time,
-//! uuid, email, ipv4, ipv6, uri; an annotation with `format_assertion` off), `minimum`,
-//! `maximum`, `exclusiveMinimum`, `exclusiveMaximum` and `multipleOf` (a remainder
-//! automaton, `multiple_of.rs`). Without `type`, every kind is allowed, each constrained by
-//! its own keywords (as the spec reads). Annotations and keywords outside the JSON Schema
-//! vocabularies (`x-...`, `example`) are ignored, as the spec ignores unknown keywords.
+//! `definitions`, `pattern`, `minLength`, `maxLength`, `format` (each exactly its RFC's
+//! grammar: date, time, date-time, duration, uuid, ipv4, ipv6, email, uri, uri-reference,
+//! iri, iri-reference, uri-template, json-pointer, relative-json-pointer, `formats.rs`;
+//! hostname, idn-hostname, idn-email and regex are refused; an annotation with
+//! `format_assertion` off), `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum`
+//! and `multipleOf` (a remainder automaton, `multiple_of.rs`). Without `type`, every kind
+//! is allowed, each constrained by its own keywords (as the spec reads). Annotations and
+//! keywords outside the JSON Schema vocabularies (`x-...`, `example`) are ignored, as the
+//! spec ignores unknown keywords.
+//!
+//! Numbers are compared by value, as decimals (exactly, not as doubles). `integer` is any
+//! number whose value is an integer: a zero fraction is accepted everywhere (`1.0`,
+//! `-3.00`, `-0`), under bounds and `multipleOf` too (the value counts). Exponents are a
+//! spelling: the texts with an exponent whose value is an integer are not a regular
+//! language (`100e-2` is 1: the exponent's value must be weighed against a count of
+//! digits), so an integer with an exponent is accepted only as floats print it (one integer digit, at most 16 fraction digits, an exponent of at least their
+//! count, a finite double: `1.5e+17`, `1e+308`), exactly also under `multipleOf` (the
+//! mantissa's remainder), and not under `minimum`/`maximum`. In drafts 3 and 4 an integer
+//! is written without a fraction or an exponent (`1.0` is not one there). `enum`/`const`
+//! numbers take a zero fraction, trailing fraction zeros and `-0` for 0.
 //!
 //! Exactness: whatever cannot be compiled exactly is an [`Approximation`] naming the
 //! keyword, its location and how the grammar differs (subset, superset, neither). With
 //! [`JsonOptions::strict`] (the default) the first one is an error
-//! ([`GrammarError::Inexact`]); without, the approximation is compiled and listed. Two kinds
-//! are listed and never refused: spellings ([`Kind::Spelling`]: integers without a fraction
-//! or exponent, bounded numbers without exponents, `\u` escapes only for control
-//! characters: every value keeps a spelling) and the format automata ([`Kind::Format`]).
+//! ([`GrammarError::Inexact`]); without, the approximation is compiled and listed. One kind
+//! is listed and never refused: spellings ([`Kind::Spelling`]: integers with exponents as
+//! above, bounded numbers without exponents, `\u` escapes only for control characters in
+//! strings under `pattern` or `format`: every value keeps a spelling).
 //!
 //! Objects: properties in any order, each at most once, every required one present, counted
 //! for `minProperties`/`maxProperties` (a member set: the parser tracks the members used, so
@@ -43,6 +57,7 @@ use std::collections::HashMap;
 use serde_json::{Map, Value};
 
 use super::cfg::{Grammar, GrammarBuilder, GrammarLimits, Sym, MAX_SET_COUNT, MAX_SET_MEMBERS};
+use super::formats;
 use super::int_range::int_range_regex;
 use super::multiple_of::{self, multiple_of_dfa};
 use crate::constrain::{GrammarError, TableDfa};
@@ -62,8 +77,8 @@ pub struct JsonOptions {
     pub property_order: PropertyOrder,
     /// Refuse a schema that cannot be compiled exactly ([`GrammarError::Inexact`] naming
     /// the first such keyword); otherwise compile an approximation and list it
-    /// ([`Approximation`]). Spelling restrictions ([`Kind::Spelling`]) and the supported
-    /// formats' automata ([`Kind::Format`]) are listed, never refused.
+    /// ([`Approximation`]). Spelling restrictions ([`Kind::Spelling`]) are listed, never
+    /// refused.
     pub strict: bool,
     /// `format` asserts its format (else it is an annotation, as JSON Schema 2020-12 reads
     /// it by default).
@@ -80,11 +95,8 @@ pub enum Kind {
     /// Some of each.
     Neither,
     /// Values are all reachable but some spellings are not (numbers without exponents,
-    /// string values under `pattern` without escape sequences).
+    /// string values under `pattern` or `format` without escape sequences).
     Spelling,
-    /// A format's automaton, which approximates its RFC (email, uri: both ways; time,
-    /// date-time, ipv6: no leap seconds, lowercase `t`/`z` or embedded IPv4).
-    Format,
 }
 
 impl Kind {
@@ -94,7 +106,6 @@ impl Kind {
             Kind::Superset => "superset",
             Kind::Neither => "neither",
             Kind::Spelling => "spelling",
-            Kind::Format => "format",
         }
     }
 
@@ -176,6 +187,7 @@ pub fn compile(
         listed: Vec::new(),
         any: None,
         ref_overrides: legacy_ref(schema),
+        legacy_integer: draft_before_6(schema),
     };
     if let Some(uri) = schema.get("$schema").and_then(Value::as_str) {
         if !known_metaschema(uri) {
@@ -748,12 +760,14 @@ struct Compiler<'a> {
     pending: Vec<(u32, String)>,
     /// What strict mode refuses (in the order met).
     approximations: Vec<Approximation>,
-    /// Spelling and format approximations (listed, not refused), one per keyword.
+    /// Spelling approximations (listed, not refused), one per keyword.
     listed: Vec<Approximation>,
     /// The nonterminal of an unconstrained JSON value, built on first use.
     any: Option<Sym>,
     /// Drafts 3 to 7: a `$ref` overrides its siblings (they are ignored).
     ref_overrides: bool,
+    /// Drafts 3 and 4, where `integer` excludes numbers written with a fraction.
+    legacy_integer: bool,
 }
 
 /// Is `uri` one of the JSON Schema drafts' metaschemas (3 to 2020-12)?
@@ -775,6 +789,11 @@ fn known_metaschema(uri: &str) -> bool {
 
 /// Does the document's `$schema` name draft 3, 4, 6 or 7, where `$ref` overrides its
 /// sibling keywords? (Later drafts, and documents that name none, apply them beside it.)
+fn draft_before_6(root: &Value) -> bool {
+    let uri = root.get("$schema").and_then(Value::as_str).unwrap_or("");
+    ["draft-03", "draft-04"].iter().any(|d| uri.contains(d))
+}
+
 fn legacy_ref(root: &Value) -> bool {
     let Some(uri) = root.get("$schema").and_then(Value::as_str) else {
         return false;
@@ -1636,14 +1655,30 @@ impl Compiler<'_> {
                     .collect();
                 format!("\\{{{ws}{}{ws}\\}}", inner.join(&sep(item)))
             }
-            // Numbers compare by value: an integral one may be written with a zero fraction.
-            Value::Number(n) => match n
-                .as_f64()
-                .filter(|x| x.fract() == 0.0 && x.abs() <= 2f64.powi(53))
-            {
-                Some(x) => format!("{}(?:\\.0+)?", regex_escape(&format!("{}", x as i64))),
-                None => regex_escape(&v.to_string()),
-            },
+            // Numbers compare by value: an integral one may be written with a zero fraction
+            // (up to 2^53, where every reader's value is exact), zero also as `-0`, and a
+            // fraction with trailing zeros.
+            Value::Number(n) => {
+                let text = match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                    (Some(i), _, _) => i.to_string(),
+                    (_, Some(u), _) => u.to_string(),
+                    (_, _, Some(x)) if x.fract() == 0.0 && x.abs() <= 2f64.powi(53) => {
+                        format!("{}", x as i64)
+                    }
+                    _ => v.to_string(),
+                };
+                let small = n.as_f64().is_some_and(|x| x.abs() <= 2f64.powi(53));
+                let sign = if text == "0" { "-?" } else { "" };
+                if text.contains(['e', 'E']) {
+                    regex_escape(&text)
+                } else if text.contains('.') {
+                    format!("{sign}{}0*", regex_escape(&text))
+                } else if small {
+                    format!("{sign}{}(?:\\.0+)?", regex_escape(&text))
+                } else {
+                    regex_escape(&text)
+                }
+            }
             _ => regex_escape(&v.to_string()),
         }
     }
@@ -1659,40 +1694,34 @@ impl Compiler<'_> {
                           for control characters";
             self.inexact("pattern", path, Kind::Spelling, detail);
         }
-        let body = match fmt {
-            None => None,
-            Some(f) => match format_regex(f) {
-                Some(r) => {
-                    if APPROXIMATE_FORMATS.contains(&f) {
-                        let detail = format!("format {f:?}: an automaton approximating its RFC");
-                        self.inexact("format", path, Kind::Format, &detail);
-                    }
-                    Some(r.to_owned())
-                }
-                // A format the spec defines but this compiler lacks is refused; others are
-                // annotations no validator checks.
-                None if SPEC_FORMATS.contains(&f) => {
+        // A format the spec defines but this compiler lacks is refused; others are
+        // annotations no validator checks.
+        let fmt = match fmt {
+            Some(f) if !formats::FORMATS.contains(&f) => {
+                if SPEC_FORMATS.contains(&f) {
                     let detail = format!("format {f:?} not compiled: not checked");
                     self.inexact("format", path, Kind::Superset, &detail);
-                    None
                 }
-                None => None,
-            },
+                None
+            }
+            f => f,
         };
         let len = match max {
             Some(max) => format!("{{{min},{max}}}"),
             None => format!("{{{min},}}"),
         };
         let has_len = min > 0 || max.is_some();
-        if let (None, None, true) = (pattern, &body, has_len) {
+        if let (None, None, true) = (pattern, fmt, has_len) {
             return self.counted_string(min, max);
         }
-        if pattern.is_none() && !(body.is_some() && has_len) {
+        if pattern.is_none() && fmt.is_none() {
             // (The plain string is spelled as everywhere else: one lexeme for all of them.)
-            return match body {
-                None => self.b.lexeme(STRING),
-                Some(content) => self.b.lexeme(&format!("\"(?:{content})\"")),
-            };
+            return self.b.lexeme(STRING);
+        }
+        if fmt.is_some() {
+            let detail = "string values under format are written with \\u escapes only for \
+                          control characters";
+            self.inexact("format", path, Kind::Spelling, detail);
         }
         // The pattern (unanchored, as JSON Schema reads it), the length and the format
         // intersected, over the string's characters, then read through JSON's escapes.
@@ -1706,8 +1735,8 @@ impl Compiler<'_> {
                 let p = TableDfa::compile(&format!("(?s:.)*(?:{p})(?s:.)*"), limits)?;
                 dfa = dfa.intersect(&p, limits)?;
             }
-            if let Some(b) = &body {
-                dfa = dfa.intersect(&TableDfa::compile(b, limits)?, limits)?;
+            if let Some(f) = fmt.and_then(|f| formats::format_dfa(f, limits)) {
+                dfa = dfa.intersect(&f?, limits)?;
             }
             Ok(json_escaped(&dfa, false))
         })?;
@@ -1767,11 +1796,6 @@ impl Compiler<'_> {
             }
         }
         let multiple = self.multiple_of(obj, path)?;
-        let detail = "integers are written without a fraction or an exponent (1, not 1.0 or 1e0)";
-        self.inexact("type", path, Kind::Spelling, detail);
-        if lo.is_none() && hi.is_none() && multiple.is_none() {
-            return self.b.lexeme(INTEGER);
-        }
         // Bounds past i64 (about 9.2e18) are not supported: f64 cannot say which integers
         // they exclude anyway.
         let to_i64 = |x: Option<f64>| -> Result<Option<i64>, GrammarError> {
@@ -1791,15 +1815,87 @@ impl Compiler<'_> {
                 )));
             }
         }
-        let range = int_range_regex(lo, hi);
-        let Some((a, d)) = multiple else {
-            return self.b.lexeme(&range);
+        let mut range = int_range_regex(lo, hi);
+        if lo.is_none_or(|l| l <= 0) && hi.is_none_or(|h| h >= 0) {
+            range = format!("(?:{range}|-0)");
+        }
+        if self.legacy_integer {
+            // Drafts 3 and 4: an integer is a number written without a fraction or an
+            // exponent (1.0 is not one), so the canonical texts are exact.
+            let Some((a, d)) = multiple else {
+                return self.b.lexeme(&range);
+            };
+            let limits = self.b.limits().lexeme;
+            return self
+                .b
+                .lexeme_dfa(&format!("integer {range} multiple of {a}/10^{d}"), || {
+                    TableDfa::compile(&range, limits)?
+                        .intersect(&multiple_of_dfa(a, d, false), limits)
+                });
+        }
+        // Any number whose value is an integer is one: a zero fraction (`1.0`), and with an
+        // exponent the texts `exponent_regex` gives, whose value it can tell.
+        let plain = format!("{range}(?:\\.0+)?");
+        let exponent = match multiple {
+            _ if lo.is_some() || hi.is_some() => None,
+            None => Some((1, 0)),
+            Some((a, d)) => {
+                // a = 2^x 5^y a' (a' prime to 10): m * 10^k is a multiple of a / 10^d for
+                // every k >= max(x, y) - d exactly when m is a multiple of a'.
+                let (mut rest, mut x, mut y) = (a, 0u32, 0u32);
+                while rest % 2 == 0 {
+                    rest /= 2;
+                    x += 1;
+                }
+                while rest % 5 == 0 {
+                    rest /= 5;
+                    y += 1;
+                }
+                let shift = x.max(y).saturating_sub(d);
+                let states = (MAX_EXPONENT_FRACTION as u64 + 4).saturating_mul(rest);
+                (states <= multiple_of::MAX_STATES as u64).then_some((rest, shift))
+            }
         };
+        let detail = match exponent {
+            Some(_) => format!(
+                "integers with an exponent are written as floats print them: one integer \
+                 digit, at most {MAX_EXPONENT_FRACTION} fraction digits, an exponent of at \
+                 least their count, below 1.7e308 (1.5e1, not 15e0 or 15e-1)"
+            ),
+            None => "integers under bounds (or a large multipleOf) are written without an \
+                     exponent (100 or 100.0, not 1e2)"
+                .to_owned(),
+        };
+        self.inexact("type", path, Kind::Spelling, &detail);
         let limits = self.b.limits().lexeme;
-        self.b
-            .lexeme_dfa(&format!("integer {range} multiple of {a}/10^{d}"), || {
-                TableDfa::compile(&range, limits)?.intersect(&multiple_of_dfa(a, d, false), limits)
-            })
+        let Some((a, d)) = multiple else {
+            return match exponent {
+                Some((_, shift)) => self
+                    .b
+                    .lexeme(&format!("(?:{plain}|{})", exponent_regex(shift))),
+                None => self.b.lexeme(&plain),
+            };
+        };
+        let plain_sym = self
+            .b
+            .lexeme_dfa(&format!("integer {plain} multiple of {a}/10^{d}"), || {
+                TableDfa::compile(&plain, limits)?.intersect(&multiple_of_dfa(a, d, true), limits)
+            })?;
+        let Some((rest, shift)) = exponent else {
+            return Ok(plain_sym);
+        };
+        let regex = exponent_regex(shift);
+        let exp_sym = self.b.lexeme_dfa(
+            &format!("integer {regex} mantissa multiple of {rest}"),
+            || {
+                let dfa = TableDfa::compile(&regex, limits)?;
+                match rest {
+                    1 => Ok(dfa),
+                    _ => dfa.intersect(&multiple_of::mantissa_multiple_dfa(rest), limits),
+                }
+            },
+        )?;
+        self.alt("integer", vec![vec![plain_sym], vec![exp_sym]])
     }
 
     /// `multipleOf` as `(a, d)`, the multiples of `a / 10^d` (`None` without one; refused,
@@ -1985,10 +2081,10 @@ impl Compiler<'_> {
         }
         let fmt = o.get("format").and_then(Value::as_str);
         if let Some(fmt) = fmt.filter(|_| self.opts.format_assertion) {
-            match format_regex(fmt) {
+            match formats::format_dfa(fmt, limits) {
                 Some(r) => {
                     f.desc.push(format!("format {fmt:?}"));
-                    f.raw.push(TableDfa::compile(r, limits)?);
+                    f.raw.push(r?);
                 }
                 None if SPEC_FORMATS.contains(&fmt) => {
                     let detail = format!("format {fmt:?} not compiled: not checked");
@@ -2994,68 +3090,42 @@ const NOT_YET: &[&str] = &[
     "disallow",
 ];
 
-/// Supported formats whose automata approximate their RFCs ([`Kind::Format`]).
-const APPROXIMATE_FORMATS: &[&str] = &["email", "uri", "ipv6", "time", "date-time"];
-
 /// Formats the spec defines (2020-12) beside the supported ones.
-const SPEC_FORMATS: &[&str] = &[
-    "duration",
-    "idn-email",
-    "hostname",
-    "idn-hostname",
-    "uri-reference",
-    "iri",
-    "iri-reference",
-    "uri-template",
-    "json-pointer",
-    "relative-json-pointer",
-    "regex",
-];
+const SPEC_FORMATS: &[&str] = &["idn-email", "hostname", "idn-hostname", "regex"];
 
-/// Regexes (over unescaped characters) of the supported string formats.
-fn format_regex(f: &str) -> Option<&'static str> {
-    Some(match f {
-        // Days per month; February 29 in leap years only (Gregorian rules).
-        "date" => concat!(
-            r"(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])",
-            r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))",
-            r"|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)"
-        ),
-        "time" => {
-            r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+/// Most fraction digits of an integer written with an exponent (a float's shortest text
+/// has at most 17 significant digits).
+const MAX_EXPONENT_FRACTION: u32 = 16;
+
+/// Integer texts with an exponent, as floats are printed: `-?d[.frac]` (one integer digit,
+/// at most [`MAX_EXPONENT_FRACTION`] fraction digits), `e` or `E`, an optional `+` and an
+/// exponent (leading zeros allowed) of at least the fraction's length plus `shift`: each
+/// such text is an integer (times `10^shift`). The value stays below 1.7e308, so that
+/// every reader's double is finite; exponents below the bound, or negative, are not
+/// accepted.
+fn exponent_regex(shift: u32) -> String {
+    const TOP: u32 = 308;
+    let mut alts = Vec::new();
+    for f in 0..=MAX_EXPONENT_FRACTION {
+        let least = f + shift;
+        let frac = match f {
+            0 => String::new(),
+            f => format!("\\.[0-9]{{{f}}}"),
+        };
+        if least < TOP {
+            let range = int_range_regex(Some(i64::from(least)), Some(i64::from(TOP - 1)));
+            alts.push(format!("[0-9]{frac}[eE]\\+?0*{range}"));
         }
-        "date-time" => {
-            concat!(
-                r"(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])",
-                r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))",
-                r"|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)",
-                r"T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?",
-                r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
-            )
+        if least <= TOP {
+            // 1.0e308 to 1.6...e308: below the largest double (1.797...e308).
+            let frac = match f {
+                0 => String::new(),
+                f => format!("\\.[0-6][0-9]{{{}}}", f - 1),
+            };
+            alts.push(format!("1{frac}[eE]\\+?0*{TOP}"));
         }
-        "uuid" => r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-        "email" => r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+",
-        "ipv4" => {
-            r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-        }
-        // RFC 4291 text forms: eight groups, or fewer around one `::` (no embedded IPv4).
-        "ipv6" => concat!(
-            r"(?:(?:[0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}",
-            r"|(?:[0-9a-fA-F]{1,4}:){1,7}:",
-            r"|(?:[0-9a-fA-F]{1,4}:){1,6}:[0-9a-fA-F]{1,4}",
-            r"|(?:[0-9a-fA-F]{1,4}:){1,5}(?::[0-9a-fA-F]{1,4}){1,2}",
-            r"|(?:[0-9a-fA-F]{1,4}:){1,4}(?::[0-9a-fA-F]{1,4}){1,3}",
-            r"|(?:[0-9a-fA-F]{1,4}:){1,3}(?::[0-9a-fA-F]{1,4}){1,4}",
-            r"|(?:[0-9a-fA-F]{1,4}:){1,2}(?::[0-9a-fA-F]{1,4}){1,5}",
-            r"|[0-9a-fA-F]{1,4}:(?::[0-9a-fA-F]{1,4}){1,6}",
-            r"|:(?:(?::[0-9a-fA-F]{1,4}){1,7}|:))"
-        ),
-        // RFC 3986 absolute URI: scheme, then unreserved, reserved or percent-encoded.
-        "uri" => {
-            r"[A-Za-z][A-Za-z0-9+.-]*:(?:[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=-]|%[0-9A-Fa-f]{2})*"
-        }
-        _ => return None,
-    })
+    }
+    format!("-?(?:{})", alts.join("|"))
 }
 
 /// A decimal bound `-?int.frac` (frac without trailing zeros), exact for JSON's literals.

@@ -30,6 +30,7 @@
 
 mod cfg;
 mod earley;
+mod formats;
 pub mod gbnf;
 mod generation;
 mod int_range;

@@ -7,8 +7,7 @@
 //! and a shorter fraction is padded with zeros (`r * 10^(d - j)`) when it ends.
 //! Texts are canonical JSON numbers without an exponent (`-0` included, as JSON allows it).
 
-use std::collections::HashMap;
-
+use super::formats::dfa_from_step;
 use crate::constrain::TableDfa;
 
 /// Most states a `multipleOf` automaton may have (each is a 1 KiB row of the table).
@@ -72,30 +71,21 @@ pub fn multiple_of_dfa(a: u64, d: u32, fraction: bool) -> TableDfa {
             St::Tail(r) => (digit == Some(0)).then_some(St::Tail(r)),
         }
     };
-    // Breadth-first from the start; index 0 is the dead state.
-    let mut index: HashMap<St, u32> = HashMap::new();
-    let mut order = vec![St::Start];
-    index.insert(St::Start, 1);
-    let mut edges: Vec<[u32; 256]> = vec![[0; 256]];
-    let mut acc = vec![false];
-    let mut i = 0;
-    while i < order.len() {
-        let s = order[i];
-        let mut row = [0u32; 256];
-        for b in 0..=255u8 {
-            if let Some(t) = step(s, b) {
-                let next = order.len() as u32 + 1;
-                row[b as usize] = *index.entry(t).or_insert_with(|| {
-                    order.push(t);
-                    next
-                });
-            }
-        }
-        edges.push(row);
-        acc.push(accepting(s));
-        i += 1;
-    }
-    TableDfa::from_edges(&edges, &acc)
+    dfa_from_step(St::Start, step, accepting)
+}
+
+/// The mantissas of integer texts with an exponent (`-?digits[.digits]`, then `e` or `E`
+/// and anything after it) whose digits, the dot skipped, are a multiple of `a`: intersected
+/// with a regex that gives the syntax.
+pub fn mantissa_multiple_dfa(a: u64) -> TableDfa {
+    // `None`: past the exponent marker.
+    let step = |s: Option<u64>, b: u8| match (s, b) {
+        (Some(r), b'0'..=b'9') => Some(Some((r * 10 + u64::from(b - b'0')) % a)),
+        (Some(r), b'-' | b'.') => Some(Some(r)),
+        (Some(0), b'e' | b'E') | (None, _) => Some(None),
+        _ => None,
+    };
+    dfa_from_step(Some(0), step, |s| s.is_none())
 }
 
 #[cfg(test)]
@@ -149,6 +139,19 @@ mod tests {
                 }
                 prop_assert_eq!(accepts(&dfa, &t), oracle(&t, a, d), "{} by {}/10^{}", t, a, d);
             }
+        }
+    }
+
+    #[test]
+    fn mantissas_by_their_digits() {
+        let dfa = super::mantissa_multiple_dfa(7);
+        for (t, ok) in [
+            ("7e1", true),
+            ("-1.4e+3", true),
+            ("0.07E2", true),
+            ("1.5e2", false),
+        ] {
+            assert_eq!(accepts(&dfa, t), ok, "{t}");
         }
     }
 
