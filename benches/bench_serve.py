@@ -198,9 +198,10 @@ def maskbench_requests(data: Path, limit: int) -> list[Request]:
     """JSON requests (kind ``json``) from MaskBench schema files in ``data`` (public:
     guidance-ai/jsonschemabench, ``maskbench/data``): of the files whose schema is an object
     schema of at most :data:`MASKBENCH_MAX_SCHEMA_CHARS` characters that specdec compiles
-    exactly (strict), ``limit`` spread evenly over the sorted names; each prompt asks for a
-    document that follows the schema, which goes in ``response_format`` (not strict: the
-    schema's own additional properties and property order)."""
+    exactly in OpenAI's strict mode (closed objects, declared order), ``limit`` spread
+    evenly over the sorted names. The schema goes in ``response_format`` (strict), as with
+    OpenAI's structured outputs, not in the prompt: the prompt asks for an example of what
+    the schema describes (its description or title, else its file's name)."""
     from specdec.models.gguf import smollm2
 
     vocab = smollm2().vocabulary()
@@ -209,25 +210,25 @@ def maskbench_requests(data: Path, limit: int) -> list[Request]:
         schema = json.loads(path.read_text()).get("schema")
         if not isinstance(schema, dict) or schema.get("type") != "object":
             continue
-        text = json.dumps(schema, separators=(",", ":"))
-        if len(text) > MASKBENCH_MAX_SCHEMA_CHARS:
+        if len(json.dumps(schema, separators=(",", ":"))) > MASKBENCH_MAX_SCHEMA_CHARS:
             continue
         try:
-            vocab.json_schema(schema, whitespace=False)
+            vocab.json_schema(
+                schema, whitespace=False, additional_properties=False, property_order="declared"
+            )
         except Exception:  # refused or not compilable: not a fair request for this run
             continue
         usable.append((path.stem, schema))
     if not usable:
         raise SystemExit(f"--maskbench {data}: no usable schema files")
     step = max(1, len(usable) // max(limit, 1))
-    picked = usable[::step][:limit]
     out = []
-    for name, schema in picked:
+    for name, schema in usable[::step][:limit]:
         SCHEMA_OF[f"mb-{name}"] = schema
-        prompt = (
-            "Write a JSON document that follows this JSON Schema. Reply with the JSON only.\n"
-            + json.dumps(schema, indent=1)
-        )
+        what = schema.get("description") or schema.get("title")
+        if not isinstance(what, str) or not what.strip():
+            what = name.split("---")[-1].rsplit("_", 1)[0].replace("_", " ")
+        prompt = f"Reply with a JSON document only. Write an example: {what.strip()[:300]}"
         out.append(
             Request(
                 "json",
@@ -235,7 +236,7 @@ def maskbench_requests(data: Path, limit: int) -> list[Request]:
                 [{"role": "user", "content": prompt}],
                 {
                     "type": "json_schema",
-                    "json_schema": {"name": name[:64], "schema": schema, "strict": False},
+                    "json_schema": {"name": "doc", "schema": schema, "strict": True},
                 },
             )
         )

@@ -642,6 +642,15 @@ def fill_tree_bitmask(
 ) -> npt.NDArray[np.bool_]:
     """One row per tree node (padding rows zero); returns whether each node's path is valid."""
 
+def apply_token_bitmask_f32(
+    logits: npt.NDArray[np.float32],
+    bitmask: npt.NDArray[np.int32],
+    vocab: int,
+    rows: list[int] | None = None,
+) -> None:
+    """Disallowed logits to -inf in place: row ``rows[i]`` (default ``i``) of ``logits``'
+    first ``vocab`` columns by row ``i`` of ``bitmask``."""
+
 def build_ddtree_constrained(
     logprobs: npt.NDArray[np.float32],
     token_ids: npt.NDArray[np.int64],

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import _core
 from .._arrays import as_list, check_int
 from ..errors import GrammarError, SpecdecTypeError
 from .bitmask import check_rows_allow_some, get_bitmask_shape
@@ -125,6 +126,10 @@ def _apply_cpu(lg: torch.Tensor, bm: torch.Tensor, v: int, rows: list[int] | Non
     if rem:
         allowed_any |= (words[:, full] & np.int32((1 << rem) - 1)) != 0
     check_rows_allow_some(allowed_any)
+    if lg.dtype == torch.float32 and lg.is_contiguous() and not lg.requires_grad:
+        # A word at a time in Rust: most words of a grammar's row are all clear or all set.
+        _core.apply_token_bitmask_f32(lg.numpy(), words, v, rows)
+        return
     bounds = np.take(_byte_bounds(), words.view(np.uint8), axis=0)
     bounds = bounds.reshape(len(words), 32 * words.shape[1])
     bound = torch.from_numpy(bounds)[:, :n].to(lg.dtype)

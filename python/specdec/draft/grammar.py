@@ -120,6 +120,11 @@ class GrammarDrafts:
                 # The text must end, and nothing can end it: its last token is left to the
                 # step's bonus token, so the tokens before it commit before the dead end.
                 toks = toks[:-1]
+            elif toks and not p.eos and (vocab.token_bytes(toks[-1]) or b"x").isspace():
+                # The path stops at a choice after whitespace: byte-level BPE writes a space
+                # with what follows it (": " then '"' as ': ', ' "'), so it is left to the
+                # model and the drafters.
+                toks = toks[:-1]
             seqs.append((toks, float(p.weight)))
         # The forced tokens: what every path's tokens start with.
         first = seqs[0][0]

@@ -823,6 +823,50 @@ fn fill_tree_bitmask<'py>(
     Ok(vec1(py, valid).into_any())
 }
 
+/// Set disallowed logits to -inf in place: row `rows[i]` (default `i`) of the C-contiguous
+/// float32 `logits` `[B, V]`, its first `vocab` columns, by row `i` of the int32 `bitmask`
+/// `[n, W]` (columns past `32 * W` disallowed; those past `vocab` untouched), GIL released.
+#[pyfunction]
+#[pyo3(signature = (logits, bitmask, vocab, rows=None))]
+fn apply_token_bitmask_f32(
+    py: Python<'_>,
+    mut logits: numpy::PyReadwriteArray2<'_, f32>,
+    bitmask: PyReadonlyArray2<'_, i32>,
+    vocab: usize,
+    rows: Option<Vec<usize>>,
+) -> PyResult<()> {
+    let (b, v) = (logits.shape()[0], logits.shape()[1]);
+    let (n, w) = (bitmask.shape()[0], bitmask.shape()[1]);
+    let shape = |msg: String| Err(GrammarError::Shape(msg)).or_raise();
+    if vocab > v {
+        return shape(format!("vocab {vocab} is over the logits' {v} columns"));
+    }
+    let rows = rows.unwrap_or_else(|| (0..n).collect());
+    if rows.len() != n {
+        return shape(format!(
+            "bitmask has {n} rows for {} logits rows",
+            rows.len()
+        ));
+    }
+    if let Some(&r) = rows.iter().find(|&&r| r >= b) {
+        return shape(format!("row {r} is outside logits of {b} rows"));
+    }
+    let mask = as_slice(&bitmask);
+    let c_order = logits.is_c_contiguous();
+    let (Ok(out), true) = (logits.as_slice_mut(), c_order) else {
+        return shape("logits must be a C-contiguous float32 array".to_string());
+    };
+    py.detach(|| {
+        for (i, &r) in rows.iter().enumerate() {
+            let words: &[i32] = &mask[i * w..(i + 1) * w];
+            // (i32 and u32 words have the same bits.)
+            let words: Vec<u32> = words.iter().map(|&x| x as u32).collect();
+            core::apply_bitmask_row(&mut out[r * v..r * v + vocab], &words);
+        }
+    });
+    Ok(())
+}
+
 /// Grammar-aware DDTree: ranks restricted to the tokens each node's grammar state allows.
 #[pyfunction]
 #[pyo3(signature = (logprobs, token_ids, budget, matcher, root_token=-1, min_logprob=None, check_duplicates=true))]
@@ -877,6 +921,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ForcedPath>()?;
     m.add_function(wrap_pyfunction!(fill_next_token_bitmask_batch, m)?)?;
     m.add_function(wrap_pyfunction!(fill_tree_bitmask, m)?)?;
+    m.add_function(wrap_pyfunction!(apply_token_bitmask_f32, m)?)?;
     m.add_function(wrap_pyfunction!(build_ddtree_constrained, m)?)?;
     Ok(())
 }

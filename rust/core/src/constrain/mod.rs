@@ -31,7 +31,7 @@ pub use matcher::Matcher;
 pub use regex::{
     CompiledRegex, MaskCache, RegexLimits, StateId, TableDfa, DEAD, DEFAULT_CACHE_BYTES, TERMINATED,
 };
-pub use tree_mask::{fill_tree_bitmask, tree_states, GrammarFilter};
+pub use tree_mask::{apply_bitmask_row, fill_tree_bitmask, tree_states, GrammarFilter};
 pub use vocab::{TokenTrie, TrieNode, Vocabulary};
 
 /// A language over token bytes, as an automaton the decoder advances one token at a time.
