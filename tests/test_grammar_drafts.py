@@ -210,18 +210,23 @@ def test_greedy_with_grammar_drafts_is_constrained_plain_decoding(tiny: Any, bud
         ).tokens
         for p in prompts
     ]
-    drafted = 0
+    accepted = forced = 0
     for drafter in (SuffixDrafter(max_depth=6), OracleDrafter(target, miss=0.5, seed=2)):
+        drafts = GrammarDrafts()
         gen = SpeculativeGenerator(
-            target, drafter, budget=budget, max_depth=4, constraint=grammar, max_batch=4
-        )
+            target, drafter, budget=budget, max_depth=4, constraint=grammar, max_batch=4,
+            grammar_drafts=drafts,
+        )  # fmt: skip
         got = gen.generate(prompts, max_new_tokens=40, stop_tokens=[eos])
         assert [r.tokens for r in got] == want
-        drafted += sum(r.grammar_tokens for r in got)
+        accepted += sum(r.grammar_tokens for r in got)
+        forced += drafts.forced_tokens
         for r in got:
             if r.finish_reason == "stop":
                 assert grammar.matches(_text(grammar.vocab, r.tokens))
-    assert drafted > 0
+    # Forced tokens were accepted, and others rejected: the random target often writes
+    # the forced bytes in other tokens than the longest-token tokenization.
+    assert 0 < accepted < forced
 
 
 def test_seeded_sampling_with_grammar_drafts_is_constrained_plain_sampling(tiny: Any) -> None:
@@ -333,3 +338,42 @@ def test_smollm2_json_with_grammar_drafts_is_constrained_plain_decoding(
     if r.finish_reason == "stop":
         text = _text(vocab, [t for t in r.tokens if t not in stop]).decode()
         jsonschema.validate(json.loads(text), SCHEMAS[schema])
+
+
+def test_the_budget_prices_forced_nodes_as_sure_tokens() -> None:
+    """With ``forced``, each forced node adds one sure token and its share of the forward:
+    a size's value is the plain value plus the forced count, its cost the cost model's at
+    every row padded to the longest chain, and no size passes ``max_budget`` in all."""
+    from specdec.decode import AdaptiveBudget, CostModel
+    from specdec.errors import ConfigError
+
+    cost = CostModel([1, 33], [1.0, 3.0])
+    tree = DraftTree([5, 6, 7, 8], [-1, 0, 1, 2], logprobs=[0.0, -0.2, -0.4, -0.6])
+    plain = AdaptiveBudget(cost, 8, growth=None).choose_among([[tree], [tree]])
+    ab = AdaptiveBudget(cost, 8, growth=None)
+    got = ab.choose_among([[tree], [tree]], forced=[3, 1])
+    assert got.nodes <= 8 - 3
+    b = got.nodes
+    assert got.expected_seconds == pytest.approx(float(cost(2 * (3 + b + 1))) + ab.host_seconds)
+    # The candidates' own values, plus one per request and the four sure tokens.
+    values = float(ab.node_values(tree)[:b].sum())
+    assert got.expected_tokens == pytest.approx(2 + 4 + 2 * values)
+    assert plain.nodes >= 1
+    with pytest.raises(ConfigError, match="forced"):
+        ab.choose_among([[tree]], forced=[1, 2])
+
+
+def test_respell_follows_the_requests_own_spelling_of_the_forced_bytes() -> None:
+    v = specdec.Vocabulary.from_bytes(
+        [b"a", b"b", b"c", b"ab", b"abc", b"bc", b'"', b":", b'":', None], [9]
+    )
+    forced = v.canonical_tokens(b'abc":')  # longest first: abc, ":
+    assert forced == (4, 8)
+    # The request wrote these bytes as "a" "bc" '"' ":" before: that spelling, EOS kept.
+    assert GrammarDrafts.respell(v, (*forced, 9), [0, 5, 6, 7]) == (0, 5, 6, 7, 9)
+    # Its path leaves the bytes after "a" "bc": the rest canonical.
+    assert GrammarDrafts.respell(v, forced, [0, 5, 1]) == (0, 5, 8)
+    # A path that agrees, or spells none of the bytes, changes nothing.
+    assert GrammarDrafts.respell(v, forced, [4, 8, 0]) == forced
+    assert GrammarDrafts.respell(v, forced, [1, 2]) == forced
+    assert GrammarDrafts.respell(v, forced, []) == forced

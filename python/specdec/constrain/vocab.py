@@ -85,7 +85,6 @@ class Vocabulary:
         "_tokenizer_json",
         "_pieces",
         "_canonical",
-        "_stems",
     )
 
     def __init__(self, core: _core.Vocabulary) -> None:
@@ -99,7 +98,6 @@ class Vocabulary:
         self._tokenizer_json: str | None = None
         self._pieces: tuple[dict[bytes, int], int] | None = None
         self._canonical: dict[bytes, tuple[int, ...]] = {}
-        self._stems: frozenset[bytes] | None = None
 
     def set_tokenizer(self, tokenizer: Any) -> None:
         """The tokenizer whose tokenization :meth:`canonical_tokens` returns: a
@@ -141,18 +139,6 @@ class Vocabulary:
             self._canonical.clear()
         self._canonical[data] = ids
         return ids
-
-    def is_stem(self, data: bytes) -> bool:
-        """Whether some token's bytes start with ``data`` and go on (a token ending with
-        ``data`` may then be written merged with what follows)."""
-        if self._stems is None:
-            stems = set()
-            for t in range(self._v.vocab_size):
-                b = self._v.token_bytes(t)
-                if b:
-                    stems.update(b[:i] for i in range(1, len(b)))
-            self._stems = frozenset(stems)
-        return data in self._stems
 
     def _longest_tokens(self, data: bytes) -> tuple[int, ...]:
         """``data`` as the longest token at each step (stops where no token spells on)."""

@@ -46,6 +46,7 @@ from .._arrays import check_int
 from ..draft.base import hidden_capture
 from ..draft.combined import CombinedDrafter
 from ..draft.grammar import GrammarDrafts
+from ..draft.suffix import SuffixDrafter
 from ..errors import ConfigError, KVCacheError, SpecdecTypeError, VerifyError
 from ..protocols import (
     Constraint,
@@ -722,16 +723,33 @@ class SpeculativeGenerator:
             g = drafts.draft(r.matcher)
             if not g.forced and g.branches is None:
                 return
+            full = g.forced
+            suffix = self._suffix_index()
+            if full and suffix is not None and r.in_drafter:
+                # The request's own text may have written these bytes before, its own way.
+                written = suffix.propose([DraftRequest(r.context, None, r.rid)], 16)[0]
+                vocab = r.matcher.grammar.vocab  # type: ignore[attr-defined]
+                full = drafts.respell(vocab, full, written.best_path().tokens[1:].tolist())
             room = min(self.max_budget, r.max_new - len(r.result.tokens) - 1)
-            forced = g.forced[: max(room, 0)]
-            branches = g.branches if len(forced) == len(g.forced) else None
+            forced = full[: max(room, 0)]
+            branches = g.branches if len(forced) == len(full) else None
             if branches is not None:
                 branches = branches.with_root(forced[-1] if forced else r.context[-1])
             if forced or branches is not None:
                 self._gd_of[r.rid] = _GrammarStep(tuple(forced), branches)
+                drafts.forced_tokens += len(forced)
 
         kept, _ = self._each(reqs, one, outputs)
         return kept
+
+    def _suffix_index(self) -> SuffixDrafter | None:
+        """The drafter's suffix index (a suffix drafter's, or a combined drafter's)."""
+        td = self.tree_drafter
+        if isinstance(td, SuffixDrafter):
+            return td
+        if isinstance(td, CombinedDrafter):
+            return td.suffix
+        return None
 
     def _isolated(
         self,

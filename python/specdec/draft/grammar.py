@@ -24,6 +24,7 @@ only a rejected draft.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +83,7 @@ class GrammarDrafts:
         self.max_paths = check_int(max_paths, "max_paths", 1, DraftError)
         self.max_forced = check_int(max_forced, "max_forced", 1, DraftError)
         self._cache: dict[tuple[Any, ...], GrammarDraft] = {}
-        # Tokens drafted so far: forced ones, and all (forced and the drafters').
+        # Forced tokens a generator drafted with these settings so far (verified or not).
         self.forced_tokens = 0
 
     def draft(self, matcher: Any) -> GrammarDraft:
@@ -107,6 +108,32 @@ class GrammarDrafts:
                 self._cache.clear()
             self._cache[key] = hit
         return hit
+
+    @staticmethod
+    def respell(vocab: Any, forced: Sequence[int], written: Sequence[int]) -> tuple[int, ...]:
+        """``forced`` spelled the way ``written`` spells the same bytes, where it does: a
+        model forced to write text it did not expect (a key it was not shown) splits it its
+        own way, and writes it that way again when the text repeats, which the suffix
+        index's best path (``written``) shows. The tokens of ``written`` that spell the
+        forced bytes from their start are kept, the rest of the bytes canonical; ``forced``
+        itself when ``written`` agrees with it or spells none of it."""
+        eos = forced[-1] if forced and vocab.token_bytes(forced[-1]) is None else None
+        body = list(forced[:-1] if eos is not None else forced)
+        data = b"".join(vocab.token_bytes(t) or b"" for t in body)
+        out: list[int] = []
+        off = 0
+        for t in written:
+            b = vocab.token_bytes(t)
+            if off == len(data) or not b or data[off : off + len(b)] != b:
+                break
+            out.append(int(t))
+            off += len(b)
+        if not out or out == body[: len(out)]:
+            return tuple(forced)
+        rest = vocab.canonical_tokens(data[off:])
+        if off + sum(len(vocab.token_bytes(t) or b"") for t in rest) != len(data):
+            return tuple(forced)  # (the canonical tail left bytes out: keep the trunk's end)
+        return (*out, *rest, *(() if eos is None else (eos,)))
 
     def _build(self, vocab: Any, paths: list[Any]) -> GrammarDraft:
         eos = vocab.eos_ids[0] if vocab.eos_ids else None
