@@ -377,3 +377,16 @@ def test_respell_follows_the_requests_own_spelling_of_the_forced_bytes() -> None
     assert GrammarDrafts.respell(v, forced, [4, 8, 0]) == forced
     assert GrammarDrafts.respell(v, forced, [1, 2]) == forced
     assert GrammarDrafts.respell(v, forced, []) == forced
+
+
+def test_the_forced_chain_stops_where_it_stops_paying() -> None:
+    d = GrammarDrafts(max_forced=8)
+    assert d.chain_limit() == 8  # no evidence yet: the whole chain
+    for _ in range(20):
+        d.observe(6, 2)  # the first two accepted, the third rejected, every time
+    assert d.chain_limit() == 2
+    d.observe(0, 0)  # nothing drafted: nothing learnt
+    assert d.chain_limit() == 2
+    for _ in range(300):
+        d.observe(2, 2)  # whole chains pass; the third position's record fades
+    assert d.chain_limit() > 2

@@ -535,6 +535,8 @@ class SpeculativeGenerator:
             cont, pick = cont_of[r.rid]
             if nf:
                 r.result.grammar_tokens += took
+                if self.grammar_drafts is not None:
+                    self.grammar_drafts.observe(nf, took)
             if took < nf:
                 after.append(None)
                 continue
@@ -731,7 +733,7 @@ class SpeculativeGenerator:
                 vocab = r.matcher.grammar.vocab  # type: ignore[attr-defined]
                 full = drafts.respell(vocab, full, written.best_path().tokens[1:].tolist())
             room = min(self.max_budget, r.max_new - len(r.result.tokens) - 1)
-            forced = full[: max(room, 0)]
+            forced = full[: max(min(room, drafts.chain_limit()), 0)]
             branches = g.branches if len(forced) == len(full) else None
             if branches is not None:
                 branches = branches.with_root(forced[-1] if forced else r.context[-1])

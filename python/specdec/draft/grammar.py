@@ -85,6 +85,40 @@ class GrammarDrafts:
         self._cache: dict[tuple[Any, ...], GrammarDraft] = {}
         # Forced tokens a generator drafted with these settings so far (verified or not).
         self.forced_tokens = 0
+        # Per position in the forced chain: times verified with every token before it
+        # accepted, and times accepted (a model forced to write a key it was not shown
+        # splits it its own way, and the chain stops paying after its first tokens).
+        self._tried = [0.0] * self.max_forced
+        self._taken = [0.0] * self.max_forced
+
+    #: The chain is cut where the chance of reaching a position falls below this.
+    min_reach = 0.25
+
+    #: Each chain observed weighs the earlier ones by this: positions past a cut are tried
+    #: again once their record has faded (a server's next requests may differ).
+    decay = 0.98
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """Learn from one verified chain: ``drafted`` forced tokens, the first ``accepted``
+        of them accepted."""
+        if drafted <= 0:
+            return
+        self._tried = [x * self.decay for x in self._tried]
+        self._taken = [x * self.decay for x in self._taken]
+        for i in range(min(drafted, accepted + 1, self.max_forced)):
+            self._tried[i] += 1.0
+            self._taken[i] += float(i < accepted)
+
+    def chain_limit(self) -> int:
+        """Forced tokens worth drafting: up to where the chance of every token so far being
+        accepted (per position, accepted over tried, with two accepted tries as prior)
+        falls below :attr:`min_reach`."""
+        reach = 1.0
+        for i in range(self.max_forced):
+            reach *= (self._taken[i] + 2.0) / (self._tried[i] + 2.0)
+            if reach < self.min_reach:
+                return max(i, 1)
+        return self.max_forced
 
     def draft(self, matcher: Any) -> GrammarDraft:
         """The grammar's draft from ``matcher``'s state (a :class:`specdec.Matcher`; any
