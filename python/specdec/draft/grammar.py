@@ -134,10 +134,13 @@ class GrammarDrafts:
         )
         if not paths:
             return _EMPTY
-        key = (id(matcher.grammar), *((p.bytes, p.eos, p.weight) for p in paths))
+        # Keyed by the vocabulary object (held, so its id is never another's) and the paths:
+        # a draft depends on nothing else.
+        vocab = matcher.grammar.vocab
+        key = (vocab, *((p.bytes, p.eos, p.weight) for p in paths))
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._build(matcher.grammar.vocab, paths)
+            hit = self._build(vocab, paths)
             if len(self._cache) >= 4096:
                 self._cache.clear()
             self._cache[key] = hit
