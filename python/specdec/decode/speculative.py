@@ -548,7 +548,7 @@ class SpeculativeGenerator:
         if self.adaptive is not None:
             host = sum(timings.values()) - timings["forward"]
             fwd = timings["forward"]
-            seen = [(t, a) for t, a in (x for x in after if x is not None)]
+            seen = [x for x in after if x is not None]
             self.adaptive.observe(
                 [t for t, _ in seen],
                 [a for _, a in seen],

@@ -106,7 +106,8 @@ class CombinedDrafter:
         for r, lg, st, k in zip(requests, logits, suffix, skip, strict=True):
             root = int(r.prefix[-1]) if k else int(r.context[-1])
             rows = lg[k : k + depth]
-            mt = shape.build(rows, root) if len(rows) else DraftTree([root], [-1])
+            # (A scored root alone: it expects nothing, so the suffix tree is preferred.)
+            mt = shape.build(rows, root) if len(rows) else DraftTree([root], [-1], logprobs=[0.0])
             out.append((mt, st))
         return out
 

@@ -858,10 +858,9 @@ fn apply_token_bitmask_f32(
     };
     py.detach(|| {
         for (i, &r) in rows.iter().enumerate() {
-            let words: &[i32] = &mask[i * w..(i + 1) * w];
             // (i32 and u32 words have the same bits.)
-            let words: Vec<u32> = words.iter().map(|&x| x as u32).collect();
-            core::apply_bitmask_row(&mut out[r * v..r * v + vocab], &words);
+            let words = mask[i * w..(i + 1) * w].iter().map(|&x| x as u32);
+            core::apply_bitmask_row(&mut out[r * v..r * v + vocab], words);
         }
     });
     Ok(())

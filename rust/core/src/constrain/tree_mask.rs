@@ -118,13 +118,15 @@ impl<C: Constraint> TokenFilter for GrammarFilter<'_, C> {
     }
 }
 
-/// Set `logits[t]` to -inf for every token `t` that the bitmask row `mask` disallows (bit
+/// Set `logits[t]` to -inf for every token `t` that the bitmask row `mask` (its words in
+/// order) disallows (bit
 /// `t % 32` of word `t / 32` clear; tokens past the row's words are disallowed). What a
 /// masked argmax or softmax then reads is the grammar's choice; a word at a time, since
 /// most words of a grammar's row are all clear or all set.
-pub fn apply_bitmask_row(logits: &mut [f32], mask: &[u32]) {
-    for (w, chunk) in logits.chunks_mut(32).enumerate() {
-        match mask.get(w).copied().unwrap_or(0) {
+pub fn apply_bitmask_row(logits: &mut [f32], mask: impl IntoIterator<Item = u32>) {
+    let mut words = mask.into_iter();
+    for chunk in logits.chunks_mut(32) {
+        match words.next().unwrap_or(0) {
             u32::MAX => {}
             0 => chunk.fill(f32::NEG_INFINITY),
             bits => {

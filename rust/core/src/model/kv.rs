@@ -112,23 +112,12 @@ impl StepRows<'_> {
                 "a causal step of {t} tokens needs at least {t} slots a row, got {w}"
             )));
         }
-        let size = |what, expected, got: usize| {
-            if expected == got {
-                Ok(())
-            } else {
-                Err(ModelError::Size {
-                    what,
-                    expected,
-                    got,
-                })
-            }
-        };
-        size("positions", r * t, self.positions.len())?;
-        size("buffers", r, self.buffers.len())?;
-        size("slots", r * w, self.slots.len())?;
-        size("new_slots", r * t, self.new_slots.len())?;
+        super::check_size("positions", r * t, self.positions.len())?;
+        super::check_size("buffers", r, self.buffers.len())?;
+        super::check_size("slots", r * w, self.slots.len())?;
+        super::check_size("new_slots", r * t, self.new_slots.len())?;
         if let Some(m) = self.mask {
-            size("mask", r * t * w, m.len())?;
+            super::check_size("mask", r * t * w, m.len())?;
         }
         if let Some(&p) = self
             .positions

@@ -436,20 +436,9 @@ impl LlamaStack {
             .map(|(i, b)| b.strides(i, d.layers, d.kv_heads, d.head_dim))
             .collect::<Result<Vec<_>, _>>()?;
         let n = rows.rows * rows.tokens;
-        let size = |what, expected, got| {
-            if expected == got {
-                Ok(())
-            } else {
-                Err(ModelError::Size {
-                    what,
-                    expected,
-                    got,
-                })
-            }
-        };
-        size("x", n * d.hidden, x.len())?;
+        super::check_size("x", n * d.hidden, x.len())?;
         let heads_out = if last { rows.rows } else { n };
-        size("logits", heads_out * d.vocab, logits.len())?;
+        super::check_size("logits", heads_out * d.vocab, logits.len())?;
         let mut capture = capture;
         if let Some(c) = &capture {
             if c.layers.windows(2).any(|w| w[0] >= w[1])
@@ -461,7 +450,7 @@ impl LlamaStack {
                 )));
             }
             let width = (c.layers.len() + usize::from(c.last_norm)) * d.hidden;
-            size("hidden-state output", n * width, c.out.len())?;
+            super::check_size("hidden-state output", n * width, c.out.len())?;
         }
         let simd = simd_available();
         let (hid, qw) = (d.hidden, d.qkv_width());

@@ -60,3 +60,20 @@ pub enum ModelError {
     #[error(transparent)]
     Linear(#[from] LinearError),
 }
+
+/// [`ModelError::Size`] unless `got == expected`.
+pub(crate) fn check_size(
+    what: &'static str,
+    expected: usize,
+    got: usize,
+) -> Result<(), ModelError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(ModelError::Size {
+            what,
+            expected,
+            got,
+        })
+    }
+}
