@@ -50,6 +50,7 @@ from specdec.draft import (
     CombinedDrafter,
     DraftRequest,
     MedusaDrafter,
+    NgramDrafter,
     SuffixDrafter,
 )
 from specdec.verify.rules import Sampling
@@ -119,13 +120,23 @@ def _factory(mk: Callable[[], Any], **kw: Any) -> Factory:
 
 
 def engines(
-    block: Any, medusa: Any, budgets: Sequence[int], cost: Any
+    block: Any,
+    medusa: Any,
+    budgets: Sequence[int],
+    cost: Any,
+    *,
+    vocab: int = 0,
+    auto_only: bool = False,
 ) -> list[tuple[str, str, str, Factory]]:
-    """(drafter, engine, budget label, factory(target, rule))."""
+    """(drafter, engine, budget label, factory(target, rule)); ``auto_only``: the adaptive
+    budget alone per drafter, with the n-gram drafter too (``vocab``: its vocabulary), as
+    ``specdec demo --full`` runs them."""
     out: list[tuple[str, str, str, Factory]] = []
     kinds: list[tuple[str, Callable[[], Any], int]] = [
         ("suffix", lambda: SuffixDrafter(max_depth=16), 8)
     ]
+    if auto_only and vocab:
+        kinds.insert(0, ("ngram", lambda: NgramDrafter(vocab, max_depth=32), 32))
     if block is not None:
         kinds.append(("block", lambda: block, block.config.block_size))
     if medusa is not None:
@@ -140,6 +151,12 @@ def engines(
             )
         )
     for name, mk, depth in kinds:
+        auto = _factory(
+            mk, max_depth=depth, budget="auto", max_budget=max(budgets), cost_model=cost
+        )
+        if auto_only:
+            out.append((name, "ddtree auto", "auto", auto))
+            continue
         out.append(
             (name, f"chain {depth}", str(depth), _factory(mk, strategy="chain", max_depth=depth))
         )
@@ -147,9 +164,6 @@ def engines(
             out.append((name, "chain 4", "4", _factory(mk, strategy="chain", max_depth=4)))
         for b in budgets:
             out.append((name, f"ddtree B={b}", str(b), _factory(mk, max_depth=depth, budget=b)))
-        auto = _factory(
-            mk, max_depth=depth, budget="auto", max_budget=max(budgets), cost_model=cost
-        )
         out.append((name, "ddtree auto", "auto", auto))
     return out
 
@@ -175,7 +189,7 @@ def run(args: argparse.Namespace) -> list[Row]:
 
         lm = smollm2()
         target, eos = lm.model, lm.eos_token_id
-        hf = _hf_model(smollm2_path())
+        hf = None if args.no_transformers else _hf_model(smollm2_path())
         block = _trained(BlockDrafter, args.block, target, None)
         medusa = _trained(MedusaDrafter, args.medusa, target, None)
         prompts = {
@@ -200,7 +214,7 @@ def run(args: argparse.Namespace) -> list[Row]:
         if not args.smoke:
             bv = _trained(BlockDrafter, args.block, target, v, bf16)
             mv = _trained(MedusaDrafter, args.medusa, target, v, bf16)
-        part = engines(bv, mv, budgets, cost)
+        part = engines(bv, mv, budgets, cost, vocab=target.vocab_size, auto_only=args.auto_only)
         if args.drafters:
             keep = set(args.drafters.split(","))
             part = [e for e in part if e[0] in keep]
@@ -211,7 +225,11 @@ def run(args: argparse.Namespace) -> list[Row]:
                 if name != "suffix" or i == 0  # the suffix drafter has no vocabulary
             ]
         table += part
-    if block is not None and (not args.drafters or "block-inf" in args.drafters):
+    if (
+        block is not None
+        and not args.auto_only
+        and (not args.drafters or "block-inf" in args.drafters)
+    ):
         for k in (1, 4):
             table.append(
                 (
@@ -269,7 +287,9 @@ def run(args: argparse.Namespace) -> list[Row]:
                 )  # fmt: skip
                 hf_row = rows[-1]
             elif mode == "greedy":
-                ref = autoregressive_generate(target, ids, max_new_tokens=n).tokens
+                ref = autoregressive_generate(
+                    target, ids, max_new_tokens=n, stop_tokens=stop
+                ).tokens
             ar = ("specdec", "AR", "-", lambda t, r: SpeculativeGenerator(t, strategy="ar", rule=r))
             configs = [c for c in [ar, *table] if mode == "greedy" or "-inf" not in c[0]]
             rule = None if mode == "greedy" else Sampling(temperature=1.0)
@@ -440,7 +460,7 @@ def adaptive_ratios(
         groups.setdefault((_kind(r), r.mode, r.drafter), {}).setdefault(r.engine, []).append(r)
     out = {}
     for key, engines in groups.items():
-        if "ddtree auto" not in engines:
+        if "ddtree auto" not in engines or len(engines) < 2:
             continue
         speed = {
             e: sum(r.tokens for r in rs) / sum(secs(r) for r in rs) for e, rs in engines.items()
@@ -480,6 +500,48 @@ def vs_fixed(rows: list[Row], within: float = 0.05) -> str:
     out.append(
         f"Adaptive within {within:.0%} of the best fixed configuration: {ok} of {len(xs)} "
         f"cells; worst {min(xs):.3f}, mean {sum(xs) / len(xs):.3f}."
+    )
+    return "\n".join(out)
+
+
+def vs_plain(rows: list[Row], floor: float = 0.97) -> str:
+    """Markdown, one row per drafter, one column per (prompt kind, mode): the adaptive
+    budget's tokens/s over specdec's own plain decoding (AR) on the same prompts (bold:
+    below ``floor``), then the worst cell: speculation must never lose."""
+    plain: dict[tuple[str, str], list[Row]] = {}
+    auto: dict[tuple[str, str, str], list[Row]] = {}
+    for r in rows:
+        if r.drafter == "specdec":
+            plain.setdefault((_kind(r), r.mode), []).append(r)
+        elif r.engine == "ddtree auto":
+            auto.setdefault((_kind(r), r.mode, r.drafter), []).append(r)
+    if not plain or not auto:
+        return ""
+
+    def speed(rs: list[Row]) -> float:
+        return sum(r.tokens for r in rs) / sum(r.seconds for r in rs)
+
+    cols = list(plain)
+    drafters = list(dict.fromkeys(d for _, _, d in auto))
+    out = [
+        "| drafter | " + " | ".join(f"{k} {m}" for k, m in cols) + " |",
+        "|---|" + "---:|" * len(cols),
+    ]
+    xs = []
+    for d in drafters:
+        cells = []
+        for k, m in cols:
+            if (k, m, d) not in auto:
+                cells.append("")
+                continue
+            x = speed(auto[(k, m, d)]) / speed(plain[(k, m)])
+            xs.append(x)
+            cells.append(f"**{x:.3f}**" if x < floor else f"{x:.3f}")
+        out.append(f"| {d} | " + " | ".join(cells) + " |")
+    out.append("")
+    out.append(
+        f"Adaptive budget over specdec AR: {sum(x >= floor for x in xs)} of {len(xs)} cells "
+        f"at or above {floor}; worst {min(xs):.3f}."
     )
     return "\n".join(out)
 
@@ -618,6 +680,16 @@ def main() -> None:
         "process keeps it (the adaptive budget keeps what earlier requests taught it); "
         "default: a new generator per run",
     )
+    ap.add_argument(
+        "--auto-only",
+        action="store_true",
+        help="the adaptive budget alone per drafter (n-gram too), against specdec AR",
+    )
+    ap.add_argument(
+        "--no-transformers",
+        action="store_true",
+        help="no transformers baseline (greedy outputs are checked against specdec's own AR)",
+    )
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     if args.from_json:
@@ -633,6 +705,8 @@ def main() -> None:
     print(pivot(rows))
     print()
     print(vs_fixed(rows))
+    print()
+    print(vs_plain(rows))
     for k in range(1, rounds_run(rows)):
         print(resampled(rows, k))
     if args.plot:

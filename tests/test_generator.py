@@ -375,40 +375,63 @@ def test_adaptive_budget_probes_a_drafter_it_gave_up_on() -> None:
     assert ab.choose([chain]).nodes == 4 and ab.probe_after == 8
 
 
-def test_adaptive_budget_stops_drafting_while_drafts_do_not_pay() -> None:
-    """A drafter whose trees are not worth verifying and whose draft costs a fifth of a
-    plain step is no longer run (``draft_now``) once the budget chose plain steps at 3/4
-    of the last 32 drafted steps, but for the probes; a free drafter (a suffix index) is
-    run every step; a probe that pays brings drafting back."""
+def _arm_runs(
+    ab: AdaptiveBudget, steps: int, speed: dict[str, float], lite: bool = False
+) -> list[str]:
+    """``steps`` steps of an arm loop where arm ``a`` commits ``speed[a]`` tokens a second
+    (one step: one second, draft 0.3 s for the full arm, 0.05 for the lite one)."""
     chain = specdec.tree_from_branches([[1, 2, 3, 4]], root_token=0)
-    cost = CostModel([1, 2, 5], [1.0, 2.0, 2.2])  # trees dear: unscored chains never pay
+    draft = {"full": 0.3, "lite": 0.05, "plain": 0.0}
+    arms = []
+    for _ in range(steps):
+        arm = ab.arm(lite=lite)
+        arms.append(arm)
+        ab.observe(
+            [chain.pruned(0)], [0], 0.5, draft=draft[arm], drafted=arm != "plain",
+            forward=0.5, fed=1, arm=arm, committed=max(1, round(speed[arm])),
+        )  # fmt: skip
+    return arms
 
-    def run(ab: AdaptiveBudget, steps: int, draft: float, accept: bool) -> list[bool]:
-        runs = []
-        for _ in range(steps):
-            runs.append(ab.draft_now())
-            if not runs[-1]:
-                ab.skip()
-                ab.observe([chain.pruned(0)], [0], 0.05, drafted=False)
-                continue
-            nodes = ab.choose([chain]).nodes
-            ab.observe([chain.pruned(nodes)], [nodes if accept else 0], 0.05 + draft, draft=draft)
-        return runs
 
-    for draft, stops in ((0.2, True), (0.0, False)):
-        ab = AdaptiveBudget(cost, 4)
-        runs = run(ab, 150, draft, accept=False)
-        assert (not all(runs)) is stops
-        if stops:
-            assert all(runs[:32])  # not before the window is full
-            # Skipped steps count towards the probes, which still come (and double).
-            assert sum(runs[40:]) >= 2 and ab.probe_after >= 32
-            assert ab.draft_seconds == pytest.approx(draft)
-    # Probes that pay bring the drafter back.
+def test_adaptive_budget_runs_the_arm_that_delivers() -> None:
+    """The drafter runs while its steps commit more tokens a second than plain steps
+    (or, for a combined drafter, than its suffix index alone); otherwise the fastest arm
+    runs and the drafter is probed, less often while probes do not pay and more often
+    once they do; the full arm first gathers ``arm_min`` steps; a cheap draft always
+    runs."""
+    cost = CostModel([1, 2, 5], [1.0, 2.0, 2.2])
+    # The drafter delivers more: it always runs.
     ab = AdaptiveBudget(cost, 4)
-    ab._plain, ab.draft_seconds, ab.host_seconds = [True] * 32, 0.2, 0.25
-    runs = run(ab, 60, 0.2, accept=True)
-    assert not runs[0] and all(runs[-20:])
+    assert set(_arm_runs(ab, 60, {"full": 3, "plain": 1})) == {"full"}
+    # It delivers less than plain steps: plain steps, with probes that grow rarer.
+    ab = AdaptiveBudget(cost, 4)
+    arms = _arm_runs(ab, 200, {"full": 1, "plain": 2})
+    assert arms[: ab.arm_min] == ["full"] * ab.arm_min
+    probes = [i for i, a in enumerate(arms) if a == "full" and i >= ab.arm_min]
+    assert 2 <= len(probes) <= 6 and ab.arm_probe_after >= 32
+    gaps = np.diff(probes)
+    assert (gaps[1:] >= gaps[:-1]).all()  # the wait doubles
+    # The drafter starts to pay (text that repeats): the probes see it and it runs again.
+    arms = _arm_runs(ab, 600, {"full": 4, "plain": 2})
+    assert arms[-50:] == ["full"] * 50
+    # A combined drafter: the lite arm is measured and runs when it beats both others.
+    ab = AdaptiveBudget(cost, 4)
+    arms = _arm_runs(ab, 120, {"full": 2, "lite": 3, "plain": 1}, lite=True)
+    assert arms[ab.arm_min : 2 * ab.arm_min] == ["lite"] * ab.arm_min
+    assert arms[-60:].count("lite") >= 55 and "plain" not in arms
+    # A draft cheaper than skip_share of a plain step is never left out: the full arm
+    # runs, and the budget verifies its trees only where they pay.
+    ab = AdaptiveBudget(cost, 4, skip_share=0.5)
+    assert set(_arm_runs(ab, 60, {"full": 1, "plain": 2})) == {"full"}
+    # Plain steps are estimated before any ran: the full arm's host time less its draft,
+    # and the forward by the cost model as the steps' forwards refined it (0.5 s).
+    ab = AdaptiveBudget(cost, 4)
+    _arm_runs(ab, ab.arm_min, {"full": 1, "plain": 1})
+    assert ab._plain_seconds(1) == pytest.approx(0.5 + (0.5 - 0.3))
+    with pytest.raises(ConfigError, match="arm"):
+        ab.observe([], [], 0.1, arm="half", committed=1)
+    with pytest.raises(ConfigError, match="arm_min"):
+        AdaptiveBudget(cost, 4, arm_min=20, arm_window=12)
 
 
 def test_skipped_drafts_keep_a_block_drafters_context_whole() -> None:
@@ -423,11 +446,12 @@ def test_skipped_drafts_keep_a_block_drafters_context_whole() -> None:
     gen = SpeculativeGenerator(t, drafter, max_depth=4, budget="auto", max_budget=8,
                                cost_model=CostModel([1, 9], [1.0, 1.01]))  # fmt: skip
     ab = gen._adaptive()
-    # The budget chose plain steps lately: skip the drafter until a probe.
-    ab._plain, ab.skip_share = [True] * 32, 1e-6
+    # Plain steps delivered more than drafted ones lately: skip the drafter until a probe.
+    ab._arm_runs["full"] = [(1, 1.0, 0.5, 0.6)] * ab.arm_min
+    ab._arm_runs["plain"] = [(1, 0.1, 0.0, 0.05)] * ab.arm_min
     skips = []
-    skip = ab.skip
-    ab.skip = lambda: (skips.append(1), skip())[1]  # type: ignore[method-assign]
+    arm = ab.arm
+    ab.arm = lambda *a, **k: (x := arm(*a, **k), skips.append(x == "plain"))[0]  # type: ignore[method-assign]
     states = []
     remove = drafter.remove_request
     # The state as the request ends (the generator then frees it).
@@ -436,12 +460,45 @@ def test_skipped_drafts_keep_a_block_drafters_context_whole() -> None:
         remove(rid, out),
     )[1]
     got = gen.generate(prompt, max_new_tokens=30)
-    assert len(skips) >= 7  # plain steps without a draft, then a probe drafted
-    assert got.tokens == reference(t, prompt, 30)
-    assert ab.probe_after >= 8 and len(got.tokens) == 30
+    # plain steps without a draft, then a probe drafted
+    assert sum(skips) >= 7 and not all(skips)
+    assert got.tokens == reference(t, prompt, 30) and len(got.tokens) == 30
     assert len(states) == 1 and drafter.num_requests == 0
     st = states[0]
     # The last draft saw the context up to its root: positions [0, root) once each.
+    assert st.start == 0 and st.end == len(st.seen) - 1
+
+
+def test_a_combined_drafters_lite_steps_keep_its_model_whole() -> None:
+    """The lite arm runs a combined drafter's suffix index without its model: the model's
+    hidden states of those steps are handed over at its next draft (its context K/V covers
+    every committed position once), and the output is the target's greedy one."""
+    from specdec.draft import BlockDrafter, CombinedDrafter
+
+    t = LlamaModel(CFG).init_random(5)
+    block = BlockDrafter.for_target(t, block_size=4, seed=2)
+    drafter = CombinedDrafter(block, SuffixDrafter(max_depth=8), max_depth=4)
+    prompt = [5, 9, 2, 7, 7, 1, 5, 9, 2, 7]
+    gen = SpeculativeGenerator(t, drafter, max_depth=4, budget="auto", max_budget=8,
+                               cost_model=CostModel([1, 9], [1.0, 1.01]))  # fmt: skip
+    ab = gen._adaptive()
+    arms = itertools.cycle(["full", "lite", "lite", "plain", "lite"])
+    seen: list[tuple[str, bool]] = []
+    ab.arm = lambda *a, **k: (x := next(arms), seen.append((x, k["lite"])))[0]  # type: ignore[method-assign]
+    drafts = []
+    draft = block.draft
+    block.draft = lambda rs, d: (drafts.append(1), draft(rs, d))[1]  # type: ignore[method-assign]
+    states = []
+    remove = block.remove_request
+    block.remove_request = lambda rid, out=None: (  # type: ignore[method-assign]
+        states.append(block._by_id[rid]),
+        remove(rid, out),
+    )[1]
+    got = gen.generate(prompt, max_new_tokens=30)
+    assert got.tokens == reference(t, prompt, 30)
+    assert all(lite for _, lite in seen)  # a combined drafter has a lite arm
+    assert len(drafts) == sum(a == "full" for a, _ in seen) < len(seen)
+    st = states[0]
     assert st.start == 0 and st.end == len(st.seen) - 1
 
 
@@ -484,7 +541,9 @@ def test_adaptive_trust_region_grows_with_acceptance() -> None:
     for acc, cap in [(3, 12), (9, 30), (0, 30), (20, 40)]:
         ab.observe([chain.pruned(ab.choose([chain]).nodes)], [acc], 0.0)
         gots.append(ab.choose([chain]).nodes)
-        values = [ab.node_values(chain)]
+        # The values as the budget prices them: scaled by what its chosen trees accepted
+        # over what they promised.
+        values = [ab.node_values(chain) * ab.choice_factor]
         assert gots[-1] == brute_force_choice(FAST_COST, values, cap)
     # The cap binds while acceptance keeps up (after the failed step the size calibration
     # sees the tail of the 30-node chain fail, and the optimum stops short of the cap).
@@ -779,8 +838,10 @@ def test_stream_and_progress_bar(target: LlamaModel) -> None:
         ({"prior_weight": 0.0}, "prior_weight"),
         ({"growth": 0}, "growth"),
         ({"band_optimism": -1.0}, "band_optimism"),
-        ({"skip_window": 0}, "skip_window"),
-        ({"skip_after": 0.0}, "skip_after"),
+        ({"arm_window": 1}, "arm_window"),
+        ({"arm_min": 0}, "arm_min"),
+        ({"arm_probe_after": 0}, "arm_probe_after"),
+        ({"choice_window": 0}, "choice_window"),
         ({"skip_share": float("nan")}, "skip_share"),
         ({"depth_window": 0}, "depth_window"),
         ({"cost_weight": 0.0}, "cost_weight"),

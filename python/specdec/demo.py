@@ -10,7 +10,8 @@ transformers'.
 By default (:data:`DEFAULT_ENGINES`) it runs one prompt per kind through the engines that
 matter: transformers autoregressive and prompt lookup, specdec autoregressive, the suffix
 drafter with the adaptive budget, and the shipped block drafter combined with the suffix
-drafter, adaptive budget too. ``engines=None`` (``specdec demo --full``) runs the whole
+drafter, adaptive budget too. Each engine is one generator that serves the prompts in turn,
+as a server's does. ``engines=None`` (``specdec demo --full``) runs the whole
 sweep: every prompt; chain, DDTree at several budgets and the adaptive budget, with the
 suffix and n-gram drafters, and the shipped block drafter and Medusa heads when present.
 
@@ -267,6 +268,10 @@ def run_demo(
     SpeculativeGenerator(target, strategy="ar").generate(warm, max_new_tokens=4)
 
     runs: list[DemoRun] = []
+    # One generator per engine serves every prompt in turn, as a server's does: the
+    # adaptive budget keeps what earlier requests taught it (a drafter that does not pay
+    # is judged once, not on every request).
+    gens: dict[str, Any] = {}
     for kind, texts in PROMPTS.items():
         for i, text in enumerate(texts[:prompts_per_kind]):
             ids = lm.encode_chat([{"role": "user", "content": text}])
@@ -275,7 +280,8 @@ def run_demo(
                 ref, hf_runs = _run_hf(hf, ids, tokens, eos, kind, i, lookup, progress)
                 fresh = hf_runs
                 for name, budget, make in specdec_engines:
-                    r = _run_specdec(make(target), ids, tokens, eos, ref, kind, i, name, budget)
+                    gen = gens[name] if name in gens else gens.setdefault(name, make(target))
+                    r = _run_specdec(gen, ids, tokens, eos, ref, kind, i, name, budget)
                     progress(_progress_line(r))
                     fresh.append(r)
                 for r in fresh:

@@ -52,8 +52,10 @@ two CPU cores several times as much. So the choice is measured, not assumed:
   steps): trees grow as fast as acceptance shows they pay, not as fast as an unlearnt
   calibration claims. Drafters are asked for trees of that bound (:meth:`size_bound`),
   not ``max_budget``: the same first nodes, less drafting.
-* A plain step needs no draft: while the budget keeps choosing plain steps, a drafter
-  that costs something is not run, but for the probes (:meth:`AdaptiveBudget.draft_now`).
+* The drafter's own cost is charged by what steps deliver: a drafter that costs something
+  runs only while its steps commit more tokens per second than steps without it (plain
+  steps, or a combined drafter's suffix index alone), and is probed now and then while
+  they do not (:meth:`AdaptiveBudget.arm`).
 
 The statistics, the node values and the best candidate per size are computed in Rust
 (:class:`specdec._core.BudgetStats`, one call each to choose and to observe): they run
@@ -80,7 +82,10 @@ from ..errors import ConfigError
 from ..protocols import Target
 from ..tree import DraftTree
 
-__all__ = ["CostModel", "AdaptiveBudget", "BudgetChoice", "CALIBRATION_BINS", "rank_bands"]
+__all__ = ["ARMS", "CostModel", "AdaptiveBudget", "BudgetChoice", "CALIBRATION_BINS", "rank_bands"]
+
+#: The drafting arms of :meth:`AdaptiveBudget.arm`.
+ARMS = ("full", "lite", "plain")
 
 # Upper edges of the conditional-probability bins the calibration keeps apart (the Rust
 # core's, which bins the nodes).
@@ -93,6 +98,11 @@ def rank_bands(ranks: np.ndarray) -> np.ndarray:
     r = np.maximum(np.asarray(ranks, dtype=np.int64), 1)
     bands: np.ndarray = np.ceil(np.log2(r)).astype(np.int64)  # exact at powers of two
     return bands
+
+
+def _rate(runs: Sequence[tuple[int, float, float, float]]) -> float:
+    """Tokens per second over steps (tokens, seconds, ...)."""
+    return sum(r[0] for r in runs) / sum(r[1] for r in runs)
 
 
 def _monotone(y: list[float]) -> list[float]:
@@ -235,17 +245,32 @@ class AdaptiveBudget:
     probe_after: int = 8
     _skipped: int = 0
     _probing: bool = False
-    # Skipping the drafter (:meth:`draft_now`): a plain step needs no draft, and a model
-    # drafter's forward costs 6-14% of a plain step on two cores (Medusa, block). So when
-    # the budget chose the plain step at ``skip_after`` or more of the last
-    # ``skip_window`` steps that drafted, the drafter is not run, but for the probes; a
-    # probe that accepts something starts drafting again. (Medusa on SmolLM2's qa
-    # prompts, where no tree pays: drafting at every step ran at 0.87x / 0.90x of plain
-    # decoding, greedy / t=1, skipping at 0.91x / 0.94x.) A drafter cheaper than
-    # ``skip_share`` of a plain step (a suffix index, 0.1 ms) is always run: skipping it
-    # saves nothing and misses its matches.
-    skip_window: int = 32
-    skip_after: float = 0.75
+    # The chosen trees' expected and accepted drafted tokens (:attr:`choice_factor`).
+    choice_window: int = 32
+    _choices: list[tuple[float, float]] = field(default_factory=list, repr=False)
+    _chosen: float | None = None
+    # Drafting arms (:meth:`arm`): ``"full"`` runs the drafter; ``"lite"`` a combined
+    # drafter's suffix index alone, without its model; ``"plain"`` no draft at all. They
+    # are judged by what their steps delivered, tokens committed over the steps' whole
+    # seconds (draft, forward, walk), over each arm's last ``arm_window`` steps: the
+    # expected values price a tree against a plain step once the draft is paid for, and
+    # the block drafter's trees on SmolLM2 (1.56 tokens a step on code, its draft 0.4x a
+    # plain step) were worth verifying at nearly every step while drafting them ran at
+    # 0.74x of plain decoding. An arm leaves out only a draft that costs more than
+    # ``skip_share`` of a plain step: a suffix index (0.1 ms) keeps running, since its
+    # matches come in bursts that a skipped draft misses (left out after its first steps
+    # found nothing, a suffix drafter ran at 0.85x of plain decoding on code at t=1,
+    # against 1.30x drafting every step). The full arm runs until it has ``arm_min``
+    # steps, a lite arm then as many to be measured (plain steps are estimated from the
+    # cost model until some ran); then the fastest arm runs, and while it is not the
+    # full one the full arm is probed after ``arm_probe_after`` steps (halved, to 16 at
+    # least, after a probe as fast as the best other arm; doubled after a slower one).
+    # Each full step of a drafter that does not pay costs about half a plain step, so a
+    # request of a hundred steps affords only a handful: two to judge, then probes at
+    # growing intervals.
+    arm_window: int = 12
+    arm_min: int = 2
+    arm_probe_after: int = 16
     skip_share: float = 0.02
     # The drafter's and the host's seconds per drafted step: medians of the last 16 (a
     # request's first step also indexes its prompt or computes the drafter's context K/V,
@@ -253,7 +278,12 @@ class AdaptiveBudget:
     draft_seconds: float = 0.0
     _drafts: list[float] = field(default_factory=list)
     _hosts: list[float] = field(default_factory=list)
-    _plain: list[bool] = field(default_factory=list)  # per drafted step: chose plain
+    # Per arm, its last steps: (tokens committed, seconds, draft seconds, host seconds).
+    _arm_runs: dict[str, list[tuple[int, float, float, float]]] = field(
+        default_factory=lambda: {a: [] for a in ARMS}, repr=False
+    )
+    _since_full: int = 0  # steps since the full arm last ran
+    _arm_probing: bool = False
     # Draft depth (:meth:`draft_depth`): two beyond the longest acceptance of the last
     # ``depth_window`` steps.
     depth_window: int = 16
@@ -327,10 +357,13 @@ class AdaptiveBudget:
             raise ConfigError(f"prior_weight must be positive, got {self.prior_weight}")
         if self.growth is not None:
             self.growth = check_int(self.growth, "growth", 1, ConfigError)
-        self.skip_window = check_int(self.skip_window, "skip_window", 1, ConfigError)
+        self.choice_window = check_int(self.choice_window, "choice_window", 1, ConfigError)
+        self.arm_window = check_int(self.arm_window, "arm_window", 2, ConfigError)
+        self.arm_min = check_int(self.arm_min, "arm_min", 1, ConfigError)
+        if self.arm_min > self.arm_window:
+            raise ConfigError(f"arm_min {self.arm_min} exceeds arm_window {self.arm_window}")
+        self.arm_probe_after = check_int(self.arm_probe_after, "arm_probe_after", 1, ConfigError)
         self.depth_window = check_int(self.depth_window, "depth_window", 1, ConfigError)
-        if not 0.0 < self.skip_after <= 1.0:
-            raise ConfigError(f"skip_after must be in (0, 1], got {self.skip_after}")
         if not 0.0 <= self.skip_share < math.inf:
             raise ConfigError(f"skip_share must be finite and >= 0, got {self.skip_share}")
         if not 0.0 < self.cost_weight <= math.inf:
@@ -462,10 +495,15 @@ class AdaptiveBudget:
         if len(k) != r:
             raise ConfigError(f"forced has {len(k)} entries for {r} requests")
         chain = max(k, default=0)
+        if chain == 0 and all(t.num_nodes == 1 for trees in candidates for t in trees):
+            # Nothing drafted (no match in the suffix index): the plain step, unpriced.
+            self._chosen = None
+            secs0 = float(self.forward_costs(r, 0)[0]) + self.host_seconds
+            return BudgetChoice(0, float(r), secs0, (0,) * r)
         most = max(min(self.size_bound(), self.max_budget - chain), 0)
         arrays = [[t._arrays for t in trees] for trees in candidates]
         g = self.stats.choose(arrays, most, pick=self.pick, **self._params)
-        gains, which = g.gains + sum(k), g.picks
+        gains, which = g.gains * self.choice_factor + sum(k), g.picks
         secs = self.forward_costs(r, most + chain)[chain:] + self.host_seconds
         rate = (r + gains) / secs
 
@@ -480,36 +518,76 @@ class AdaptiveBudget:
             best, best_rate = at(b), rate[b]
         if best is not None and best_rate > plain.expected_tokens / plain.expected_seconds:
             self._skipped = 0
-            self._plain = [*self._plain, False][-self.skip_window :]
+            self._chosen = float(g.gains[best.nodes])
             return best
         drafted = any(t.num_real > 1 for trees in candidates for t in trees)
         if self.probe and drafted and best is not None:
             self._skipped += 1
             if self._skipped >= self.probe_after:
                 self._skipped, self._probing = 0, True
+                self._chosen = float(g.gains[best.nodes])
                 return best
-        self._plain = [*self._plain, True][-self.skip_window :]
+        self._chosen = None
         return plain
 
-    def draft_now(self, rows: int = 1) -> bool:
-        """Whether the coming step (``rows`` requests) should run the drafter: not while
-        the budget chose the plain step at ``skip_after`` of the last ``skip_window``
-        drafted steps and the draft costs more than ``skip_share`` of a plain step,
-        unless a probe is due. A step without a draft is a plain one: call :meth:`skip`
-        for it."""
-        if not self.probe or self._skipped >= self.probe_after:
-            return True
-        # The window is full only once skip_window drafted steps have been seen.
-        if len(self._plain) < self.skip_window:
-            return True
-        if sum(self._plain) < self.skip_after * self.skip_window:
-            return True
-        plain = float(self.cost(rows)) + max(self.host_seconds - self.draft_seconds, 0.0)
-        return self.draft_seconds <= self.skip_share * plain
+    @property
+    def choice_factor(self) -> float:
+        """Accepted over expected drafted tokens of the trees the budget chose to verify,
+        over the last ``choice_window`` such steps (worth ``prior_weight`` tokens at 1.0),
+        in ``[0.05, 2]``: the values that made a tree win are its estimate's lucky side
+        (a size is verified when its values are high), so the chosen trees accept less
+        than their values say, and each size's gains are scaled by this before they are
+        priced. (The suffix drafter on SmolLM2's questions: its trees accepted 1.1
+        tokens a step where their values promised more, and the forwards of the trees
+        cost 16% more than plain ones: 0.92x of plain decoding.)"""
+        if not self._choices:
+            return 1.0
+        w = self.prior_weight
+        exp = sum(e for e, _ in self._choices)
+        acc = sum(a for _, a in self._choices)
+        return min(max((acc + w) / (exp + w), 0.05), 2.0)
 
-    def skip(self) -> None:
-        """Count a plain step that ran no drafter (towards the next probe)."""
-        self._skipped += 1
+    def arm(self, rows: int = 1, *, lite: bool = False) -> str:
+        """Which arm of :data:`ARMS` the coming step (``rows`` requests) runs: ``"full"``
+        (the drafter), ``"lite"`` (only with ``lite``: a combined drafter's suffix index
+        alone) or ``"plain"`` (no draft), by the tokens per second each delivered lately
+        (see the arms' field comments). :meth:`observe` takes the step's ``arm``."""
+        runs = self._arm_runs
+        full = runs["full"]
+        if not self.probe or len(full) < self.arm_min:
+            return "full"
+        plain = self._plain_seconds(rows)
+        # Only a draft that costs something is worth leaving out: a cheap one (a suffix
+        # index) keeps running and the budget verifies its trees only when they pay.
+        floor = self.skip_share * plain
+        draft = statistics.median(r[2] for r in full)
+        names = ["full"]
+        if lite and draft > floor:
+            names.append("lite")
+        lite_draft = statistics.median(r[2] for r in runs["lite"]) if runs["lite"] else 0.0
+        if (lite_draft if lite else draft) > floor:
+            names.append("plain")
+        rates: dict[str, float] = {}
+        for a in names:
+            if len(runs[a]) >= self.arm_min:
+                rates[a] = _rate(runs[a])
+            elif a == "plain":
+                rates[a] = rows / plain
+            else:
+                return a  # measure it
+        best = max(names, key=rates.__getitem__)  # ties: the first, the fuller draft
+        if best != "full" and self._since_full >= self.arm_probe_after:
+            self._arm_probing = True
+            return "full"
+        return best
+
+    def _plain_seconds(self, rows: int) -> float:
+        """A plain step's seconds for ``rows`` requests, without a draft: the forward by
+        the cost model (as learnt), the host's work of the full arm's steps less their
+        draft."""
+        full = self._arm_runs["full"]
+        host = statistics.median(r[3] - r[2] for r in full) if full else 0.0
+        return float(self.forward_costs(rows, 0)[0]) + max(host, 0.0)
 
     def observe(
         self,
@@ -522,6 +600,8 @@ class AdaptiveBudget:
         forward: float | None = None,
         fed: int | None = None,
         learn: bool = True,
+        arm: str | None = None,
+        committed: int | None = None,
     ) -> None:
         """Learn from a finished step: the trees verified, what each accepted (its accepted
         node indices, root excluded, as :attr:`~specdec.tree.WalkResult.accepted`; or just
@@ -533,14 +613,21 @@ class AdaptiveBudget:
 
         The calibrations learn from the verified trees (as source 0), unless ``learn`` is
         False: then the caller feeds them with :meth:`learn` (as the generator does, with
-        each request's candidate trees and the tokens the step committed)."""
+        each request's candidate trees and the tokens the step committed).
+
+        ``arm`` (:meth:`arm`) and ``committed``, the tokens the step committed in all: what
+        the arm delivered, over the step's seconds (``host`` plus ``forward``)."""
+        if arm is not None and committed is not None:
+            self._observe_arm(arm, committed, host + (forward or 0.0), draft, host)
         counts = [int(a) if isinstance(a, int | np.integer) else len(a) for a in accepted]
+        if self._chosen is not None:
+            self._choices = [*self._choices, (self._chosen, float(sum(counts)))]
+            del self._choices[: -self.choice_window]
+            self._chosen = None
         if self._probing:
             self._probing = False
             paid = sum(counts) > 0
             self.probe_after = 8 if paid else min(2 * self.probe_after, 1024)
-            if paid:
-                self._plain = []  # draft again, and judge afresh
         self._depths = [*self._depths, max(counts, default=0)][-self.depth_window :]
         if learn:
             for tree, acc in zip(trees, accepted, strict=True):
@@ -553,6 +640,24 @@ class AdaptiveBudget:
             # statistics, not numpy: 16 floats, and numpy's median took 40 us a step.
             self.host_seconds = statistics.median(self._hosts)
             self.draft_seconds = statistics.median(self._drafts)
+
+    def _observe_arm(
+        self, arm: str, committed: int, seconds: float, draft: float, host: float
+    ) -> None:
+        if arm not in ARMS:
+            raise ConfigError(f"arm must be one of {ARMS}, got {arm!r}")
+        if committed < 1 or not 0.0 < seconds < math.inf:
+            return  # nothing to learn from (a clock too coarse to time the step)
+        runs = self._arm_runs[arm]
+        if arm == "full" and self._arm_probing:
+            self._arm_probing = False
+            others = [_rate(r) for a, r in self._arm_runs.items() if a != "full" and r]
+            paid = not others or committed / seconds >= max(others)
+            after = self.arm_probe_after
+            self.arm_probe_after = max(16, after // 2) if paid else min(2 * after, 1024)
+        self._since_full = 0 if arm == "full" else self._since_full + 1
+        runs.append((committed, seconds, draft, host))
+        del runs[: -self.arm_window]
 
     def learn(self, candidates: Sequence[DraftTree], path: Sequence[int] | np.ndarray) -> None:
         """Learn from one request's candidate trees of a step (as :meth:`choose_among` got

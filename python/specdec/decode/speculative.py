@@ -457,18 +457,23 @@ class SpeculativeGenerator:
         if not reqs:
             return outputs
         gds = self._gd_of
-        # The adaptive budget skips the drafter while its trees have not been paying.
-        drafting = not self.auto or self._adaptive().draft_now(len(reqs))
+        # The adaptive budget runs the drafter, a combined drafter's suffix index alone, or
+        # no draft, by what each has delivered lately.
+        combined = isinstance(self.tree_drafter, CombinedDrafter) and self.strategy == "ddtree"
+        arm = self._adaptive().arm(len(reqs), lite=combined) if self.auto else "full"
+        model = arm == "full"  # the drafter runs whole (and reads the hidden states)
+        drafting = arm != "plain"
         if drafting:
             reqs, cands = self._isolated(
                 reqs,
-                lambda rs: self._trees([r.context for r in rs], [r.hidden for r in rs], rs),
+                lambda rs: self._trees(
+                    [r.context for r in rs], [r.hidden for r in rs], rs, model=model
+                ),
                 outputs,
             )
             if not reqs:
                 return outputs
         else:
-            self._adaptive().skip()
             cands = _root_trees([[*r.context, *_forced(gds, r.rid)] for r in reqs])
         # A grammar's small choices: one more candidate continuation.
         cands = [
@@ -509,13 +514,13 @@ class SpeculativeGenerator:
         if len(reqs) > 1 and hasattr(self.target, "forward_batch"):
             reqs, steps = self._isolated(
                 reqs,
-                lambda rs: self._verify_batch(rs, [tree_of[r.rid] for r in rs], drafting),
+                lambda rs: self._verify_batch(rs, [tree_of[r.rid] for r in rs], model),
                 outputs,
-                one=lambda r: self._verify_one(r, tree_of[r.rid], drafting),
+                one=lambda r: self._verify_one(r, tree_of[r.rid], model),
             )
         else:  # one forward per request: each stands alone
             reqs, steps = self._each(
-                reqs, lambda r: self._verify_one(r, tree_of[r.rid], drafting), outputs
+                reqs, lambda r: self._verify_one(r, tree_of[r.rid], model), outputs
             )
             for s in steps[1:]:  # separate forwards: sum their stage times
                 for k, v in s.timings.items():
@@ -558,6 +563,8 @@ class SpeculativeGenerator:
                 forward=fwd if fwd > 0.0 else None,  # a clock too coarse to time it: skip
                 fed=sum(t.num_nodes for t in trees),
                 learn=not (self.auto and drafting),  # the candidates, whole, below
+                arm=arm if self.auto else None,
+                committed=sum(len(x.tokens) for x in steps),
             )
             if self.auto and drafting:
                 # The rule's choices along the committed path decide the candidates' nodes,
@@ -845,13 +852,15 @@ class SpeculativeGenerator:
         reqs: Sequence[_Request | None],
         *,
         candidates: bool | None = None,
+        model: bool = True,
     ) -> list[list[DraftTree]]:
         """Per context its unpadded candidate trees, by the strategy (``hidden``: each
         request's hidden states of its last commit, for drafters that read them; ``reqs``:
         the requests, whose ids a drafter with per-request state keys by, None for a
         one-off draft): one,
         or with ``candidates`` (default: under the adaptive budget) a combined drafter's
-        two, the model's and the suffix index's, for the budget to choose between."""
+        two, the model's and the suffix index's, for the budget to choose between
+        (``model=False``: the model's drafts nothing, a root alone)."""
         if candidates is None:
             candidates = self.auto
         if self.drafter is None or self.shape is None:
@@ -887,7 +896,7 @@ class SpeculativeGenerator:
                 # the requests without a prefix get them.
                 return self._trees_without_prefix(contexts, hidden, reqs, prefixes, candidates)
             if isinstance(td, CombinedDrafter) and candidates and self.strategy == "ddtree":
-                pairs = td.candidates(requests, size, max_depth=depth)
+                pairs = td.candidates(requests, size, max_depth=depth, model=model)
                 return [list(p) for p in pairs]
             if isinstance(td, CombinedDrafter):
                 trees = td.propose(requests, size, max_depth=depth)

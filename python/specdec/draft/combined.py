@@ -83,11 +83,18 @@ class CombinedDrafter:
         return out
 
     def candidates(
-        self, requests: Sequence[DraftRequest], budget: int, *, max_depth: int | None = None
+        self,
+        requests: Sequence[DraftRequest],
+        budget: int,
+        *,
+        max_depth: int | None = None,
+        model: bool = True,
     ) -> list[tuple[DraftTree, DraftTree]]:
         """Per request both trees, (the model's DDTree, the suffix drafter's tree), for a
         caller that chooses itself (the adaptive budget, at the size it picks, by the same
-        surrogate; :meth:`record` counts its choice)."""
+        surrogate; :meth:`record` counts its choice). ``model=False``: the model does not
+        run (its tree is the root alone; a model that reads hidden states gets the skipped
+        steps' at its next draft)."""
         budget = check_int(budget, "budget", 1, DraftError)
         cap = (
             self.max_depth
@@ -99,15 +106,19 @@ class CombinedDrafter:
         # A request's prefix takes the model's first depths: its tree starts after them.
         skip = [len(r.prefix) for r in requests]
         drafted = min(self.max_depth, depth + max(skip))
-        logits = self.model.draft(requests, drafted)
+        logits = self.model.draft(requests, drafted) if model else None
         shape = DDTreeShape(budget)
         suffix = self.suffix.propose(requests, budget)
         out = []
-        for r, lg, st, k in zip(requests, logits, suffix, skip, strict=True):
+        for i, (r, st, k) in enumerate(zip(requests, suffix, skip, strict=True)):
             root = int(r.prefix[-1]) if k else int(r.context[-1])
-            rows = lg[k : k + depth]
+            rows = None if logits is None else logits[i, k : k + depth]
             # (A scored root alone: it expects nothing, so the suffix tree is preferred.)
-            mt = shape.build(rows, root) if len(rows) else DraftTree([root], [-1], logprobs=[0.0])
+            mt = (
+                shape.build(rows, root)
+                if rows is not None and len(rows)
+                else DraftTree([root], [-1], logprobs=[0.0])
+            )
             out.append((mt, st))
         return out
 
