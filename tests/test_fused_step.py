@@ -127,6 +127,43 @@ def test_one_token_chain_and_prefill_on_a_dense_cache(
     close(ref[4], got[4], scaled(ref[4]))
 
 
+def test_profiled_steps_count_their_phases_and_give_the_same_logits(
+    lm: Any, prompt: list[int]
+) -> None:
+    # The stack's clock: off as built, on it splits each step's wall time into phases that
+    # sum to no more than it, without changing a bit of the logits; reset clears it.
+    m: LlamaModel = lm.model
+    n = len(prompt)
+    cache = m.new_cache(n + 4)
+    prefilled(m, prompt[:-3], cache)
+    step, pos = torch.tensor(prompt[-3:]), torch.arange(n - 3, n)
+    plain = m(step, pos, cache)
+    cache.rollback()
+    assert m._fused is not None
+    stack = m._fused.stack
+    assert not stack.profiling
+    stack.reset_profile()
+    stack.profiling = True
+    try:
+        profiled = m(step, pos, cache)
+        cache.rollback()
+        m(step, pos, cache)
+        cache.rollback()
+    finally:
+        stack.profiling = False
+    assert torch.equal(plain, profiled)
+    p = stack.profile()
+    assert p.calls == 2
+    assert min(p.matmul_ns, p.attention_ns, p.other_ns) > 0
+    assert p.matmul_ns + p.attention_ns + p.other_ns <= p.wall_ns
+    m(step, pos, cache)  # off: not counted
+    cache.rollback()
+    assert stack.profile().calls == 2
+    stack.reset_profile()
+    q = stack.profile()
+    assert (q.calls, q.wall_ns, q.matmul_ns, q.attention_ns, q.other_ns) == (0, 0, 0, 0, 0)
+
+
 def test_tree_step_on_dense_and_paged_caches(
     lm: Any, prompt: list[int], fused_calls: list[int]
 ) -> None:

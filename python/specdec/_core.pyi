@@ -725,6 +725,17 @@ class LlamaStack:
 
     @property
     def rope_positions(self) -> int: ...
+    @property
+    def profiling(self) -> bool:
+        """Whether each successful :meth:`step` adds its time per phase to
+        :meth:`profile` (off when built; off, a step reads no clock)."""
+
+    @profiling.setter
+    def profiling(self, on: bool) -> None: ...
+    def profile(self) -> StepProfile:
+        """The profiled steps' totals since the last :meth:`reset_profile`."""
+
+    def reset_profile(self) -> None: ...
     def step(
         self,
         x: npt.NDArray[np.float32],
@@ -754,6 +765,24 @@ class LlamaStack:
         ask, ``hidden`` ``[R * T, width]``. Bad sizes and positions raise
         ``VerifyError``, slots or buffers out of range ``KVCacheError``; nothing is written
         then. ``numeric``: how the products round, as in :meth:`QuantMatrix.matmul`."""
+
+@final
+class StepProfile:
+    """Where a :class:`LlamaStack`'s profiled steps spent their time, in nanoseconds:
+    ``wall_ns`` of the ``calls``, split into ``matmul_ns`` (every linear layer and the head),
+    ``attention_ns`` and ``other_ns`` (input checks, buffers, norms, RoPE, K/V writes,
+    SwiGLU, residual adds, hidden-state copies); the phases sum to at most ``wall_ns``."""
+
+    @property
+    def calls(self) -> int: ...
+    @property
+    def wall_ns(self) -> int: ...
+    @property
+    def matmul_ns(self) -> int: ...
+    @property
+    def attention_ns(self) -> int: ...
+    @property
+    def other_ns(self) -> int: ...
 
 def quant_simd_available() -> bool:
     """Whether the fast (AVX-512) kernel runs on this CPU."""

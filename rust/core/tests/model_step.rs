@@ -10,7 +10,8 @@ use std::sync::Arc;
 use half::f16;
 use specdec_core::linear::{BlockFormat, QuantMatrix, BLOCK};
 use specdec_core::model::{
-    Capture, KvBuffer, KvOrder, LayerWeights, Linear, LlamaDims, LlamaStack, ModelError, StepRows,
+    Capture, KvBuffer, KvOrder, LayerWeights, Linear, LlamaDims, LlamaStack, ModelError,
+    StepProfile, StepRows,
 };
 use specdec_core::testing::Lcg;
 
@@ -548,6 +549,86 @@ fn the_result_of_a_row_does_not_depend_on_its_neighbours() {
     let mut b = vec![0f32; 2 * DIMS.vocab];
     m.step(&x, &both, &mut kv, false, &mut b, None).unwrap();
     assert_eq!(a[..], b[..DIMS.vocab]);
+}
+
+#[test]
+fn a_profiled_step_splits_its_wall_time_and_computes_the_same_bits() {
+    // Off (as built), a step counts nothing; on, each phase is > 0 and they sum to no more
+    // than the call's wall time as the caller sees it; the logits are those of the step
+    // unprofiled, bit for bit.
+    let m = model(8, true);
+    let mut g = Lcg::new(2);
+    let nslots = 64;
+    let (mut k, mut v) = (vec![0f32; kv_len(nslots)], vec![0f32; kv_len(nslots)]);
+    let mut kv = [KvBuffer {
+        k: &mut k,
+        v: &mut v,
+        order: KvOrder::HeadsFirst,
+        slots: nslots,
+    }];
+    let pre = embeddings(&mut g, 40);
+    let slots: Vec<i64> = (0..40).collect();
+    prefill(&m, &mut kv, 0, &pre, &slots);
+    assert!(!m.profiling());
+    assert_eq!(m.profile(), StepProfile::default());
+    let (depth, tmask) = tree(&[-1, 0, 0, 1, 3]);
+    let t = depth.len();
+    let width = 40 + t;
+    let all: Vec<i64> = (0..width as i64).collect();
+    let positions: Vec<i64> = depth.iter().map(|&dd| (40 + dd) as i64).collect();
+    let mut mask = vec![true; t * width];
+    for i in 0..t {
+        for j in 0..t {
+            mask[i * width + 40 + j] = tmask[i * t + j];
+        }
+    }
+    let rows = StepRows {
+        rows: 1,
+        tokens: t,
+        positions: &positions,
+        buffers: &[0],
+        width,
+        slots: &all,
+        new_slots: &all[40..],
+        mask: Some(&mask),
+    };
+    let x = flat(&embeddings(&mut g, t));
+    let mut plain = vec![0f32; t * DIMS.vocab];
+    m.step(&x, &rows, &mut kv, false, &mut plain, None).unwrap();
+    m.set_profiling(true);
+    let mut profiled = vec![0f32; t * DIMS.vocab];
+    let t0 = std::time::Instant::now();
+    m.step(&x, &rows, &mut kv, false, &mut profiled, None)
+        .unwrap();
+    let outside = t0.elapsed().as_nanos() as u64;
+    assert_eq!(plain, profiled);
+    let p = m.profile();
+    assert_eq!(p.calls, 1);
+    assert!(
+        p.matmul_ns > 0 && p.attention_ns > 0 && p.other_ns > 0,
+        "{p:?}"
+    );
+    let phases = p.matmul_ns + p.attention_ns + p.other_ns;
+    assert!(
+        phases <= p.wall_ns && p.wall_ns <= outside,
+        "{p:?}, {outside} ns outside"
+    );
+    // A failed step counts nothing; a second one adds to the totals; reset clears them.
+    let short = vec![0f32; DIMS.hidden];
+    assert!(m
+        .step(&short, &rows, &mut kv, false, &mut profiled, None)
+        .is_err());
+    assert_eq!(m.profile(), p);
+    m.step(&x, &rows, &mut kv, false, &mut profiled, None)
+        .unwrap();
+    let two = m.profile();
+    assert!(two.calls == 2 && two.wall_ns > p.wall_ns && two.matmul_ns > p.matmul_ns);
+    m.reset_profile();
+    assert_eq!(m.profile(), StepProfile::default());
+    m.set_profiling(false);
+    m.step(&x, &rows, &mut kv, false, &mut profiled, None)
+        .unwrap();
+    assert_eq!(m.profile(), StepProfile::default());
 }
 
 #[test]

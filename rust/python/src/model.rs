@@ -107,6 +107,26 @@ impl LlamaStack {
         self.0.rope_positions()
     }
 
+    /// Whether steps time their phases (off when built).
+    #[getter]
+    fn profiling(&self) -> bool {
+        self.0.profiling()
+    }
+
+    #[setter]
+    fn set_profiling(&self, on: bool) {
+        self.0.set_profiling(on);
+    }
+
+    /// The profiled steps' totals since the last `reset_profile`.
+    fn profile(&self) -> StepProfile {
+        self.0.profile().into()
+    }
+
+    fn reset_profile(&self) {
+        self.0.reset_profile();
+    }
+
     /// One step of `R` rows of `T` tokens (see the stub for the arguments).
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (x, positions, kv, buffers, slots, new_slots, mask, logits, last, capture_layers, capture_final, hidden, *, numeric = "exact"))]
@@ -268,7 +288,40 @@ impl LlamaStack {
     }
 }
 
+/// Where a `LlamaStack`'s profiled steps spent their time, in nanoseconds.
+#[pyclass(module = "specdec._core", name = "StepProfile", frozen, get_all)]
+pub struct StepProfile {
+    calls: u64,
+    wall_ns: u64,
+    matmul_ns: u64,
+    attention_ns: u64,
+    other_ns: u64,
+}
+
+impl From<core::StepProfile> for StepProfile {
+    fn from(p: core::StepProfile) -> Self {
+        StepProfile {
+            calls: p.calls,
+            wall_ns: p.wall_ns,
+            matmul_ns: p.matmul_ns,
+            attention_ns: p.attention_ns,
+            other_ns: p.other_ns,
+        }
+    }
+}
+
+#[pymethods]
+impl StepProfile {
+    fn __repr__(&self) -> String {
+        format!(
+            "StepProfile(calls={}, wall_ns={}, matmul_ns={}, attention_ns={}, other_ns={})",
+            self.calls, self.wall_ns, self.matmul_ns, self.attention_ns, self.other_ns
+        )
+    }
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LlamaStack>()?;
+    m.add_class::<StepProfile>()?;
     Ok(())
 }

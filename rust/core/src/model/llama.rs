@@ -2,7 +2,9 @@
 //! run for a whole step in one call.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::kv::{KvBuffer, StepRows, Strides};
 use super::ops;
@@ -98,6 +100,67 @@ pub struct Capture<'a> {
     pub out: &'a mut [f32],
 }
 
+/// Where a stack's profiled steps spent their time ([`LlamaStack::set_profiling`]): wall
+/// time of the calls, and its split into the products (every linear layer and the head,
+/// biases included), attention, and everything else (input checks, buffers, norms, RoPE,
+/// K/V writes, SwiGLU, residual adds, hidden-state copies). The phases sum to `wall_ns`
+/// up to the last clock read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepProfile {
+    pub calls: u64,
+    pub wall_ns: u64,
+    pub matmul_ns: u64,
+    pub attention_ns: u64,
+    pub other_ns: u64,
+}
+
+/// A stack's profiling switch and totals: atomics, so steps on a shared stack (`&self`)
+/// add to them. A clone starts with profiling off and nothing counted.
+#[derive(Debug, Default)]
+struct Profiler {
+    on: AtomicBool,
+    /// calls, wall, then the phases in [`Laps`] order.
+    totals: [AtomicU64; 5],
+}
+
+impl Clone for Profiler {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+const MATMUL: usize = 0;
+const ATTENTION: usize = 1;
+const OTHER: usize = 2;
+
+/// One step's clock while profiling is on: each [`lap`](Self::lap) charges the time since
+/// the previous one to a phase. Off, it holds no clock and a lap is one branch.
+struct Laps {
+    start: Option<Instant>,
+    last: Option<Instant>,
+    ns: [u64; 3],
+}
+
+impl Laps {
+    fn new(on: bool) -> Self {
+        let start = on.then(Instant::now);
+        Self {
+            start,
+            last: start,
+            ns: [0; 3],
+        }
+    }
+
+    #[inline]
+    fn lap(&mut self, phase: usize) {
+        if let Some(last) = &mut self.last {
+            let now = Instant::now();
+            self.ns[phase] += now.duration_since(*last).as_nanos() as u64;
+            *last = now;
+        }
+    }
+}
+
 /// A decoder stack: layers, final norm, LM head and the RoPE tables.
 #[derive(Debug, Clone)]
 pub struct LlamaStack {
@@ -109,6 +172,7 @@ pub struct LlamaStack {
     /// `x * cos + swap_halves(x) * sin` (the first half of `sin` negated).
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
+    profiler: Profiler,
 }
 
 thread_local! {
@@ -387,7 +451,37 @@ impl LlamaStack {
             head,
             rope_cos,
             rope_sin,
+            profiler: Profiler::default(),
         })
+    }
+
+    /// Turns the per-phase clock of [`step`](Self::step) on or off (off when built). Off,
+    /// a step reads no clock.
+    pub fn set_profiling(&self, on: bool) {
+        self.profiler.on.store(on, Ordering::Relaxed);
+    }
+
+    pub fn profiling(&self) -> bool {
+        self.profiler.on.load(Ordering::Relaxed)
+    }
+
+    /// The totals of the steps that succeeded while profiling was on, since the last
+    /// [`reset_profile`](Self::reset_profile).
+    pub fn profile(&self) -> StepProfile {
+        let t = |i: usize| self.profiler.totals[i].load(Ordering::Relaxed);
+        StepProfile {
+            calls: t(0),
+            wall_ns: t(1),
+            matmul_ns: t(2 + MATMUL),
+            attention_ns: t(2 + ATTENTION),
+            other_ns: t(2 + OTHER),
+        }
+    }
+
+    pub fn reset_profile(&self) {
+        for t in &self.profiler.totals {
+            t.store(0, Ordering::Relaxed);
+        }
     }
 
     pub fn dims(&self) -> &LlamaDims {
@@ -428,6 +522,32 @@ impl LlamaStack {
         logits: &mut [f32],
         capture: Option<Capture<'_>>,
     ) -> Result<(), ModelError> {
+        let mut laps = Laps::new(self.profiling());
+        self.run(numeric, x, rows, kv, last, logits, capture, &mut laps)?;
+        if let Some(start) = laps.start {
+            laps.lap(OTHER);
+            let p = &self.profiler.totals;
+            p[0].fetch_add(1, Ordering::Relaxed);
+            p[1].fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            for (t, ns) in p[2..].iter().zip(laps.ns) {
+                t.fetch_add(ns, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        numeric: Numeric,
+        x: &[f32],
+        rows: &StepRows<'_>,
+        kv: &mut [KvBuffer<'_>],
+        last: bool,
+        logits: &mut [f32],
+        capture: Option<Capture<'_>>,
+        laps: &mut Laps,
+    ) -> Result<(), ModelError> {
         let d = self.dims;
         rows.check(kv, self.rope_positions())?;
         let strides = kv
@@ -464,16 +584,25 @@ impl LlamaStack {
         let mut kept = 0;
         for (l, w) in self.layers.iter().enumerate() {
             ops::rms_norm(simd, &x, &w.input_norm, d.eps, &mut h);
+            laps.lap(OTHER);
             w.qkv.apply(numeric, &h, n, &mut qkv)?;
+            laps.lap(MATMUL);
             self.rope(&mut qkv, rows.positions);
             self.write_kv(&qkv, l, rows, kv, &strides);
+            laps.lap(OTHER);
             self.attention(simd, &qkv, l, rows, kv, &strides, &mut att);
+            laps.lap(ATTENTION);
             w.o.apply(numeric, &att, n, &mut tmp)?;
+            laps.lap(MATMUL);
             ops::add_assign(simd, &mut x, &tmp);
             ops::rms_norm(simd, &x, &w.post_norm, d.eps, &mut h);
+            laps.lap(OTHER);
             w.gate_up.apply(numeric, &h, n, &mut gu)?;
+            laps.lap(MATMUL);
             ops::silu_mul(simd, &gu, d.intermediate, &mut act);
+            laps.lap(OTHER);
             w.down.apply(numeric, &act, n, &mut tmp)?;
+            laps.lap(MATMUL);
             ops::add_assign(simd, &mut x, &tmp);
             if let Some(c) = &mut capture {
                 if c.layers.get(kept) == Some(&l) {
@@ -497,10 +626,14 @@ impl LlamaStack {
                         .copied()
                 })
                 .collect();
-            self.head.apply(numeric, &lasts, rows.rows, logits)
+            laps.lap(OTHER);
+            self.head.apply(numeric, &lasts, rows.rows, logits)?;
         } else {
-            self.head.apply(numeric, &h, n, logits)
+            laps.lap(OTHER);
+            self.head.apply(numeric, &h, n, logits)?;
         }
+        laps.lap(MATMUL);
+        Ok(())
     }
 
     /// `src` `[tokens, hidden]` into block `at` of each token's capture row.
@@ -519,12 +652,23 @@ impl LlamaStack {
         for (tok, &p) in qkv.chunks_exact_mut(d.qkv_width()).zip(positions) {
             let at = p as usize * hd;
             let (cos, sin) = (&self.rope_cos[at..at + hd], &self.rope_sin[at..at + hd]);
+            let (cos_lo, cos_hi) = cos.split_at(half);
+            let (sin_lo, sin_hi) = sin.split_at(half);
             for x in tok[..(d.heads + d.kv_heads) * hd].chunks_exact_mut(hd) {
                 tmp.copy_from_slice(x);
-                for j in 0..hd {
-                    let swapped = tmp[(j + half) % hd];
-                    // Two products and a sum, each rounded: torch's `x * cos + rot * sin`.
-                    x[j] = tmp[j] * cos[j] + swapped * sin[j];
+                let (t_lo, t_hi) = tmp.split_at(half);
+                let (x_lo, x_hi) = x.split_at_mut(half);
+                // Two products and a sum, each rounded: torch's `x * cos + rot * sin`, the
+                // halves apart (straight loops over equal lengths: they vectorize).
+                for ((((o, &a), &b), &c), &s) in
+                    x_lo.iter_mut().zip(t_lo).zip(t_hi).zip(cos_lo).zip(sin_lo)
+                {
+                    *o = a * c + b * s;
+                }
+                for ((((o, &a), &b), &c), &s) in
+                    x_hi.iter_mut().zip(t_hi).zip(t_lo).zip(cos_hi).zip(sin_hi)
+                {
+                    *o = a * c + b * s;
                 }
             }
         }

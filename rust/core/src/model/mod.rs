@@ -25,7 +25,7 @@ use thiserror::Error;
 use crate::linear::LinearError;
 
 pub use kv::{KvBuffer, KvOrder, StepRows};
-pub use llama::{Capture, LayerWeights, Linear, LlamaDims, LlamaStack};
+pub use llama::{Capture, LayerWeights, Linear, LlamaDims, LlamaStack, StepProfile};
 
 /// Everything that can be wrong with a stack's weights or a step's inputs.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
