@@ -24,7 +24,7 @@ from specdec.cache import DenseKVCache, PagedKVPool
 from specdec.decode import SpeculativeGenerator, autoregressive_generate
 from specdec.errors import ConfigError, KVCacheError, SpecdecError, VerifyError
 from specdec.models import LlamaConfig, LlamaModel, load_gguf, smollm2
-from specdec.models import llama as llama_mod
+from specdec.models.llama import model as llama_mod  # the module whose steps call run_step
 from specdec.models.quant import kernel_available
 from specdec.protocols import HiddenCapture, KVCache
 from specdec.testing import OracleDrafter, reference_tree_mask
