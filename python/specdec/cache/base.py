@@ -17,20 +17,27 @@ __all__ = ["StepCache", "check_keep"]
 
 def check_keep(keep: Sequence[int] | np.ndarray | torch.Tensor, pending: int) -> torch.Tensor:
     """``keep`` as an int64 CPU tensor, checked: strictly increasing, within the step."""
+    # Checked in numpy: a step commits a handful of indices, and torch's per-op dispatch
+    # cost several times the work.
     try:
-        idx = keep if isinstance(keep, torch.Tensor) else torch.as_tensor(np.asarray(keep))
+        if isinstance(keep, torch.Tensor):
+            if keep.numel() and (
+                keep.dtype.is_floating_point or keep.dtype.is_complex or keep.dtype == torch.bool
+            ):
+                raise SpecdecTypeError(f"commit indices must be integers, got {keep.dtype}")
+            arr = keep.detach().cpu().numpy()
+        else:
+            arr = np.asarray(keep)
     except (TypeError, ValueError, RuntimeError) as e:
         raise SpecdecTypeError(f"commit indices must be integers: {e}") from None
-    if idx.numel() and (
-        idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool
-    ):
-        raise SpecdecTypeError(f"commit indices must be integers, got {idx.dtype}")
-    idx = idx.to(torch.long).reshape(-1).cpu()
-    if len(idx) and (int(idx[0]) < 0 or int(idx[-1]) >= pending):
-        raise VerifyError(f"commit indices {idx.tolist()} outside this step's {pending} tokens")
-    if len(idx) > 1 and not bool((idx[1:] > idx[:-1]).all()):
-        raise VerifyError(f"commit indices must be strictly increasing, got {idx.tolist()}")
-    return idx
+    if arr.size and arr.dtype.kind not in "iu":
+        raise SpecdecTypeError(f"commit indices must be integers, got {arr.dtype}")
+    a = arr.astype(np.int64, copy=False).reshape(-1)
+    if len(a) and (int(a[0]) < 0 or int(a[-1]) >= pending):
+        raise VerifyError(f"commit indices {a.tolist()} outside this step's {pending} tokens")
+    if len(a) > 1 and not bool((a[1:] > a[:-1]).all()):
+        raise VerifyError(f"commit indices must be strictly increasing, got {a.tolist()}")
+    return torch.from_numpy(np.ascontiguousarray(a))
 
 
 class StepCache(KVCache):

@@ -36,7 +36,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -110,6 +110,10 @@ class _Request:
     cache_salt: bytes | str | None = None
     on_step: StepCallback | None = None
     hidden: torch.Tensor | None = None  # the target's hidden states of the last commit
+    # Those of the steps since the drafter last ran, oldest first: concatenated once, at
+    # its next draft (growing one tensor per skipped step copied the whole run each step,
+    # and the allocator churn slowed the next forward by a fifth on two cores).
+    held: list[torch.Tensor] = field(default_factory=list)
     seed: int | None = None  # seeded sampling keyed by position (None: the shared generator)
     rule: DecodingRule | None = None  # its own decoding rule (None: the generator's)
     in_drafter: bool = False  # the drafter holds state for it (add_request was called)
@@ -467,7 +471,10 @@ class SpeculativeGenerator:
             reqs, cands = self._isolated(
                 reqs,
                 lambda rs: self._trees(
-                    [r.context for r in rs], [r.hidden for r in rs], rs, model=model
+                    [r.context for r in rs],
+                    [_draft_hidden(r) if model else None for r in rs],
+                    rs,
+                    model=model,
                 ),
                 outputs,
             )
@@ -710,7 +717,7 @@ class SpeculativeGenerator:
             cache.free()
         if req.own_cache:
             req.cache = None
-        req.hidden = None
+        req.hidden, req.held = None, []
         if req.in_drafter and self._lifecycle is not None:
             req.in_drafter = False
             done = req.result.finish_reason in ("stop", "length")
@@ -842,8 +849,10 @@ class SpeculativeGenerator:
         the steps since its last draft (a drafter that keeps context K/V needs every
         committed position once)."""
         if drafted or new is None or req.hidden is None:
+            req.held = []
             return new
-        return torch.cat((req.hidden, new))
+        req.held.append(req.hidden)
+        return new
 
     def _trees(
         self,
@@ -1034,6 +1043,7 @@ class SpeculativeGenerator:
         if not req.admitted:
             req.result.prefix_hit = hit
             req.admitted = True
+        req.held = []
         if len(ctx) - 1 > hit:
             self.verifier.prefill(ctx[hit:-1], cache, hidden=self._capture)
             req.hidden = None if self._capture is None else self._capture.states
@@ -1109,6 +1119,14 @@ def _is_single_prompt(prompts: Any) -> bool:
     return len(prompts) == 0 or not all(
         isinstance(p, (Sequence, torch.Tensor)) and not isinstance(p, (str, bytes)) for p in prompts
     )
+
+
+def _draft_hidden(req: _Request) -> torch.Tensor | None:
+    """The hidden states the request's draft reads: those of every step since its last
+    draft, in order."""
+    if req.held and req.hidden is not None:
+        req.hidden, req.held = torch.cat((*req.held, req.hidden)), []
+    return req.hidden
 
 
 def _root_trees(contexts: list[list[int]]) -> list[list[DraftTree]]:

@@ -215,12 +215,13 @@ class Verifier:
         timings: dict[str, float] = {}
         t0 = self._now()
         prefix = cache.committed_len
-        tt = tree.to(self.device)
-        positions = tt.position_ids(prefix)
-        mask = tt.attention_mask(prefix)
+        # Only the arrays the forward reads (tree.to converts all seven).
+        tokens = torch.from_numpy(tree.tokens).to(self.device, torch.long)
+        positions = torch.from_numpy(tree.depths).to(self.device, torch.long) + prefix
+        mask = torch.from_numpy(tree.attention_mask(prefix)).to(self.device)
         t1 = self._now()
         timings["mask"] = t1 - t0
-        logits = self._forward(tt.tokens, positions, cache, mask, hidden)
+        logits = self._forward(tokens, positions, cache, mask, hidden)
         t2 = self._now()
         timings["forward"] = t2 - t1
         try:

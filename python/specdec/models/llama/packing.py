@@ -14,6 +14,7 @@ they go with the weights.
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -46,6 +47,19 @@ def _version(t: Tensor) -> int:
         return int(t._version)
     except RuntimeError:  # an inference-mode tensor: no version counter (it never changes)
         return -1
+
+
+_get_version = operator.attrgetter("_version")
+
+
+def _versions(ts: Sequence[Tensor]) -> list[int]:
+    """:func:`_version` of each of ``ts``, in one C-level pass where none is an
+    inference-mode tensor: a step checks about 120 weights, and the Python loop over them
+    was a tenth of a step's host work."""
+    try:
+        return list(map(_get_version, ts))
+    except RuntimeError:
+        return [_version(t) for t in ts]
 
 
 def _cat_bias(ws: Sequence[Tensor], bs: Sequence[Tensor | None]) -> Tensor | None:

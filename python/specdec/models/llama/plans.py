@@ -34,6 +34,7 @@ from .packing import (
     _pack,
     _packed,
     _version,
+    _versions,
     _watch_registrations,
     linears,
     registrations,
@@ -239,7 +240,7 @@ class LinearPlans(nn.Module):
             return None
         if torch.is_grad_enabled():
             return None
-        if [_version(t) for t in qz.held] != qz.versions:
+        if _versions(qz.held) != qz.versions:
             self.quantized = None  # a weight changed in place: the blocks no longer match
             return None
         if qz.registrations != registrations():  # something was (re)assigned somewhere
@@ -296,7 +297,7 @@ class LinearPlans(nn.Module):
                     a is b for a, b in zip(norms, f.norms, strict=True)
                 ):
                     f.registrations = registrations()
-            if f.registrations == registrations() and [_version(t) for t in f.norms] == f.versions:
+            if f.registrations == registrations() and _versions(f.norms) == f.versions:
                 return f.stack
         self._fused = None
         norms = self._norm_weights()
