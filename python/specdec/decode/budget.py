@@ -562,13 +562,16 @@ class AdaptiveBudget:
             return "full"
         plain = self._plain_seconds(rows)
         # Only a draft that costs something is worth leaving out: a cheap one (a suffix
-        # index) keeps running and the budget verifies its trees only when they pay.
+        # index) keeps running and the budget verifies its trees only when they pay. Its
+        # cost is its cheapest recent draft: a request's first also indexes its prompt,
+        # which once made a suffix index look dear enough to leave out, and a combined
+        # drafter then ran plain steps through text its index would have copied.
         floor = self.skip_share * plain
-        draft = statistics.median(r[2] for r in full)
+        draft = min(r[2] for r in full)
         names = ["full"]
         if lite and draft > floor:
             names.append("lite")
-        lite_draft = statistics.median(r[2] for r in runs["lite"]) if runs["lite"] else 0.0
+        lite_draft = min(r[2] for r in runs["lite"]) if runs["lite"] else 0.0
         if (lite_draft if lite else draft) > floor:
             names.append("plain")
         rates: dict[str, float] = {}
