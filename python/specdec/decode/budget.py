@@ -261,7 +261,8 @@ class AdaptiveBudget:
     # the block drafter's trees on SmolLM2 (1.56 tokens a step on code, its draft 0.4x a
     # plain step) were worth verifying at nearly every step while drafting them ran at
     # 0.74x of plain decoding. An arm leaves out only a draft that costs more than
-    # ``skip_share`` of a plain step: a suffix index (0.1 ms) keeps running, since its
+    # ``skip_share`` of a plain step: a suffix index (0.1-0.3 ms with the step's other
+    # drafting work, cold) keeps running, since its
     # matches come in bursts that a skipped draft misses (left out after its first steps
     # found nothing, a suffix drafter ran at 0.85x of plain decoding on code at t=1,
     # against 1.30x drafting every step). The full arm runs until it has ``arm_min``
@@ -275,7 +276,7 @@ class AdaptiveBudget:
     arm_window: int = 12
     arm_min: int = 2
     arm_probe_after: int = 16
-    skip_share: float = 0.02
+    skip_share: float = 0.05
     # The drafter's and the host's seconds per drafted step: medians of the last 16 (a
     # request's first step also indexes its prompt or computes the drafter's context K/V,
     # 10-50x a step's draft).
@@ -662,6 +663,12 @@ class AdaptiveBudget:
             paid = not others or committed / seconds >= max(others)
             after = self.arm_probe_after
             self.arm_probe_after = max(16, after // 2) if paid else min(2 * after, 1024)
+            if paid:
+                # The text changed (a request that repeats after one that did not): judge
+                # the drafting arms afresh, from this probe on, instead of waiting for
+                # probes to outvote a window of old steps one at a time.
+                runs.clear()
+                self._arm_runs["lite"].clear()
         self._since_full = 0 if arm == "full" else self._since_full + 1
         runs.append((committed, seconds, draft, host))
         del runs[: -self.arm_window]
