@@ -277,11 +277,9 @@ class AdaptiveBudget:
     arm_min: int = 2
     arm_probe_after: int = 16
     skip_share: float = 0.05
-    # The drafter's and the host's seconds per drafted step: medians of the last 16 (a
-    # request's first step also indexes its prompt or computes the drafter's context K/V,
-    # 10-50x a step's draft).
-    draft_seconds: float = 0.0
-    _drafts: list[float] = field(default_factory=list)
+    # The host's seconds per drafted step: the median of the last 16 (a request's first
+    # step also indexes its prompt or computes the drafter's context K/V, 10-50x a step's
+    # draft).
     _hosts: list[float] = field(default_factory=list)
     # Per arm, its last steps: (tokens committed, seconds, draft seconds, host seconds).
     _arm_runs: dict[str, list[tuple[int, float, float, float]]] = field(
@@ -644,10 +642,9 @@ class AdaptiveBudget:
         if forward is not None and self.cost_weight < math.inf:
             self._learn_forward(sum(t.num_nodes for t in trees) if fed is None else fed, forward)
         if drafted:
-            self._hosts, self._drafts = [*self._hosts[-15:], host], [*self._drafts[-15:], draft]
+            self._hosts = [*self._hosts[-15:], host]
             # statistics, not numpy: 16 floats, and numpy's median took 40 us a step.
             self.host_seconds = statistics.median(self._hosts)
-            self.draft_seconds = statistics.median(self._drafts)
 
     def _observe_arm(
         self, arm: str, committed: int, seconds: float, draft: float, host: float
