@@ -114,7 +114,11 @@ class Reference:
         if not scored(tree) or not pv:
             return pv
         f = self.band_factors(band(len(pv)) + 1, prior, w, opt, source)
-        return [min(v * f[band(r + 1)], 1.0) for r, v in enumerate(pv)]
+        out: list[float] = []
+        for r, v in enumerate(pv):  # at most its parent's value (and 1)
+            par = int(tree.parents[r + 1])
+            out.append(min(v * f[band(r + 1)], 1.0 if par == 0 else out[par - 1]))
+        return out
 
     def observe(
         self,

@@ -204,6 +204,28 @@ def test_checkpoint_round_trip(target, kind, tmp_path) -> None:  # type: ignore[
     assert json.loads((tmp_path / "ck" / "config.json").read_text())["note"] == "test"
 
 
+@pytest.mark.parametrize("kind", ["block", "medusa"])
+def test_loading_warms_the_drafter_up(kind, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Its packed linears are made at load, not in a request's first draft, and the
+    warm-up leaves no request state behind (float32 on the CPU: where linears are packed)."""
+    from specdec.models.llama import packing
+
+    if not packing._PACK_OK:
+        pytest.skip("this torch build has no oneDNN packed linears")
+    t32 = LlamaModel(CFG).float().init_random(3)
+    (block(t32) if kind == "block" else medusa(t32)).save(tmp_path / "ck")
+    cls: Any = BlockDrafter if kind == "block" else MedusaDrafter
+    back = cls.load(tmp_path / "ck", t32)
+    ctx = [1, 2, 3, 4]
+    layers, final = (back.hidden_layers, False) if kind == "block" else ((), True)
+    h = causal_hidden(t32, ctx[:-1], HiddenCapture(layers, final=final))
+    made = len(packing._packed)  # the drafter's and (by now) the target's
+    back.draft([DraftRequest(ctx, h)], 3)
+    assert len(packing._packed) == made  # nothing new to pack
+    if kind == "block":
+        assert cls.load(tmp_path / "ck", t32).num_requests == 0
+
+
 def test_bad_checkpoints_name_the_mismatch(target, tmp_path) -> None:  # type: ignore[no-untyped-def]
     block(target).save(tmp_path / "b")
     medusa(target).save(tmp_path / "m")

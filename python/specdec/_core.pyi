@@ -200,6 +200,17 @@ CALIBRATION_BIN_EDGES: list[float]
 out)."""
 
 @final
+class BudgetTally:
+    """One observed tree's nodes that its step decided: their values as the budget priced
+    them before the step (``predicted``, summed) and how many were accepted
+    (``realised``); nothing for a tree without probabilities."""
+
+    @property
+    def predicted(self) -> float: ...
+    @property
+    def realised(self) -> float: ...
+
+@final
 class BudgetGains:
     """Per size ``b`` in ``0..=most``: the requests' summed expected acceptance and the
     candidate each request takes at that size."""
@@ -259,10 +270,13 @@ class BudgetStats:
         prior_weight: float,
         band_optimism: float,
         pick: Literal["drafted", "calibrated"] = "drafted",
+        scales: Sequence[Sequence[float]] | None = None,
     ) -> BudgetGains:
         """Per request (its candidate trees) and size ``0..=most``: the candidate ranked
         highest at that size (``pick``: by the drafters' path probabilities summed, or by
-        the node values), and the requests' summed values of the picked candidates."""
+        the node values), and the requests' summed values of the picked candidates.
+        ``scales``: per request, one factor per candidate, on its node values (each at
+        most 1 after)."""
 
     def observe(
         self,
@@ -273,9 +287,9 @@ class BudgetStats:
         prior_weight: float,
         band_optimism: float,
         source: int = 0,
-    ) -> None:
+    ) -> BudgetTally:
         """Learn from a verified tree: its accepted node indices (root excluded) or their
-        count (the likeliest path's first nodes)."""
+        count (the likeliest path's first nodes). Returns its nodes' tally."""
 
     def observe_path(
         self,
@@ -286,11 +300,12 @@ class BudgetStats:
         prior_weight: float,
         band_optimism: float,
         source: int = 0,
-    ) -> None:
+    ) -> BudgetTally:
         """Learn from a drafted tree the step's rule decided beyond the nodes it verified:
         ``path`` is the tokens the step committed (accepted, then the bonus), the rule's
         choice at each depth of its path. A node within the path's length is accepted when
-        its tokens are the path's; one below its end counts its calibrated expectation."""
+        its tokens are the path's; one below its end counts its calibrated expectation.
+        Returns the tally of the nodes the path decides."""
 
     @property
     def predicted(self) -> npt.NDArray[np.float64]:

@@ -66,6 +66,7 @@ skipping) stays here.
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 import time
@@ -253,6 +254,15 @@ class AdaptiveBudget:
     choice_window: int = 32
     _choices: list[tuple[float, float]] = field(default_factory=list, repr=False)
     _chosen: float | None = None
+    # Per request (for callers that name them, ``rids``) and candidate source: what its
+    # candidates' decided nodes were priced at and what they realised (:meth:`learn`), over
+    # its last ``request_window`` steps; its factor (:meth:`request_factor`) scales its
+    # values. The statistics are shared by every request, and a request whose text is new
+    # to the suffix index (a question after a repeated text) drew chains the index had seen
+    # once, valued as the repeats had taught: 0.93x of plain decoding on SmolLM2's question
+    # after its copy task with the shared statistics alone.
+    request_window: int = 16
+    _req_tally: dict[int, list[list[tuple[float, float]]]] = field(default_factory=dict, repr=False)
     # Drafting arms (:meth:`arm`): ``"full"`` runs the drafter; ``"lite"`` a combined
     # drafter's suffix index alone, without its model; ``"plain"`` no draft at all. They
     # are judged by what their steps delivered, tokens committed over the steps' whole
@@ -267,12 +277,14 @@ class AdaptiveBudget:
     # found nothing, a suffix drafter ran at 0.85x of plain decoding on code at t=1,
     # against 1.30x drafting every step). The full arm runs until it has ``arm_min``
     # steps, a lite arm then as many to be measured (plain steps are estimated from the
-    # cost model until some ran); then the fastest arm runs, and while it is not the
-    # full one the full arm is probed after ``arm_probe_after`` steps (halved, to 16 at
-    # least, after a probe as fast as the best other arm; doubled after a slower one).
-    # Each full step of a drafter that does not pay costs about half a plain step, so a
-    # request of a hundred steps affords only a handful: two to judge, then probes at
-    # growing intervals.
+    # cost model until some ran); then the fastest arm runs, and each other arm is probed
+    # after ``arm_probe_after`` steps without it (its own wait: halved, to 16 at least,
+    # after a probe as fast as the best other arm; doubled after a slower one). Each full
+    # step of a drafter that does not pay costs about half a plain step, so a request of a
+    # hundred steps affords only a handful: two to judge, then probes at growing
+    # intervals. The arms that win are probed too: an arm judged during a burst of load
+    # (another process on the cores) kept its slow window while the winner ran, and a
+    # block drafter then drafted whole requests at 0.65x of plain decoding.
     arm_window: int = 12
     arm_min: int = 2
     arm_probe_after: int = 16
@@ -285,8 +297,13 @@ class AdaptiveBudget:
     _arm_runs: dict[str, list[tuple[int, float, float, float]]] = field(
         default_factory=lambda: {a: [] for a in ARMS}, repr=False
     )
-    _since_full: int = 0  # steps since the full arm last ran
-    _arm_probing: bool = False
+    # Per arm with steps in its window: its rate (:func:`_rate`), cheapest draft and median
+    # host seconds less the draft, kept as its window changes (a step reads them, each a
+    # median or a mean over the window, 30 us a step recomputed).
+    _arm_summary: dict[str, tuple[float, float, float]] = field(default_factory=dict, repr=False)
+    _since: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ARMS, 0), repr=False)
+    _probe_after: dict[str, int] = field(default_factory=dict, repr=False)  # per arm
+    _arm_probing: str | None = None  # the arm the coming step probes
     # Draft depth (:meth:`draft_depth`): two beyond the longest acceptance of the last
     # ``depth_window`` steps.
     depth_window: int = 16
@@ -301,6 +318,13 @@ class AdaptiveBudget:
     # runs at 4; suffix edit t=1 0.964 -> 0.975).
     growth: int | None = 2
     _depths: list[int] = field(default_factory=list)
+    # The same windows per request, for callers that name the step's requests (``rids``):
+    # a request's trees grow from its own acceptance, not from the request before it. A
+    # warm generator that had copied a text 14-18 tokens a step carried that bound into a
+    # question whose text was new: its first trees had 14 nodes, and its
+    # suffix drafter ran at 0.86x of plain decoding on SmolLM2 (two cores, where a
+    # 15-token forward costs 3.3 plain ones). :meth:`forget` drops a finished request's.
+    _req_depths: dict[int, list[int]] = field(default_factory=dict, repr=False)
     # The learnt statistics (in Rust, :class:`specdec._core.BudgetStats`): per (depth
     # class, bin of CALIBRATION_BINS), over tried nodes, predicted (conditional
     # probabilities summed) and accepted. Class 0: depth-1 nodes (tried every step); class
@@ -351,6 +375,15 @@ class AdaptiveBudget:
     _forwards: dict[int, list[float]] = field(default_factory=dict, repr=False)
     # Measured over modelled seconds of the last 32 forwards: the level of sizes not fed yet.
     _cost_ratios: list[float] = field(default_factory=list, repr=False)
+    # Per token count fed: its forwards' median over its modelled seconds, and how many;
+    # the learnt seconds per (rows, most), kept until the next forward is learnt (a step
+    # asks for them twice, and each ask took 20 us in the loop).
+    _fed_ratio: dict[int, tuple[float, int]] = field(default_factory=dict, repr=False)
+    _est: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
+    _modelled: dict[int, float] = field(default_factory=dict, repr=False)  # cost(fed)
+    _modelled_of: CostModel | None = field(default=None, repr=False)
+    _curve: tuple[list[int], list[float]] | None = field(default=None, repr=False)
+    _level: float | None = field(default=None, repr=False)  # median of _cost_ratios
 
     def __post_init__(self) -> None:
         self.max_budget = check_int(self.max_budget, "max_budget", 1, ConfigError)
@@ -361,6 +394,7 @@ class AdaptiveBudget:
         if self.growth is not None:
             self.growth = check_int(self.growth, "growth", 1, ConfigError)
         self.choice_window = check_int(self.choice_window, "choice_window", 1, ConfigError)
+        self.request_window = check_int(self.request_window, "request_window", 1, ConfigError)
         self.arm_window = check_int(self.arm_window, "arm_window", 2, ConfigError)
         self.arm_min = check_int(self.arm_min, "arm_min", 1, ConfigError)
         if self.arm_min > self.arm_window:
@@ -410,17 +444,45 @@ class AdaptiveBudget:
         f: np.ndarray = self.stats.band_factors(bands, source=source, **self._params)
         return f
 
-    def draft_depth(self, limit: int) -> int:
+    def _recent_depth(self, rids: Sequence[int] | None) -> int | None:
+        """The longest acceptance of the last ``depth_window`` steps (of ``rids``' own
+        steps when given); None before any such step."""
+        if rids is None:
+            return max(self._depths) if self._depths else None
+        seen = [max(d) for r in rids if (d := self._req_depths.get(r))]
+        return max(seen) if seen else None
+
+    def forget(self, rid: int) -> None:
+        """Drop request ``rid``'s own windows (it finished)."""
+        self._req_depths.pop(rid, None)
+        self._req_tally.pop(rid, None)
+
+    def request_factor(self, rid: int, source: int = 0) -> float:
+        """Request ``rid``'s factor on its candidate ``source``'s values: what those
+        candidates' decided nodes realised over what they were priced at, over its last
+        ``request_window`` steps (:meth:`learn`), with 1 worth ``prior_weight`` priced
+        tokens, in ``[0.05, 2]``."""
+        tallies = self._req_tally.get(rid)
+        if not tallies or source >= len(tallies) or not tallies[source]:
+            return 1.0
+        w = self.prior_weight
+        pred = sum(p for p, _ in tallies[source])
+        real = sum(r for _, r in tallies[source])
+        return min(max((real + w) / (pred + w), 0.05), 2.0)
+
+    def draft_depth(self, limit: int, rids: Sequence[int] | None = None) -> int:
         """How many depths a per-depth drafter should draft this step (at most ``limit``):
         such drafters pay per depth (the block drafter's LM head runs on one row per
         depth), and depths past what gets accepted only widen the choice, so two beyond the
         longest acceptance of the last ``depth_window`` steps (``limit`` before any step).
         An acceptance that reaches the cap raises it the next step; depths that stop paying
         drop out of the window. (Accepted, not verified, depth: a combined drafter's suffix
-        chains are verified deep and fail, which says nothing of the model's depths.)"""
-        if not self._depths:
+        chains are verified deep and fail, which says nothing of the model's depths.)
+        ``rids``: the step's requests, judged by their own steps (:attr:`_req_depths`)."""
+        depth = self._recent_depth(rids)
+        if depth is None:
             return limit
-        return max(1, min(limit, max(self._depths) + 2))
+        return max(1, min(limit, depth + 2))
 
     def forward_costs(self, rows: int, most: int) -> np.ndarray:
         """``[most + 1]``: the target forward's seconds for ``rows`` requests of ``b + 1``
@@ -433,7 +495,15 @@ class AdaptiveBudget:
         count would keep the model's shape, and a budget that only ever fed its big trees
         would never see that small ones are cheaper.)"""
         if self._secs_of is not self.cost:  # a new cost model: forget the old one's
-            self._secs, self._secs_of = {}, self.cost
+            self._secs, self._secs_of, self._est, self._curve = {}, self.cost, {}, None
+            self._level = None
+            self._fed_ratio = {
+                n: (statistics.median(ts) / self.cost(n), len(ts))
+                for n, ts in self._forwards.items()
+            }
+        est = self._est.get((rows, most))
+        if est is not None:
+            return est
         model = self._secs.get((rows, most))
         if model is None:
             model = self._secs[(rows, most)] = self.cost.many(rows * np.arange(1, most + 2))
@@ -441,26 +511,46 @@ class AdaptiveBudget:
             return model
         # Per token count fed: measured over modelled, shrunk towards the recent level;
         # between counts fed, interpolated; beyond them, the nearest one's.
-        w, level = self.cost_weight, statistics.median(self._cost_ratios)
-        fed = sorted(self._forwards)
-        modelled = self.cost.many(np.array(fed))
-        ratio = [
-            (w * level + len(ts) * statistics.median(ts) / m) / (w + len(ts))
-            for ts, m in zip((self._forwards[t] for t in fed), modelled, strict=True)
-        ]
-        est: np.ndarray = model * np.interp(rows * np.arange(1, most + 2), fed, ratio)
+        w, level = self.cost_weight, self._level
+        if level is None:
+            level = self._level = statistics.median(self._cost_ratios)
+        own = self._fed_ratio.get(rows) if most == 0 else None
+        if own is not None:  # a plain step's, fed before (every step asks): its own ratio
+            q, c = own
+            est = model * ((w * level + c * q) / (w + c))
+            self._est[(rows, most)] = est
+            return est
+        if self._curve is None:
+            fed = sorted(self._fed_ratio)
+            ratio = [
+                (w * level + c * q) / (w + c) for q, c in map(self._fed_ratio.__getitem__, fed)
+            ]
+            self._curve = (fed, ratio)
+        fed, ratio = self._curve
+        if most == 0:  # one point, without numpy's calls
+            i = bisect.bisect_left(fed, rows)
+            if i == 0 or i == len(fed):
+                r = ratio[min(i, len(fed) - 1)]
+            else:
+                a, b = fed[i - 1], fed[i]
+                r = ratio[i - 1] + (ratio[i] - ratio[i - 1]) * (rows - a) / (b - a)
+            est = model * r
+        else:
+            est = model * np.interp(rows * np.arange(1, most + 2), fed, ratio)
+        self._est[(rows, most)] = est
         return est
 
-    def size_bound(self) -> int:
+    def size_bound(self, rids: Sequence[int] | None = None) -> int:
         """The most drafted nodes :meth:`choose_among` can pick this step: ``max_budget``
         within the trust region (``growth``). Trees need not be drafted any bigger: a
         best-first tree's first ``b`` nodes are its ``b``-node tree, so a drafter asked for
         this many builds the same candidates for every size the budget weighs, with less
         work (top-k per depth, heap, deeper rows; block + suffix spent 0.5 ms a step more
-        drafting at 64 nodes than at 4)."""
+        drafting at 64 nodes than at 4). ``rids``: the step's requests, whose own
+        acceptance bounds their trees (a new request starts at ``growth``)."""
         if self.growth is None:
             return self.max_budget
-        return min(self.max_budget, self.growth * (1 + max(self._depths, default=0)))
+        return min(self.max_budget, self.growth * (1 + (self._recent_depth(rids) or 0)))
 
     def node_values(self, tree: DraftTree, *, sized: bool = True, source: int = 0) -> np.ndarray:
         """Each drafted node's expected contribution to the acceptance length, in node
@@ -480,7 +570,11 @@ class AdaptiveBudget:
         return self.choose_among([[t] for t in trees])
 
     def choose_among(
-        self, candidates: Sequence[Sequence[DraftTree]], *, forced: Sequence[int] | None = None
+        self,
+        candidates: Sequence[Sequence[DraftTree]],
+        *,
+        forced: Sequence[int] | None = None,
+        rids: Sequence[int] | None = None,
     ) -> BudgetChoice:
         """As :meth:`choose`, with several candidate trees per request (e.g. a model's and
         a suffix index's, :meth:`~specdec.draft.CombinedDrafter.candidates`): for each
@@ -492,7 +586,8 @@ class AdaptiveBudget:
         ``forced``: per request, nodes its tree carries before the candidate (a grammar's
         forced tokens, :mod:`specdec.draft.grammar`): each is one sure token, fed at every
         size (the rows are padded to the longest chain), and the candidate sizes stop at
-        ``max_budget`` nodes in all. ``nodes`` counts the candidate's nodes alone."""
+        ``max_budget`` nodes in all. ``nodes`` counts the candidate's nodes alone.
+        ``rids``: the requests' ids, for their own trust regions (:meth:`size_bound`)."""
         r = len(candidates)
         k = [check_int(x, "forced", 0, ConfigError) for x in forced] if forced else [0] * r
         if len(k) != r:
@@ -503,9 +598,18 @@ class AdaptiveBudget:
             self._chosen = None
             secs0 = float(self.forward_costs(r, 0)[0]) + self.host_seconds
             return BudgetChoice(0, float(r), secs0, (0,) * r)
-        most = max(min(self.size_bound(), self.max_budget - chain), 0)
+        most = max(min(self.size_bound(rids), self.max_budget - chain), 0)
         arrays = [[t._arrays for t in trees] for trees in candidates]
-        g = self.stats.choose(arrays, most, pick=self.pick, **self._params)
+        scales = None
+        if rids is not None:
+            if len(rids) != r:
+                raise ConfigError(f"rids has {len(rids)} entries for {r} requests")
+            if any(x in self._req_tally for x in rids):
+                scales = [
+                    [self.request_factor(x, j) for j in range(len(trees))]
+                    for x, trees in zip(rids, candidates, strict=True)
+                ]
+        g = self.stats.choose(arrays, most, pick=self.pick, scales=scales, **self._params)
         gains, which = g.gains * self.choice_factor + sum(k), g.picks
         secs = self.forward_costs(r, most + chain)[chain:] + self.host_seconds
         rate = (r + gains) / secs
@@ -555,9 +659,8 @@ class AdaptiveBudget:
         (the drafter), ``"lite"`` (only with ``lite``: a combined drafter's suffix index
         alone) or ``"plain"`` (no draft), by the tokens per second each delivered lately
         (see the arms' field comments). :meth:`observe` takes the step's ``arm``."""
-        runs = self._arm_runs
-        full = runs["full"]
-        if not self.probe or len(full) < self.arm_min:
+        runs, summary = self._arm_runs, self._arm_summary
+        if not self.probe or len(runs["full"]) < self.arm_min:
             return "full"
         plain = self._plain_seconds(rows)
         # Only a draft that costs something is worth leaving out: a cheap one (a suffix
@@ -566,33 +669,39 @@ class AdaptiveBudget:
         # which once made a suffix index look dear enough to leave out, and a combined
         # drafter then ran plain steps through text its index would have copied.
         floor = self.skip_share * plain
-        draft = min(r[2] for r in full)
+        draft = summary["full"][1]
         names = ["full"]
         if lite and draft > floor:
             names.append("lite")
-        lite_draft = min(r[2] for r in runs["lite"]) if runs["lite"] else 0.0
+        lite_draft = summary["lite"][1] if "lite" in summary else 0.0
         if (lite_draft if lite else draft) > floor:
             names.append("plain")
         rates: dict[str, float] = {}
         for a in names:
             if len(runs[a]) >= self.arm_min:
-                rates[a] = _rate(runs[a])
+                rates[a] = summary[a][0]
             elif a == "plain":
                 rates[a] = rows / plain
             else:
                 return a  # measure it
         best = max(names, key=rates.__getitem__)  # ties: the first, the fuller draft
-        if best != "full" and self._since_full >= self.arm_probe_after:
-            self._arm_probing = True
-            return "full"
+        for a in names:
+            if a != best and self._since[a] >= self.probe_wait(a):
+                self._arm_probing = a
+                return a
         return best
+
+    def probe_wait(self, arm: str) -> int:
+        """Steps without ``arm`` (of :data:`ARMS`) before it is probed while another arm
+        runs (see :meth:`arm`)."""
+        return self._probe_after.get(arm, self.arm_probe_after)
 
     def _plain_seconds(self, rows: int) -> float:
         """A plain step's seconds for ``rows`` requests, without a draft: the forward by
         the cost model (as learnt), the host's work of the full arm's steps less their
         draft."""
-        full = self._arm_runs["full"]
-        host = statistics.median(r[3] - r[2] for r in full) if full else 0.0
+        full = self._arm_summary.get("full")
+        host = 0.0 if full is None else full[2]
         return float(self.forward_costs(rows, 0)[0]) + max(host, 0.0)
 
     def observe(
@@ -608,6 +717,8 @@ class AdaptiveBudget:
         learn: bool = True,
         arm: str | None = None,
         committed: int | None = None,
+        rids: Sequence[int] | None = None,
+        model_verified: bool | None = None,
     ) -> None:
         """Learn from a finished step: the trees verified, what each accepted (its accepted
         node indices, root excluded, as :attr:`~specdec.tree.WalkResult.accepted`; or just
@@ -622,9 +733,15 @@ class AdaptiveBudget:
         each request's candidate trees and the tokens the step committed).
 
         ``arm`` (:meth:`arm`) and ``committed``, the tokens the step committed in all: what
-        the arm delivered, over the step's seconds (``host`` plus ``forward``)."""
+        the arm delivered, over the step's seconds (``host`` plus ``forward``).
+
+        ``rids``: the ids of the requests whose trees ``trees`` are, in order (their own
+        trust regions, :meth:`size_bound`). ``model_verified``: for a combined drafter's full
+        step, whether its model's tree was verified (False: the step took the suffix
+        index's trees, so as a probe it says nothing for the model)."""
         if arm is not None and committed is not None:
-            self._observe_arm(arm, committed, host + (forward or 0.0), draft, host)
+            seconds = host + (forward or 0.0)
+            self._observe_arm(arm, committed, seconds, draft, host, model_verified)
         counts = [int(a) if isinstance(a, int | np.integer) else len(a) for a in accepted]
         if self._chosen is not None:
             self._choices = [*self._choices, (self._chosen, float(sum(counts)))]
@@ -635,8 +752,17 @@ class AdaptiveBudget:
             paid = sum(counts) > 0
             self.probe_after = 8 if paid else min(2 * self.probe_after, 1024)
         self._depths = [*self._depths, max(counts, default=0)][-self.depth_window :]
+        if rids is not None:
+            if len(rids) != len(counts):
+                raise ConfigError(f"rids has {len(rids)} entries for {len(counts)} trees")
+            for rid, c in zip(rids, counts, strict=True):
+                d = self._req_depths.setdefault(rid, [])
+                d.append(c)
+                del d[: -self.depth_window]
         if learn:
-            for tree, acc in zip(trees, accepted, strict=True):
+            for tree, acc, c in zip(trees, accepted, counts, strict=True):
+                if tree.num_real == 1 and c == 0:
+                    continue  # a root alone (a plain step) teaches nothing
                 a = acc if isinstance(acc, int | np.integer) else np.asarray(acc, dtype=np.int64)
                 self.stats.observe(tree._arrays, a, source=0, **self._params)
         if forward is not None and self.cost_weight < math.inf:
@@ -647,30 +773,59 @@ class AdaptiveBudget:
             self.host_seconds = statistics.median(self._hosts)
 
     def _observe_arm(
-        self, arm: str, committed: int, seconds: float, draft: float, host: float
+        self,
+        arm: str,
+        committed: int,
+        seconds: float,
+        draft: float,
+        host: float,
+        model_verified: bool | None = None,
     ) -> None:
         if arm not in ARMS:
             raise ConfigError(f"arm must be one of {ARMS}, got {arm!r}")
         if committed < 1 or not 0.0 < seconds < math.inf:
             return  # nothing to learn from (a clock too coarse to time the step)
         runs = self._arm_runs[arm]
-        if arm == "full" and self._arm_probing:
-            self._arm_probing = False
-            others = [_rate(r) for a, r in self._arm_runs.items() if a != "full" and r]
+        if arm == self._arm_probing:
+            others = [_rate(r) for a, r in self._arm_runs.items() if a != arm and r]
             paid = not others or committed / seconds >= max(others)
-            after = self.arm_probe_after
-            self.arm_probe_after = max(16, after // 2) if paid else min(2 * after, 1024)
+            # A combined drafter's full step that verified only the suffix index's trees
+            # delivered the lite arm's tokens by luck of the draw (a repeat's acceptance
+            # swings 3 to 15 tokens a step), not by its model: no reason to judge afresh.
+            paid = paid and model_verified is not False
+            after = self.probe_wait(arm)
+            self._probe_after[arm] = max(16, after // 2) if paid else min(2 * after, 1024)
             if paid:
-                # The text changed (a request that repeats after one that did not): judge
-                # the drafting arms afresh, from this probe on, instead of waiting for
-                # probes to outvote a window of old steps one at a time.
+                # Its window is out of date (the text changed: a request that repeats
+                # after one that did not; or the load did): judge it afresh, from this
+                # probe on, instead of waiting for probes to outvote a window of old steps
+                # one at a time. A paid full probe judges both drafting arms afresh.
                 runs.clear()
-                self._arm_runs["lite"].clear()
-        self._since_full = 0 if arm == "full" else self._since_full + 1
+                if arm == "full":
+                    self._arm_runs["lite"].clear()
+                    self._arm_summary.pop("lite", None)
+        self._arm_probing = None
+        for a in ARMS:
+            self._since[a] = 0 if a == arm else self._since[a] + 1
         runs.append((committed, seconds, draft, host))
         del runs[: -self.arm_window]
+        self._summarize(arm)
 
-    def learn(self, candidates: Sequence[DraftTree], path: Sequence[int] | np.ndarray) -> None:
+    def _summarize(self, arm: str) -> None:
+        """Refresh ``arm``'s :attr:`_arm_summary` from its window."""
+        runs = self._arm_runs[arm]
+        if not runs:
+            self._arm_summary.pop(arm, None)
+            return
+        host = statistics.median(r[3] - r[2] for r in runs)
+        self._arm_summary[arm] = (_rate(runs), min(r[2] for r in runs), host)
+
+    def learn(
+        self,
+        candidates: Sequence[DraftTree],
+        path: Sequence[int] | np.ndarray,
+        rid: int | None = None,
+    ) -> None:
         """Learn from one request's candidate trees of a step (as :meth:`choose_among` got
         them, whole: candidate ``j`` is source ``j``), given ``path``, the tokens the step
         committed (the accepted ones, then the bonus): the walk accepts a child when its
@@ -681,16 +836,32 @@ class AdaptiveBudget:
         chose it at, and a source only where it was picked. (Waiting for later steps'
         commits to decide the deeper nodes too left the first steps on the prior for
         longer, and did worse in ``bench_budget_replay.py``: 19 of 24 cells within 5%,
-        against 24.)"""
+        against 24.) ``rid``: the request's id, for its own factors
+        (:meth:`request_factor`)."""
         if len(path) == 0:  # an empty list would read as float64: every node is guessed
             path = np.zeros(0, dtype=np.int64)
         p = np.ascontiguousarray(as_array(path, np.int64, "path", 1, False, ConfigError))
+        tallies = None
+        if rid is not None:
+            tallies = self._req_tally.setdefault(rid, [])
+            tallies.extend([] for _ in range(len(candidates) - len(tallies)))
         for j, tree in enumerate(candidates):
-            self.stats.observe_path(tree._arrays, p, source=j, **self._params)
+            if tree.num_real > 1:  # a root alone teaches nothing
+                t = self.stats.observe_path(tree._arrays, p, source=j, **self._params)
+                if tallies is not None and t.predicted > 0.0:
+                    tallies[j].append((t.predicted, t.realised))
+                    del tallies[j][: -self.request_window]
 
     def _learn_forward(self, fed: int, seconds: float) -> None:
         fed = check_int(fed, "fed", 1, ConfigError)
         if not 0.0 < seconds < math.inf:
             raise ConfigError(f"a forward's seconds must be finite and > 0, got {seconds}")
-        self._forwards[fed] = [*self._forwards.get(fed, []), seconds][-16:]
-        self._cost_ratios = [*self._cost_ratios, seconds / self.cost(fed)][-32:]
+        ts = self._forwards[fed] = [*self._forwards.get(fed, []), seconds][-16:]
+        if self._modelled_of is not self.cost:
+            self._modelled, self._modelled_of = {}, self.cost
+        modelled = self._modelled.get(fed)
+        if modelled is None:
+            modelled = self._modelled[fed] = self.cost(fed)
+        self._cost_ratios = [*self._cost_ratios, seconds / modelled][-32:]
+        self._fed_ratio[fed] = (statistics.median(ts) / modelled, len(ts))
+        self._est, self._curve, self._level = {}, None, None

@@ -81,6 +81,14 @@ Strategy = Literal["ddtree", "chain", "ar"]
 StepCallback = Callable[[list[int], KVCache, StepResult], None]
 _T = TypeVar("_T")
 
+#: The most hidden-state rows a request keeps for its drafter while drafts are left out
+#: (plain steps, or a combined drafter's suffix index alone). A block drafter's next draft
+#: turns every kept row into context K/V (0.065 ms a row for SmolLM2's on two cores), so an
+#: unbounded keep made each probe of a drafter that had stopped paying cost as much as the
+#: drafting it had stopped: the probes' waits doubled, their cost with them. Past this, its
+#: context starts again from the last rows (drafts may get worse; output never changes).
+HELD_ROWS = 64
+
 
 @dataclass(frozen=True)
 class KVUsage:
@@ -114,6 +122,7 @@ class _Request:
     # its next draft (growing one tensor per skipped step copied the whole run each step,
     # and the allocator churn slowed the next forward by a fifth on two cores).
     held: list[torch.Tensor] = field(default_factory=list)
+    held_rows: int = 0  # rows in ``held``
     seed: int | None = None  # seeded sampling keyed by position (None: the shared generator)
     rule: DecodingRule | None = None  # its own decoding rule (None: the generator's)
     in_drafter: bool = False  # the drafter holds state for it (add_request was called)
@@ -495,14 +504,18 @@ class SpeculativeGenerator:
             [t.pruned(self.max_budget - k, r.max_new - len(r.result.tokens) - 1 - k) for t in ts]
             for ts, r, k in zip(cands, reqs, forced, strict=True)
         ]
+        # Whether a drafter's model tree is verified this step (None: no such choice).
+        model_verified: bool | None = None
         if self.auto and drafting:
-            choice = self._adaptive().choose_among(cands, forced=forced)
+            choice = self._adaptive().choose_among(cands, forced=forced, rids=[r.rid for r in reqs])
             picks = list(choice.picks)
             conts = [ts[p].pruned(choice.nodes) for ts, p in zip(cands, picks, strict=True)]
             if isinstance(self.tree_drafter, CombinedDrafter):
                 for p in picks:  # its candidates: (model tree, suffix tree, grammar's)
                     if p < 2:
                         self.tree_drafter.record(p == 1)
+                if model:
+                    model_verified = choice.nodes > 0 and 0 in picks
         else:
             picks = [_best(ts) for ts in cands]
             conts = [ts[p] for ts, p in zip(cands, picks, strict=True)]
@@ -561,6 +574,7 @@ class SpeculativeGenerator:
             host = sum(timings.values()) - timings["forward"]
             fwd = timings["forward"]
             seen = [x for x in after if x is not None]
+            seen_rids = [r.rid for r, x in zip(reqs, after, strict=True) if x is not None]
             self.adaptive.observe(
                 [t for t, _ in seen],
                 [a for _, a in seen],
@@ -572,6 +586,8 @@ class SpeculativeGenerator:
                 learn=not (self.auto and drafting),  # the candidates, whole, below
                 arm=arm if self.auto else None,
                 committed=sum(len(x.tokens) for x in steps),
+                rids=seen_rids,
+                model_verified=model_verified,
             )
             if self.auto and drafting:
                 # The rule's choices along the committed path decide the candidates' nodes,
@@ -579,7 +595,7 @@ class SpeculativeGenerator:
                 for r, s, x in zip(reqs, steps, after, strict=True):
                     if x is not None:
                         nf = len(_forced(gds, r.rid))
-                        self.adaptive.learn(cand_of[r.rid], s.tokens[nf:])
+                        self.adaptive.learn(cand_of[r.rid], s.tokens[nf:], r.rid)
         for req, tree, s in zip(reqs, trees, steps, strict=True):
             outputs.append(self._advance(req, tree, s, timings))
         return outputs
@@ -717,7 +733,9 @@ class SpeculativeGenerator:
             cache.free()
         if req.own_cache:
             req.cache = None
-        req.hidden, req.held = None, []
+        req.hidden, req.held, req.held_rows = None, [], 0
+        if self.adaptive is not None:
+            self.adaptive.forget(req.rid)
         if req.in_drafter and self._lifecycle is not None:
             req.in_drafter = False
             done = req.result.finish_reason in ("stop", "length")
@@ -846,12 +864,19 @@ class SpeculativeGenerator:
     @staticmethod
     def _next_hidden(req: _Request, new: torch.Tensor | None, drafted: bool) -> torch.Tensor | None:
         """The hidden states the request's next draft reads: this step's, after those of
-        the steps since its last draft (a drafter that keeps context K/V needs every
-        committed position once)."""
+        the steps since its last draft, the last :data:`HELD_ROWS` of them (a drafter that
+        keeps context K/V needs each committed position once; one that finds a gap before
+        them starts its context again from them)."""
         if drafted or new is None or req.hidden is None:
-            req.held = []
+            req.held, req.held_rows = [], 0
             return new
         req.held.append(req.hidden)
+        req.held_rows += req.hidden.shape[0]
+        while req.held_rows - req.held[0].shape[0] >= HELD_ROWS:
+            req.held_rows -= req.held.pop(0).shape[0]
+        if req.held_rows > HELD_ROWS:
+            cut = req.held_rows - HELD_ROWS
+            req.held[0], req.held_rows = req.held[0][cut:], HELD_ROWS
         return new
 
     def _trees(
@@ -889,15 +914,18 @@ class SpeculativeGenerator:
         # A best-first tree of B drafted nodes is at most B deep: deeper marginals (their LM
         # head rows above all) would go unread; the adaptive budget cuts deeper still.
         depth, size, shape = self.max_depth, self.max_budget, self.shape
+        # The requests' own trust regions (None: a one-off draft, the generator's).
+        known = [r.rid for r in reqs if r is not None]
+        named = known if len(known) == len(reqs) else None
         if self.auto:
             # No tree bigger than the budget can pick this step (the same first nodes).
-            size = self._adaptive().size_bound()
+            size = self._adaptive().size_bound(named)
             if isinstance(shape, DDTreeShape):
                 shape = DDTreeShape(size, shape.min_prob)
         if isinstance(shape, DDTreeShape):
             depth = min(depth, shape.budget)
         if self.auto:
-            depth = self._adaptive().draft_depth(depth)
+            depth = self._adaptive().draft_depth(depth, named)
         if self.tree_drafter is not None:
             td = self.tree_drafter
             if any(prefixes) and not getattr(td, "accepts_prefix", False):
@@ -1043,7 +1071,7 @@ class SpeculativeGenerator:
         if not req.admitted:
             req.result.prefix_hit = hit
             req.admitted = True
-        req.held = []
+        req.held, req.held_rows = [], 0
         if len(ctx) - 1 > hit:
             self.verifier.prefill(ctx[hit:-1], cache, hidden=self._capture)
             req.hidden = None if self._capture is None else self._capture.states
@@ -1122,10 +1150,10 @@ def _is_single_prompt(prompts: Any) -> bool:
 
 
 def _draft_hidden(req: _Request) -> torch.Tensor | None:
-    """The hidden states the request's draft reads: those of every step since its last
-    draft, in order."""
+    """The hidden states the request's draft reads: those of the steps since its last
+    draft (up to :data:`HELD_ROWS` before this one's), in order."""
     if req.held and req.hidden is not None:
-        req.hidden, req.held = torch.cat((*req.held, req.hidden)), []
+        req.hidden, req.held, req.held_rows = torch.cat((*req.held, req.hidden)), [], 0
     return req.hidden
 
 

@@ -114,7 +114,9 @@ class MedusaDrafter(SharedHead, nn.Module):
         d.load_state_dict(state)
         d.set_draft_vocab(resolve_vocab(draft_vocab, path, cfg.vocab_size))
         d.packed_bf16 = bf16_supported() if bf16 is None else bool(bf16)
-        return d.to(target.dtype).eval()
+        d = d.to(target.dtype).eval()
+        d.warm_up()
+        return d
 
     @classmethod
     def shipped(
@@ -147,6 +149,16 @@ class MedusaDrafter(SharedHead, nn.Module):
         ws, bs = [lin.weight for lin in heads], [lin.bias for lin in heads]
         y = self._run_linears(x, ws, bs, cat=True)[0]  # [N, depth * H]
         return x[:, None] + nn.functional.silu(y.view(x.shape[0], len(heads), x.shape[1]))
+
+    def warm_up(self) -> None:
+        """Drafts from a dummy hidden state at every depth, so the heads' packed copies
+        (oneDNN, made on first use, one per depth: a draft runs its first ``depth`` heads
+        as one product) are made now, at load, not in a request's first drafts (15 ms on
+        SmolLM2 with two cores)."""
+        w = self._linears()[0].weight
+        hidden = torch.zeros(1, self.config.target_hidden_size, device=w.device, dtype=w.dtype)
+        for depth in range(1, self.config.num_heads + 1):
+            self.draft([DraftRequest([0], hidden)], depth)
 
     @torch.no_grad()
     def draft(self, requests: Sequence[DraftRequest], depth: int) -> torch.Tensor:

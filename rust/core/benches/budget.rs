@@ -38,7 +38,7 @@ fn bench_budget(c: &mut Criterion) {
     }
     let cands = vec![trees.iter().map(view).collect::<Vec<_>>()];
     c.bench_function("budget_choose_2x64_nodes", |bench| {
-        bench.iter(|| black_box(stats.choose(&p, &cands, 64, Pick::Drafted).unwrap()))
+        bench.iter(|| black_box(stats.choose(&p, &cands, 64, Pick::Drafted, None).unwrap()))
     });
     c.bench_function("budget_observe_64_nodes", |bench| {
         bench.iter(|| {

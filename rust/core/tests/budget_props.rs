@@ -4,8 +4,8 @@
 
 use proptest::prelude::*;
 use specdec_core::decode::{
-    rank_band, Accepted, BudgetError, BudgetParams, BudgetStats, Pick, TreeView, BINS, BIN_EDGES,
-    BIN_MID,
+    rank_band, Accepted, BudgetError, BudgetParams, BudgetStats, Pick, Tally, TreeView, BINS,
+    BIN_EDGES, BIN_MID,
 };
 
 /// A tree: parents before children, depths derived, each node's conditional probability
@@ -135,12 +135,17 @@ proptest! {
         most in 0usize..50,
         steps in proptest::collection::vec((tree(), 0usize..6), 0..6),
         calibrated in any::<bool>(),
+        scaled in proptest::option::of(proptest::collection::vec(0.0f64..3.0, 12)),
     ) {
         let stats = learnt(&p, &steps);
         let views: Vec<Vec<TreeView<'_>>> =
             reqs.iter().map(|ts| ts.iter().map(|(t, s)| t.view(*s)).collect()).collect();
         let pick = if calibrated { Pick::Calibrated } else { Pick::Drafted };
-        let choice = stats.choose(&p, &views, most, pick).unwrap();
+        // Per request and candidate, a factor on its values (None: 1).
+        let scales: Option<Vec<Vec<f64>>> = scaled.as_ref().map(|f| {
+            reqs.iter().enumerate().map(|(r, ts)| (0..ts.len()).map(|j| f[3 * r + j]).collect()).collect()
+        });
+        let choice = stats.choose(&p, &views, most, pick, scales.as_deref()).unwrap();
         let mut values = Vec::new();
         for b in 0..=most {
             let mut total = 0.0;
@@ -151,7 +156,8 @@ proptest! {
                     // Candidate j is valued with source j's size calibration.
                     let cal = stats.calibration(&p);
                     stats.node_values(&p, t, j, &cal, &mut values).unwrap();
-                    let value: f64 = values.iter().take(b).sum();
+                    let f = scales.as_ref().map_or(1.0, |s| s[r][j]);
+                    let value: f64 = values.iter().take(b).map(|v| (v * f).min(1.0)).sum();
                     let rank = match t.logprobs {
                         Some(lp) if !calibrated => lp.iter().skip(1).take(b).map(|l| l.exp()).sum(),
                         _ => value,
@@ -349,6 +355,59 @@ proptest! {
         prop_assert!((dq - tried_q).abs() <= 1e-9 * tried_q.max(1.0));
         prop_assert!((dh - tried_hits).abs() <= 1e-9);
     }
+
+    #[test]
+    fn a_tally_is_the_decided_nodes_priced_values_and_their_hits(
+        t in tree(), p in params(), picks in proptest::collection::vec(0i64..3, 0..6),
+        steps in proptest::collection::vec((tree(), 0usize..6), 0..4), source in 0usize..2
+    ) {
+        // Brute force: the node values the budget priced before the step, summed over the
+        // nodes the path decides (within its length, or with an ancestor there that it
+        // rejected), against how many of those it accepted.
+        let tokens = sibling_tokens(&t);
+        let before = learnt(&p, &steps);
+        let mut values = Vec::new();
+        before.node_values(&p, &t.view(true), source, &before.calibration(&p), &mut values).unwrap();
+        let hit = on_path(&t, &tokens, &picks);
+        let within = |i: usize| t.depths[i] as usize <= picks.len();
+        let (mut want_p, mut want_r) = (0.0f64, 0.0f64);
+        for i in 1..t.parents.len() {
+            let mut a = i;
+            let mut rejected_above = false;
+            while a != 0 {
+                a = t.parents[a] as usize;
+                rejected_above |= a != 0 && within(a) && !hit[a];
+            }
+            if within(i) || rejected_above {
+                want_p += values[i - 1];
+                want_r += f64::from(u8::from(within(i) && hit[i]));
+            }
+        }
+        let mut after = before.clone();
+        let got = after
+            .observe(&p, &t.view(true), source, Accepted::Path { tokens: &tokens, path: &picks })
+            .unwrap();
+        prop_assert!((got.predicted - want_p).abs() <= 1e-9 * want_p.max(1.0));
+        prop_assert_eq!(got.realised, want_r);
+        // Every node decided (a path as deep as the tree): the same as by accepted nodes.
+        let max_d = t.depths.iter().copied().max().unwrap_or(0) as usize;
+        let full: Vec<i64> = (0..=max_d).map(|d| picks.get(d).copied().unwrap_or(0)).collect();
+        let hit = on_path(&t, &tokens, &full);
+        let nodes: Vec<i64> = (1..t.parents.len()).filter(|&i| hit[i]).map(|i| i as i64).collect();
+        let by_path = before.clone()
+            .observe(&p, &t.view(true), source, Accepted::Path { tokens: &tokens, path: &full })
+            .unwrap();
+        let by_nodes = before.clone()
+            .observe(&p, &t.view(true), source, Accepted::Nodes(&nodes))
+            .unwrap();
+        prop_assert!((by_path.predicted - by_nodes.predicted).abs() <= 1e-9 * by_path.predicted.max(1.0));
+        prop_assert_eq!(by_path.realised, by_nodes.realised);
+        // An unscored tree has no values to price.
+        let none = before.clone()
+            .observe(&p, &t.view(false), source, Accepted::Path { tokens: &tokens, path: &picks })
+            .unwrap();
+        prop_assert_eq!(none, Tally::default());
+    }
 }
 
 #[test]
@@ -419,7 +478,7 @@ fn bad_trees_and_accepted_nodes_are_errors() {
         .unwrap_err();
     assert_eq!(err, BudgetError::Parent { node: 2, parent: 3 });
     let err = s
-        .choose(&p, &[vec![t.view(true)]], 4, Pick::Drafted)
+        .choose(&p, &[vec![t.view(true)]], 4, Pick::Drafted, None)
         .unwrap_err();
     assert_eq!(err, BudgetError::Parent { node: 2, parent: 3 });
     let mut v = Vec::new();

@@ -112,6 +112,25 @@ pub struct BudgetGains {
     picks: Py<PyArray2<i64>>,
 }
 
+/// One observed tree's decided nodes: their priced values summed and how many were accepted
+/// (see the core's `Tally`).
+#[pyclass(frozen, module = "specdec._core", name = "BudgetTally")]
+pub struct BudgetTally {
+    #[pyo3(get)]
+    predicted: f64,
+    #[pyo3(get)]
+    realised: f64,
+}
+
+impl From<specdec_core::decode::Tally> for BudgetTally {
+    fn from(t: specdec_core::decode::Tally) -> Self {
+        BudgetTally {
+            predicted: t.predicted,
+            realised: t.realised,
+        }
+    }
+}
+
 /// What the adaptive budget has learnt from verified steps (see `specdec.decode.budget`).
 /// The shrinkage settings come with each call.
 ///
@@ -193,8 +212,11 @@ impl BudgetStats {
 
     /// Per request (a list of its candidate trees) and size `0..=most`: the candidate
     /// ranked highest at that size (`pick`: "drafted", by the drafters' path probabilities,
-    /// or "calibrated", by the node values), and the requests' summed values.
-    #[pyo3(signature = (candidates, most, *, prior, prior_weight, band_optimism, pick = "drafted"))]
+    /// or "calibrated", by the node values), and the requests' summed values (`scales`: per
+    /// request, one factor per candidate on its values).
+    #[pyo3(signature = (
+        candidates, most, *, prior, prior_weight, band_optimism, pick = "drafted", scales = None
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn choose(
         &self,
@@ -205,6 +227,7 @@ impl BudgetStats {
         prior_weight: f64,
         band_optimism: f64,
         pick: &str,
+        scales: Option<Vec<Vec<f64>>>,
     ) -> PyResult<BudgetGains> {
         let p = params(prior, prior_weight, band_optimism)?;
         let pick = match pick {
@@ -236,7 +259,7 @@ impl BudgetStats {
             .collect();
         let c = self
             .0
-            .with(py, |s| s.choose(&p, &reqs, most, pick))
+            .with(py, |s| s.choose(&p, &reqs, most, pick, scales.as_deref()))
             .or_raise()?;
         let picks = c.picks.into_iter().map(|x| x as i64).collect();
         Ok(BudgetGains {
@@ -259,7 +282,7 @@ impl BudgetStats {
         prior_weight: f64,
         band_optimism: f64,
         source: usize,
-    ) -> PyResult<()> {
+    ) -> PyResult<BudgetTally> {
         let p = params(prior, prior_weight, band_optimism)?;
         let nodes = accepted.extract::<PyReadonlyArray1<'_, i64>>().ok();
         let nodes = nodes.as_ref().map(as_slice);
@@ -272,6 +295,7 @@ impl BudgetStats {
                 .with(py, |s| s.observe(&p, view, source, acc))
                 .or_raise()
         })
+        .map(BudgetTally::from)
     }
 
     /// Learn from a drafted tree the step's rule decided beyond the nodes it verified:
@@ -289,7 +313,7 @@ impl BudgetStats {
         prior_weight: f64,
         band_optimism: f64,
         source: usize,
-    ) -> PyResult<()> {
+    ) -> PyResult<BudgetTally> {
         let p = params(prior, prior_weight, band_optimism)?;
         let tokens = read(tree.tokens(py))?;
         let (tokens, path) = (as_slice(&tokens), as_slice(&path));
@@ -302,6 +326,7 @@ impl BudgetStats {
                 .with(py, |s| s.observe(&p, view, source, acc))
                 .or_raise()
         })
+        .map(BudgetTally::from)
     }
 
     /// `[2, bins]` predicted (conditional probabilities summed) of tried nodes.
@@ -355,5 +380,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CALIBRATION_BIN_EDGES", BIN_EDGES.to_vec())?;
     m.add_class::<BudgetStats>()?;
     m.add_class::<BudgetGains>()?;
+    m.add_class::<BudgetTally>()?;
     Ok(())
 }

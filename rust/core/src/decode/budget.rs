@@ -191,6 +191,18 @@ pub struct Choice {
     pub picks: Vec<usize>,
 }
 
+/// What one observed tree's decided nodes were worth as the budget priced them (their
+/// values with the size calibration, [`BudgetStats::node_values`] as before the
+/// observation) and what they realised (1 accepted, 0 not). A path decides the nodes
+/// within its length and those below a rejected one; the rest are left out. A caller sums
+/// these per request to see how far one request's text departs from what the statistics
+/// say.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tally {
+    pub predicted: f64,
+    pub realised: f64,
+}
+
 /// The size calibration's sums for one source's trees (a request's candidate position: for
 /// a combined drafter 0 the model's tree, 1 the suffix index's). Per source: the sources'
 /// trees err differently by rank (suffix chains over-confident throughout, a model's
@@ -360,7 +372,8 @@ impl BudgetStats {
     }
 
     /// [`Self::path_values`] times the size calibration (each node's rank band factor),
-    /// at most 1 (a scored tree; an unscored one's values are its depth rates).
+    /// at most its parent's and 1 (a scored tree; an unscored one's values are its depth
+    /// rates).
     pub fn node_values(
         &self,
         p: &BudgetParams,
@@ -387,23 +400,45 @@ impl BudgetStats {
             return;
         }
         let factors = self.band_factors(p, source, rank_band(out.len()) + 1);
-        for (r, v) in out.iter_mut().enumerate() {
-            *v = (*v * factors[rank_band(r + 1)]).min(1.0);
+        for r in 0..out.len() {
+            // At most its parent's: a node is accepted only after its parent (band factors
+            // above 1, learnt on repeats whose deep tokens all held, had priced a new
+            // text's 6-node chain at 4.4 tokens where its first node was worth 0.5).
+            let par = tree.parent(r + 1);
+            let cap = if par == 0 { 1.0 } else { out[par - 1] };
+            out[r] = (out[r] * factors[rank_band(r + 1)]).min(cap);
         }
     }
 
     /// Per request (`candidates[r]`: its candidate trees) and size `b` in `0..=most`: the
     /// candidate `pick` ranks highest on its first `b` nodes (the first of ties), and the
-    /// requests' summed values of the picked candidates.
+    /// requests' summed values of the picked candidates. `scales[r][j]`, when given, scales
+    /// the values of request `r`'s candidate `j` (each at most 1 after): what one request's
+    /// own steps say of its sources, beside the statistics all requests share.
     pub fn choose(
         &self,
         p: &BudgetParams,
         candidates: &[Vec<TreeView<'_>>],
         most: usize,
         pick: Pick,
+        scales: Option<&[Vec<f64>]>,
     ) -> Result<Choice, BudgetError> {
         for tree in candidates.iter().flatten() {
             tree.check()?;
+        }
+        if let Some(sc) = scales {
+            let shape_ok = sc.len() == candidates.len()
+                && sc.iter().zip(candidates).all(|(s, c)| s.len() == c.len());
+            if !shape_ok {
+                return Err(BudgetError::Shape(
+                    "scales must hold one value per candidate tree of each request".into(),
+                ));
+            }
+            if let Some(bad) = sc.iter().flatten().find(|x| !(x.is_finite() && **x >= 0.0)) {
+                return Err(BudgetError::Shape(format!(
+                    "scales must be finite and >= 0, got {bad}"
+                )));
+            }
         }
         let cal = self.calibration(p);
         let mut gains = vec![0.0; most + 1];
@@ -416,6 +451,10 @@ impl BudgetStats {
             best_rank.fill(f64::NEG_INFINITY);
             for (j, tree) in trees.iter().enumerate() {
                 self.node_values_checked(p, tree, j, &cal, &mut values);
+                if let Some(sc) = scales {
+                    let f = sc[r][j];
+                    values.iter_mut().for_each(|v| *v = (*v * f).min(1.0));
+                }
                 let drafted = tree.logprobs.filter(|_| pick == Pick::Drafted);
                 let (mut cum, mut rank) = (0.0, 0.0);
                 for b in 0..=most {
@@ -451,7 +490,7 @@ impl BudgetStats {
         tree: &TreeView<'_>,
         source: usize,
         accepted: Accepted<'_>,
-    ) -> Result<(), BudgetError> {
+    ) -> Result<Tally, BudgetError> {
         tree.check()?;
         let n = tree.num_real;
         let count = match accepted {
@@ -472,16 +511,19 @@ impl BudgetStats {
                         tokens.len()
                     )));
                 }
-                self.observe_path(p, tree, source, tokens, path);
-                return Ok(());
+                return Ok(self.observe_path(p, tree, source, tokens, path));
             }
         };
         if n <= 1 {
-            return Ok(());
+            return Ok(Tally::default());
         }
+        let mut tally = Tally::default();
         if let Some(lp) = tree.logprobs {
+            let cal = self.calibration(p);
             let mut values = Vec::with_capacity(n - 1);
-            self.path_values_checked(tree, &self.calibration(p), &mut values);
+            self.path_values_checked(tree, &cal, &mut values);
+            let mut sized = Vec::with_capacity(n - 1);
+            self.node_values_checked(p, tree, source, &cal, &mut sized);
             let mut hit = vec![false; n];
             hit[0] = true;
             match accepted {
@@ -515,12 +557,14 @@ impl BudgetStats {
                 }
                 d.band_predicted[rank_band(i)] += values[i - 1];
                 d.band_realised[rank_band(i)] += got;
+                tally.predicted += sized[i - 1];
+                tally.realised += got;
             }
             self.add(source, &bins, &d);
         }
         let max_d = tree.depths[1..n].iter().copied().max().unwrap_or(0).max(0) as usize;
         self.count_depths(max_d, count);
-        Ok(())
+        Ok(tally)
     }
 
     /// [`Self::observe`] of [`Accepted::Path`] (`tokens` checked to cover the tree).
@@ -531,10 +575,11 @@ impl BudgetStats {
         source: usize,
         tokens: &[i64],
         path: &[i64],
-    ) {
+    ) -> Tally {
         let n = tree.num_real;
+        let mut tally = Tally::default();
         if n <= 1 {
-            return;
+            return tally;
         }
         let depth = |i: usize| tree.depths[i] as usize; // >= 1 for a drafted node (checked)
         let known = |i: usize| depth(i) <= path.len();
@@ -543,13 +588,18 @@ impl BudgetStats {
         // acceptance given the last decided ancestor (calibrated conditionals multiplied).
         let mut hit = vec![0.0f64; n];
         hit[0] = 1.0;
+        // Per node: whether the path decides it (within its length, or below a rejected
+        // ancestor: then it is rejected too).
+        let mut decided = vec![true; n];
         // Per depth the path decides: whether the tree reached it and the path held there.
         let (mut deepest, mut max_d) = (0usize, 0usize);
         let scored = tree.logprobs.map(|lp| {
             let cal = self.calibration(p);
             let mut values = Vec::with_capacity(n - 1);
             self.path_values_checked(tree, &cal, &mut values);
-            (lp, cal, values)
+            let mut sized = Vec::with_capacity(n - 1);
+            self.node_values_checked(p, tree, source, &cal, &mut sized);
+            (lp, cal, values, sized)
         });
         let mut bins = [[[0.0; BINS]; 2]; 2];
         let mut delta = SourceStats::zeros(rank_band(n - 1) + 1);
@@ -564,27 +614,33 @@ impl BudgetStats {
                     if hit[i] == 1.0 {
                         deepest = deepest.max(depth(i));
                     }
-                    if let Some((lp, _, _)) = &scored {
+                    if let Some((lp, _, _, _)) = &scored {
                         let q = conditional(lp, i, par).exp();
                         bins[0][class][bin_of(q)] += q;
                         bins[1][class][bin_of(q)] += hit[i];
                     }
                 }
-            } else if let Some((lp, cal, _)) = &scored {
+            } else if let Some((lp, cal, _, _)) = &scored {
                 // Below the path's end: what the calibration expects given its parent.
                 let cond = conditional(lp, i, par);
                 let log_r = cal[class][bin_of(cond.exp())].ln().min(-cond);
                 hit[i] = hit[par] * (cond + log_r).exp();
             }
-            if let Some((_, _, values)) = &scored {
+            if let Some((_, _, values, sized)) = &scored {
                 delta.band_predicted[rank_band(i)] += values[i - 1];
                 delta.band_realised[rank_band(i)] += hit[i];
+                decided[i] = known(i) || (decided[par] && hit[par] == 0.0);
+                if decided[i] {
+                    tally.predicted += sized[i - 1];
+                    tally.realised += hit[i];
+                }
             }
         }
         if scored.is_some() {
             self.add(source, &bins, &delta);
         }
         self.count_depths(max_d, deepest);
+        tally
     }
 
     /// One tree's per-depth counts: depths `1..=drafted` tried, `1..=reached` reached.

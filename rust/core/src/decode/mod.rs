@@ -5,6 +5,6 @@
 pub mod budget;
 
 pub use budget::{
-    rank_band, Accepted, BudgetError, BudgetParams, BudgetStats, Choice, Pick, TreeView, BINS,
-    BIN_EDGES, BIN_MID,
+    rank_band, Accepted, BudgetError, BudgetParams, BudgetStats, Choice, Pick, Tally, TreeView,
+    BINS, BIN_EDGES, BIN_MID,
 };
