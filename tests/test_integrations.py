@@ -442,3 +442,28 @@ def test_chains_cut_where_calibrated_acceptance_falls() -> None:
         chains.learn("a", [period[0] + 1])
     assert chains.draft("a", ctx, 5, 8, threshold=0.5) == []
     assert len(chains.draft("a", ctx, 5, 8, threshold=0.0)) == 8  # no threshold, no cut
+
+
+def test_chains_follow_each_requests_own_evidence() -> None:
+    """Two requests share the calibration; one's chains keep failing, the other's hold.
+    The failing one's chains are cut shorter than the holding one's at the same threshold,
+    and a finished request's evidence goes with it."""
+    rng = random.Random(8)
+    good, bad = rng.sample(range(1000), 6), rng.sample(range(1000, 2000), 6)
+    chains = SuffixChains(max_tokens=8, min_prob=0.1)
+    for _ in range(6):
+        chains.draft("good", good * 4, 6, 8, threshold=0.3)
+        chains.learn("good", good[:6] + [good[0]])  # all six drafted tokens held
+        chains.draft("bad", bad * 4, 6, 8, threshold=0.3)
+        chains.learn("bad", [bad[0] + 1])  # the first drafted token failed
+    rid_good, rid_bad = chains._requests["good"].rid, chains._requests["bad"].rid
+    assert (
+        chains.calibration.request_factor(rid_bad)
+        < 0.5
+        < chains.calibration.request_factor(rid_good)
+    )
+    got_good = chains.draft("good", good * 4, 6, 8, threshold=0.3)
+    got_bad = chains.draft("bad", bad * 4, 6, 8, threshold=0.3)
+    assert len(got_bad) < len(got_good)
+    chains.finish("bad")
+    assert chains.calibration.request_factor(rid_bad) == 1.0

@@ -109,8 +109,11 @@ class SuffixChains:
     So each chain token is also valued by its calibrated acceptance (an
     :class:`~specdec.decode.AdaptiveBudget`'s node values: the path probability with each
     step's conditional probability scaled by how often tokens of that probability were
-    accepted so far, learnt from every chain's outcome, :meth:`learn`), and
-    :meth:`draft` cuts the chain where that falls below its ``threshold``."""
+    accepted so far, learnt from every chain's outcome, :meth:`learn`), scaled by what the
+    request's own chains realised against those values
+    (:meth:`~specdec.decode.AdaptiveBudget.request_factor`: a question among repeated texts
+    keeps its chains short while the repeats keep theirs long), and :meth:`draft` cuts the
+    chain where that falls below its ``threshold``."""
 
     def __init__(
         self,
@@ -187,6 +190,7 @@ class SuffixChains:
         if threshold <= 0.0:
             return chain
         values = self.calibration.node_values(req.last, sized=False)
+        values = values * self.calibration.request_factor(req.rid)
         keep = 0
         while keep < len(chain) and values[keep] >= threshold:
             keep += 1
@@ -199,7 +203,7 @@ class SuffixChains:
         req = self._requests.get(key)
         if req is None or req.last is None or not committed:
             return
-        self.calibration.learn([req.last], [int(t) for t in committed])
+        self.calibration.learn([req.last], [int(t) for t in committed], req.rid)
         req.last = None
 
     def finish(self, key: Any) -> None:
@@ -207,12 +211,14 @@ class SuffixChains:
         req = self._requests.pop(key, None)
         if req is not None:
             self.drafter.remove_request(req.rid, req.context[req.prompt_len :])
+            self.calibration.forget(req.rid)
 
     def drop(self, key: Any) -> None:
         """Forget request ``key`` without keeping its output."""
         req = self._requests.pop(key, None)
         if req is not None:
             self.drafter.remove_request(req.rid, None)
+            self.calibration.forget(req.rid)
 
     def retain(self, alive: Container[Any]) -> None:
         """Finish every tracked request that is not in ``alive``."""
