@@ -549,7 +549,10 @@ def table(spec_rows: list[dict[str, Any]], grammar_rows: list[dict[str, Any]]) -
                 cells[c] = {
                     "tok_s": sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs),
                     "acc": sum(r["accepted"] for r in rs) / drafted if drafted else None,
-                    "same": all(r["same_as_plain"] for r in rs),
+                    # None: plain decoding was not run, nothing to compare with.
+                    "same": None
+                    if any("same_as_plain" not in r for r in rs)
+                    else all(r["same_as_plain"] for r in rs),
                 }
             shown = [
                 f"{cells[c]['tok_s']:.1f}"
@@ -557,7 +560,8 @@ def table(spec_rows: list[dict[str, Any]], grammar_rows: list[dict[str, Any]]) -
                 for c in configs
             ]
             shown += [f"{cells['suffix']['tok_s'] / cells[c]['tok_s']:.2f}x" for c in ngrams]
-            same = "yes" if all(v["same"] for v in cells.values()) else "NO"
+            known = [v["same"] for v in cells.values() if v["same"] is not None]
+            same = "-" if not known else "yes" if all(known) else "NO"
             name = "**mix**" if kind == "mix" else kind
             lines.append(f"| {batch} | {name} | {' | '.join(shown)} | {same} |")
     for r in spec_rows:
