@@ -9,6 +9,7 @@ import itertools
 import math
 import random
 import statistics
+from typing import Any
 
 import numpy as np
 import pytest
@@ -455,17 +456,38 @@ def test_adaptive_budget_runs_the_arm_that_delivers() -> None:
         AdaptiveBudget(cost, 4, arm_min=20, arm_window=12)
 
 
-def test_skipped_drafts_keep_a_block_drafters_context_whole() -> None:
-    """While the adaptive budget skips the drafter, the hidden states of the plain steps
-    are kept and handed over at the next draft: the block drafter's context K/V covers
-    every committed position once, and the output is the target's greedy one."""
+def _auto_block() -> tuple[LlamaModel, Any, SpeculativeGenerator]:
+    """A tiny target, an untrained block drafter for it, and an adaptive-budget generator
+    over both (trees nearly free: the arms alone decide what runs)."""
     from specdec.draft import BlockDrafter
 
     t = LlamaModel(CFG).init_random(5)
     drafter = BlockDrafter.for_target(t, block_size=4, seed=2)
-    prompt = [5, 9, 2, 7, 7, 1]
     gen = SpeculativeGenerator(t, drafter, max_depth=4, budget="auto", max_budget=8,
                                cost_model=CostModel([1, 9], [1.0, 1.01]))  # fmt: skip
+    return t, drafter, gen
+
+
+def _states_at_removal(drafter: Any) -> list[Any]:
+    """The block drafter's per-request states as their requests end (the generator then
+    frees them), in order."""
+    states: list[Any] = []
+    remove = drafter.remove_request
+
+    def removing(rid: int, out: Any = None) -> None:
+        states.append(drafter._by_id[rid])
+        remove(rid, out)
+
+    drafter.remove_request = removing
+    return states
+
+
+def test_skipped_drafts_keep_a_block_drafters_context_whole() -> None:
+    """While the adaptive budget skips the drafter, the hidden states of the plain steps
+    are kept and handed over at the next draft: the block drafter's context K/V covers
+    every committed position once, and the output is the target's greedy one."""
+    t, drafter, gen = _auto_block()
+    prompt = [5, 9, 2, 7, 7, 1]
     ab = gen._adaptive()
     # Plain steps delivered more than drafted ones lately: skip the drafter until a probe.
     ab._arm_runs["full"] = [(1, 1.0, 0.5, 0.6)] * ab.arm_min
@@ -474,13 +496,7 @@ def test_skipped_drafts_keep_a_block_drafters_context_whole() -> None:
     skips = []
     arm = ab.arm
     ab.arm = lambda *a, **k: (x := arm(*a, **k), skips.append(x == "plain"))[0]  # type: ignore[method-assign]
-    states = []
-    remove = drafter.remove_request
-    # The state as the request ends (the generator then frees it).
-    drafter.remove_request = lambda rid, out=None: (  # type: ignore[method-assign]
-        states.append(drafter._by_id[rid]),
-        remove(rid, out),
-    )[1]
+    states = _states_at_removal(drafter)
     got = gen.generate(prompt, max_new_tokens=30)
     # plain steps without a draft, then a probe drafted
     assert sum(skips) >= 7 and not all(skips)
@@ -496,14 +512,10 @@ def test_skipped_drafts_keep_at_most_held_rows(monkeypatch: pytest.MonkeyPatch) 
     draft starts its context again from the rows kept (positions up to its root, no gap
     inside), and the output is still the target's greedy one."""
     from specdec.decode import speculative
-    from specdec.draft import BlockDrafter
 
     monkeypatch.setattr(speculative, "HELD_ROWS", 5)
-    t = LlamaModel(CFG).init_random(5)
-    drafter = BlockDrafter.for_target(t, block_size=4, seed=2)
+    t, drafter, gen = _auto_block()
     prompt = [5, 9, 2, 7, 7, 1]
-    gen = SpeculativeGenerator(t, drafter, max_depth=4, budget="auto", max_budget=8,
-                               cost_model=CostModel([1, 9], [1.0, 1.01]))  # fmt: skip
     ab = gen._adaptive()
     arms = iter(["full"] + ["plain"] * 12 + ["full"] * 40)
     ab.arm = lambda *a, **k: next(arms)  # type: ignore[method-assign]
@@ -513,12 +525,7 @@ def test_skipped_drafts_keep_at_most_held_rows(monkeypatch: pytest.MonkeyPatch) 
         seen.append(0 if rs[0].hidden_states is None else rs[0].hidden_states.shape[0]),
         draft(rs, d),
     )[1]
-    states = []
-    remove = drafter.remove_request
-    drafter.remove_request = lambda rid, out=None: (  # type: ignore[method-assign]
-        states.append(drafter._by_id[rid]),
-        remove(rid, out),
-    )[1]
+    states = _states_at_removal(drafter)
     got = gen.generate(prompt, max_new_tokens=30)
     assert got.tokens == reference(t, prompt, 30)
     # The draft after 12 plain steps read 5 kept rows and this step's own.
@@ -546,12 +553,7 @@ def test_a_combined_drafters_lite_steps_keep_its_model_whole() -> None:
     drafts = []
     draft = block.draft
     block.draft = lambda rs, d: (drafts.append(1), draft(rs, d))[1]  # type: ignore[method-assign]
-    states = []
-    remove = block.remove_request
-    block.remove_request = lambda rid, out=None: (  # type: ignore[method-assign]
-        states.append(block._by_id[rid]),
-        remove(rid, out),
-    )[1]
+    states = _states_at_removal(block)
     got = gen.generate(prompt, max_new_tokens=30)
     assert got.tokens == reference(t, prompt, 30)
     assert all(lite for _, lite in seen)  # a combined drafter has a lite arm
