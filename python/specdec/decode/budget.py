@@ -49,9 +49,12 @@ two CPU cores several times as much. So the choice is measured, not assumed:
   expect to accept most on its first that many nodes (their own surrogate), valued as
   above (:attr:`AdaptiveBudget.pick`).
 * A trust region bounds ``b`` by ``growth`` x (1 + the longest acceptance of the last
-  steps): trees grow as fast as acceptance shows they pay, not as fast as an unlearnt
-  calibration claims. Drafters are asked for trees of that bound (:meth:`size_bound`),
-  not ``max_budget``: the same first nodes, less drafting.
+  steps, each request's own when the caller names them): trees grow as fast as acceptance
+  shows they pay, not as fast as an unlearnt calibration claims. A named request's values
+  are also scaled by what its own candidates realised against them
+  (:meth:`AdaptiveBudget.request_factor`), and a node is never worth more than its parent.
+  Drafters are asked for trees of that bound (:meth:`size_bound`), not ``max_budget``: the
+  same first nodes, less drafting.
 * The drafter's own cost is charged by what steps deliver: a drafter that costs something
   runs only while its steps commit more tokens per second than steps without it (plain
   steps, or a combined drafter's suffix index alone), and is probed now and then while
@@ -587,7 +590,8 @@ class AdaptiveBudget:
         forced tokens, :mod:`specdec.draft.grammar`): each is one sure token, fed at every
         size (the rows are padded to the longest chain), and the candidate sizes stop at
         ``max_budget`` nodes in all. ``nodes`` counts the candidate's nodes alone.
-        ``rids``: the requests' ids, for their own trust regions (:meth:`size_bound`)."""
+        ``rids``: the requests' ids, for their own trust regions (:meth:`size_bound`) and
+        factors on their candidates' values (:meth:`request_factor`)."""
         r = len(candidates)
         k = [check_int(x, "forced", 0, ConfigError) for x in forced] if forced else [0] * r
         if len(k) != r:
