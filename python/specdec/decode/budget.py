@@ -384,7 +384,6 @@ class AdaptiveBudget:
     _fed_ratio: dict[int, tuple[float, int]] = field(default_factory=dict, repr=False)
     _est: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
     _modelled: dict[int, float] = field(default_factory=dict, repr=False)  # cost(fed)
-    _modelled_of: CostModel | None = field(default=None, repr=False)
     _curve: tuple[list[int], list[float]] | None = field(default=None, repr=False)
     _level: float | None = field(default=None, repr=False)  # median of _cost_ratios
 
@@ -497,13 +496,7 @@ class AdaptiveBudget:
         interpolated ratio, counts beyond them the nearest one's. (One ratio for every
         count would keep the model's shape, and a budget that only ever fed its big trees
         would never see that small ones are cheaper.)"""
-        if self._secs_of is not self.cost:  # a new cost model: forget the old one's
-            self._secs, self._secs_of, self._est, self._curve = {}, self.cost, {}, None
-            self._level = None
-            self._fed_ratio = {
-                n: (statistics.median(ts) / self.cost(n), len(ts))
-                for n, ts in self._forwards.items()
-            }
+        self._sync_cost()
         est = self._est.get((rows, most))
         if est is not None:
             return est
@@ -856,13 +849,22 @@ class AdaptiveBudget:
                     tallies[j].append((t.predicted, t.realised))
                     del tallies[j][: -self.request_window]
 
+    def _sync_cost(self) -> None:
+        """Forget what was derived from an earlier cost model (``cost`` was replaced)."""
+        if self._secs_of is not self.cost:
+            self._secs, self._secs_of, self._modelled = {}, self.cost, {}
+            self._est, self._curve, self._level = {}, None, None
+            self._fed_ratio = {
+                n: (statistics.median(ts) / self.cost(n), len(ts))
+                for n, ts in self._forwards.items()
+            }
+
     def _learn_forward(self, fed: int, seconds: float) -> None:
         fed = check_int(fed, "fed", 1, ConfigError)
         if not 0.0 < seconds < math.inf:
             raise ConfigError(f"a forward's seconds must be finite and > 0, got {seconds}")
+        self._sync_cost()
         ts = self._forwards[fed] = [*self._forwards.get(fed, []), seconds][-16:]
-        if self._modelled_of is not self.cost:
-            self._modelled, self._modelled_of = {}, self.cost
         modelled = self._modelled.get(fed)
         if modelled is None:
             modelled = self._modelled[fed] = self.cost(fed)

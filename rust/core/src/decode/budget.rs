@@ -396,7 +396,15 @@ impl BudgetStats {
         out: &mut Vec<f64>,
     ) {
         self.path_values_checked(tree, cal, out);
-        if tree.logprobs.is_none() || out.is_empty() {
+        if tree.logprobs.is_some() {
+            self.size_values(p, tree, source, out);
+        }
+    }
+
+    /// Path values (in node order) into node values: each times its rank band's factor, at
+    /// most its parent's and 1.
+    fn size_values(&self, p: &BudgetParams, tree: &TreeView<'_>, source: usize, out: &mut [f64]) {
+        if out.is_empty() {
             return;
         }
         let factors = self.band_factors(p, source, rank_band(out.len()) + 1);
@@ -522,8 +530,8 @@ impl BudgetStats {
             let cal = self.calibration(p);
             let mut values = Vec::with_capacity(n - 1);
             self.path_values_checked(tree, &cal, &mut values);
-            let mut sized = Vec::with_capacity(n - 1);
-            self.node_values_checked(p, tree, source, &cal, &mut sized);
+            let mut sized = values.clone();
+            self.size_values(p, tree, source, &mut sized);
             let mut hit = vec![false; n];
             hit[0] = true;
             match accepted {
@@ -597,8 +605,8 @@ impl BudgetStats {
             let cal = self.calibration(p);
             let mut values = Vec::with_capacity(n - 1);
             self.path_values_checked(tree, &cal, &mut values);
-            let mut sized = Vec::with_capacity(n - 1);
-            self.node_values_checked(p, tree, source, &cal, &mut sized);
+            let mut sized = values.clone();
+            self.size_values(p, tree, source, &mut sized);
             (lp, cal, values, sized)
         });
         let mut bins = [[[0.0; BINS]; 2]; 2];
