@@ -16,8 +16,9 @@ generator verifies it (``Verifier.step``: the tree's mask and positions, ``Llama
 forward on its real path, greedy rule, walk, commit; the cache is cut back to the prefix
 after each). Its time splits into:
 
-* matmul, attention, other kernels (norms, RoPE, K/V writes, SwiGLU, residual adds): on the
-  fused step (``n <= quant_max_rows``), the stack's own clock (``LlamaStack.profiling``);
+* matmul, attention, other kernels (norms, RoPE, K/V writes, residual adds; SwiGLU on the
+  torch path, inside the gate/up product on the fused one): on the fused step (``n <=
+  quant_max_rows``), the stack's own clock (``LlamaStack.profiling``);
   on the torch path, ``torch.profiler``'s self CPU time per op, by name (``mm``, ``addmm``,
   ``linear``, ``matmul``, ``bmm``, mkldnn's packed linear and the quant op -> matmul;
   ``scaled_dot_product``, ``flash``, ``flex`` -> attention; any other op -> other kernels);

@@ -26,9 +26,10 @@ from specdec.errors import ConfigError, KVCacheError, SpecdecError, VerifyError
 from specdec.models import LlamaConfig, LlamaModel, load_gguf, smollm2
 from specdec.models.llama import model as llama_mod  # the module whose steps call run_step
 from specdec.models.quant import kernel_available
-from specdec.protocols import HiddenCapture, KVCache
+from specdec.protocols import ArgmaxCapture, HiddenCapture, KVCache
 from specdec.testing import OracleDrafter, reference_tree_mask
 from specdec.testing import write_gguf as write_tiny
+from specdec.verify import Greedy
 
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="no AVX-512 on this CPU")
 
@@ -207,6 +208,76 @@ def test_tree_step_on_dense_and_paged_caches(
             torch.tensor([tree_tokens[j] for j in path]), torch.arange(p, p + len(path)), cache
         )
         close(alone[-1], got[i])
+
+
+def test_the_stacks_argmax_is_the_argmax_of_its_logits(lm: Any, prompt: list[int]) -> None:
+    """``argmax=`` on the fused step: each logits row's argmax, exactly (one tree step, a
+    batch); a stale value is replaced; the torch path leaves ``None``."""
+    m: LlamaModel = lm.model
+    p, tree_tokens = len(prompt), [prompt[-1], 11, 263, 314, 42, 7, 1000, 5]
+    mask = reference_tree_mask(PARENTS, p)
+    pos = torch.tensor([p + d for d in depths(PARENTS)])
+    cache = m.new_cache(p + 16)
+    prefilled(m, prompt, cache)
+    top = ArgmaxCapture(tokens=torch.zeros(8, dtype=torch.int64))
+    logits = m(torch.tensor(tree_tokens), pos, cache, mask, argmax=top)
+    cache.rollback()
+    assert top.tokens is not None and torch.equal(top.tokens, logits.argmax(-1))
+    assert len(set(top.tokens.tolist())) > 1  # rows of their own
+    lens = [7, p, 12]
+    parents = PARENTS[:5]
+    ids = torch.tensor([[prompt[n - 1], 11, 263, 314, 42] for n in lens])
+    bpos = torch.tensor([[n + d for d in depths(parents)] for n in lens])
+    caches: list[Any] = []
+    for n in lens:
+        caches.append(m.new_cache(64))
+        prefilled(m, prompt[:n], caches[-1])
+    batch = ArgmaxCapture()
+    out = m.forward_batch(ids, bpos, caches, batch_mask(lens, parents), argmax=batch)
+    assert batch.tokens is not None and batch.tokens.shape == (3, 5)
+    assert torch.equal(batch.tokens, out.argmax(-1))
+    m.fused_step = False
+    try:
+        m(torch.tensor(tree_tokens), pos, cache, mask, argmax=top)
+        cache.rollback()
+    finally:
+        m.fused_step = True
+    assert top.tokens is None
+
+
+def test_greedy_steps_read_the_stacks_argmax(
+    lm: Any, monkeypatch: pytest.MonkeyPatch, fused_calls: list[int]
+) -> None:
+    """Plain greedy steps (autoregressive and speculative) take the fused step's argmax and
+    never scan the logits; a rule of another type, or a constraint, takes the rule's path;
+    the tokens are the same."""
+    m: LlamaModel = lm.model
+    ids = lm.encode_chat([{"role": "user", "content": "List three fruits."}])
+    chose: list[int] = []
+    real = Greedy.choose
+
+    def spy(self: Greedy, logits: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
+        chose.append(logits.shape[0])
+        return real(self, logits, *a, **k)
+
+    monkeypatch.setattr(Greedy, "choose", spy)
+
+    class SameGreedy(Greedy):
+        """Greedy by another type: the verifier cannot assume it picks the argmax."""
+
+    ar = autoregressive_generate(m, ids, max_new_tokens=16)
+    gen = SpeculativeGenerator(m, OracleDrafter(m, miss=0.3, seed=1), budget=6, max_depth=3)
+    spec = gen.generate(ids, max_new_tokens=16)
+    assert len(ids) <= m.quant_max_rows  # the prompt's step runs fused too
+    assert fused_calls and chose == []
+    chose.clear()
+    ar_rule = autoregressive_generate(m, ids, max_new_tokens=16, rule=SameGreedy())
+    gen = SpeculativeGenerator(
+        m, OracleDrafter(m, miss=0.3, seed=1), budget=6, max_depth=3, rule=SameGreedy()
+    )
+    spec_rule = gen.generate(ids, max_new_tokens=16)
+    assert len(chose) >= ar_rule.steps + spec_rule.steps
+    assert ar.tokens == ar_rule.tokens == spec.tokens == spec_rule.tokens
 
 
 def batch_mask(lens: list[int], parents: list[int]) -> torch.Tensor:
@@ -447,6 +518,7 @@ def test_bad_step_input_raises_specdec_errors(lm: Any) -> None:
         hidden=None,
     )
     stack.step(**ok)
+    table = m.model.embed_tokens.weight.detach().numpy()
     bad: list[tuple[dict[str, Any], type[SpecdecError]]] = [
         ({"new_slots": np.array([[0, 16]])}, KVCacheError),
         ({"slots": np.array([[-1, 1]])}, KVCacheError),
@@ -460,6 +532,11 @@ def test_bad_step_input_raises_specdec_errors(lm: Any) -> None:
         ({"capture_layers": [30], "hidden": np.zeros((2, 576), dtype=np.float32)}, ConfigError),
         ({"capture_final": True}, ConfigError),
         ({"x": "nope"}, SpecdecError),
+        ({"argmax": np.zeros(3, dtype=np.int64)}, VerifyError),
+        ({"x": None}, ConfigError),
+        ({"ids": np.array([0, 1]), "embed": table}, ConfigError),  # x given too
+        ({"x": None, "ids": np.array([0, m.vocab_size]), "embed": table}, VerifyError),
+        ({"x": None, "ids": np.array([0, 1]), "embed": table[:, :64]}, VerifyError),
     ]
     k[:] = 0.0
     for change, err in bad:

@@ -45,6 +45,7 @@ from .errors import (
     VerifyError,
 )
 from .protocols import (
+    ArgmaxCapture,
     Constraint,
     Drafter,
     DraftRequest,
@@ -103,6 +104,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "__version__",
     "allocate_token_bitmask",
+    "ArgmaxCapture",
     "apply_token_bitmask",
     "apply_token_bitmask_inplace",
     "autoregressive_generate",

@@ -753,7 +753,7 @@ class LlamaStack:
     def reset_profile(self) -> None: ...
     def step(
         self,
-        x: npt.NDArray[np.float32],
+        x: npt.NDArray[np.float32] | None,
         positions: npt.NDArray[np.int64],
         kv: Sequence[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], bool]],
         buffers: npt.NDArray[np.int64],
@@ -767,6 +767,9 @@ class LlamaStack:
         hidden: npt.NDArray[np.float32] | None,
         *,
         numeric: Literal["exact", "int8"] = "exact",
+        argmax: npt.NDArray[np.int64] | None = None,
+        ids: npt.NDArray[np.int64] | None = None,
+        embed: npt.NDArray[np.float32] | None = None,
     ) -> None:
         """One step of ``R`` rows of ``T`` new tokens: ``x`` ``[R * T, hidden]`` (their
         embeddings), ``positions`` ``[R * T]``. ``kv``: the step's K/V buffers, each
@@ -779,14 +782,20 @@ class LlamaStack:
         vocab]``, each row's last token) and, where ``capture_layers`` / ``capture_final``
         ask, ``hidden`` ``[R * T, width]``. Bad sizes and positions raise
         ``VerifyError``, slots or buffers out of range ``KVCacheError``; nothing is written
-        then. ``numeric``: how the products round, as in :meth:`QuantMatrix.matmul`."""
+        then. ``numeric``: how the products round, as in :meth:`QuantMatrix.matmul`.
+        ``argmax``: C-contiguous int64, one per logits row: where each row's largest logit
+        first occurs (NaN counting as the largest, as ``torch.argmax``), scanned on every
+        core after the head. ``x`` None: the stack gathers the rows itself, ``ids`` ``[R *
+        T]`` from ``embed``, a C-contiguous ``[vocab, hidden]`` table (an id outside it
+        raises ``VerifyError``)."""
 
 @final
 class StepProfile:
     """Where a :class:`LlamaStack`'s profiled steps spent their time, in nanoseconds:
-    ``wall_ns`` of the ``calls``, split into ``matmul_ns`` (every linear layer and the head),
-    ``attention_ns`` and ``other_ns`` (input checks, buffers, norms, RoPE, K/V writes,
-    SwiGLU, residual adds, hidden-state copies); the phases sum to at most ``wall_ns``."""
+    ``wall_ns`` of the ``calls``, split into ``matmul_ns`` (every linear layer and the head,
+    and SwiGLU where the gate and up products are joined in place), ``attention_ns`` and
+    ``other_ns`` (input checks, buffers, norms, RoPE, K/V writes, residual adds,
+    hidden-state copies); the phases sum to at most ``wall_ns``."""
 
     @property
     def calls(self) -> int: ...

@@ -38,6 +38,7 @@ __all__ = [
     "KVCache",
     "Constraint",
     "HiddenCapture",
+    "ArgmaxCapture",
 ]
 
 
@@ -157,6 +158,20 @@ class HiddenCapture:
     def width(self, hidden_size: int) -> int:
         """Width of a row of :attr:`states` for a model of ``hidden_size``."""
         return (len(self.layers) + self.final) * hidden_size
+
+
+@dataclass
+class ArgmaxCapture:
+    """Asks one target forward (``argmax=``) for each logits row's argmax, computed as the
+    target writes the logits. After the forward, ``tokens`` holds them: ``[T]`` int64
+    (``[R, T]`` for a batch), the first maximum with NaN counting as the largest
+    (``torch.argmax``'s choice); ``None`` where this forward computed none, and the caller
+    takes the argmax of the logits itself. A greedy step reads these instead of the logits:
+    on the CPU the LM head's output lies split between the cores' caches, and one thread's
+    scan of it after the step costs as much as the step's other bookkeeping. A target that
+    supports it has ``captures_argmax = True``."""
+
+    tokens: torch.Tensor | None = None
 
 
 # -- verify ----------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ import torch
 from ..errors import VerifyError
 from .base import StepCache, check_keep
 
+_NUMPY = (torch.float32, torch.float64, torch.float16)  # dtypes with a numpy view
+
 __all__ = ["DenseKVCache"]
 
 
@@ -51,21 +53,22 @@ class DenseKVCache(StepCache):
         return self.k[layer, :, :end], self.v[layer, :, :end]
 
     def commit(self, keep: Sequence[int] | np.ndarray | torch.Tensor) -> None:
-        idx = check_keep(keep, self._pending)
+        idx = check_keep(keep, self._pending).numpy()
         m = len(idx)
         # Kept tokens already in place (a prefill, a one-token step, the root and a chain's
         # accepted head) need no copy: move only from the first one out of place.
-        first = (
-            m
-            if m == 0 or int(idx[-1]) == m - 1
-            else int((idx != torch.arange(m)).to(torch.uint8).argmax())
-        )
+        first = m if m == 0 or int(idx[-1]) == m - 1 else int(np.argmax(idx != np.arange(m)))
         if first < m:
-            src = (idx[first:] + self._len).to(self.k.device)
+            src = idx[first:] + self._len
             dst = slice(self._len + first, self._len + m)
-            # Advanced indexing gathers into a new tensor first: overlapping moves are safe.
-            self.k[:, :, dst] = self.k[:, :, src]
-            self.v[:, :, dst] = self.v[:, :, src]
+            # Advanced indexing gathers into a new array first: overlapping moves are safe.
+            # On the CPU through numpy views (a few torch ops cost several times the move).
+            for buf in (self.k, self.v):
+                if buf.device.type == "cpu" and buf.dtype in _NUMPY and not buf.requires_grad:
+                    a = buf.numpy()
+                    a[:, :, dst] = a[:, :, src]
+                else:
+                    buf[:, :, dst] = buf[:, :, torch.from_numpy(src).to(buf.device)]
         self._len += m
         self._pending = 0
 

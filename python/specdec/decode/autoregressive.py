@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..protocols import KVCache, Target
+from ..protocols import ArgmaxCapture, KVCache, Target
 from ..tree import DraftTree
 from ..verify import DecodingRule, Greedy
 from ..verify.rules.base import apply_rule
@@ -79,11 +79,19 @@ def autoregressive_generate(
     dev = torch.device(target.device)
     feed = torch.tensor(ids, dtype=torch.long, device=dev)  # first step: the whole prompt
     last = ids[-1]
+    # A plain greedy step takes the target's own argmax, where it computes one (as the
+    # verifier does): no scan of the logits after the forward.
+    top = None
+    if type(rule) is Greedy and matcher is None and getattr(target, "captures_argmax", False):
+        top = ArgmaxCapture()
     while True:
         t0 = time.perf_counter()
         start = cache.committed_len
         pos = torch.arange(start, start + feed.numel(), device=dev)
-        logits = target(feed, pos, cache, None)[-1:]
+        if top is None:
+            logits = target(feed, pos, cache, None)[-1:]
+        else:
+            logits = target(feed, pos, cache, None, argmax=top)[-1:]  # type: ignore[call-arg]
         t1 = time.perf_counter()
         if matcher is not None:  # the one-node tree of a plain step, masked as a tree step is
             empty = mask_tree_logits(logits, DraftTree([last], [-1]), matcher)
@@ -92,7 +100,10 @@ def autoregressive_generate(
         u = None
         if seed is not None:  # the token sampled here lands at position start + len(feed)
             u = torch.from_numpy(keyed_uniforms(seed, [start + feed.numel()]))
-        tok = int(apply_rule(rule, logits, generator, u)[0])
+        if top is not None and top.tokens is not None:
+            tok = int(top.tokens.numpy()[-1])
+        else:
+            tok = int(apply_rule(rule, logits, generator, u)[0])
         t3 = time.perf_counter()
         cache.commit_fed(feed)
         res.timings["prefill" if res.steps == 0 else "forward"] += t1 - t0

@@ -25,7 +25,7 @@ from ..cache.paged import PagedKVCache, PagedKVPool
 from ..protocols import HiddenCapture, KVCache
 from .quant import Numeric
 
-__all__ = ["StepKV", "batch_kv", "pool_kv", "single_kv", "run_step"]
+__all__ = ["StepKV", "StepOut", "batch_kv", "pool_kv", "single_kv", "run_step"]
 
 _KV = tuple[np.ndarray, np.ndarray, bool]
 
@@ -124,6 +124,17 @@ def batch_kv(caches: Sequence[KVCache], t_new: int, p_max: int) -> StepKV | None
     return StepKV([pkv], np.zeros(r, dtype=np.int64), slots, new_slots)
 
 
+@dataclass
+class StepOut:
+    """What :func:`run_step` wrote: ``logits`` ``[R * T, vocab]`` (``last``: ``[R, vocab]``),
+    the captured hidden states ``[R * T, width]`` (None without a capture) and each logits
+    row's argmax (None unless asked for)."""
+
+    logits: Tensor
+    states: Tensor | None
+    argmax: Tensor | None
+
+
 def run_step(
     stack: LlamaStack,
     embed: Tensor,
@@ -136,12 +147,18 @@ def run_step(
     hidden: HiddenCapture | None,
     vocab: int,
     numeric: Numeric = "exact",
-) -> tuple[Tensor, Tensor | None]:
-    """The step through ``stack``: logits ``[R * T, vocab]`` (``last``: ``[R, vocab]``) and
-    the captured hidden states ``[R * T, width]`` (None without a capture). ``mask``:
-    ``[R, T, S]`` bool, or None (causal)."""
+    argmax: bool = False,
+) -> StepOut:
+    """The step through ``stack`` (see :class:`StepOut`). ``mask``: ``[R, T, S]`` bool, or
+    None (causal); ``argmax``: the rows' argmax too, scanned on both cores."""
     r, t = kv.new_slots.shape
-    x = embed.index_select(0, ids.reshape(-1).long())
+    width = embed.shape[1]
+    table = embed.detach()
+    flat_ids = ids.reshape(-1)
+    # The stack gathers the rows itself (a torch gather costs more than the copy it makes);
+    # a strided table (never a loaded model's) is gathered here instead.
+    x = None if table.is_contiguous() else table.index_select(0, flat_ids.long())
+    token_ids = (flat_ids if flat_ids.dtype == torch.int64 else flat_ids.long()).numpy()
     p = pos.reshape(-1)
     positions = (p if p.dtype == torch.int64 else p.long()).numpy()
     logits = torch.empty(r if last else r * t, vocab, dtype=torch.float32)
@@ -150,10 +167,11 @@ def run_step(
     states = None
     if hidden is not None and hidden.active:
         layers, final = tuple(int(i) for i in hidden.layers), bool(hidden.final)
-        states = torch.empty(r * t, (len(layers) + final) * x.shape[1], dtype=torch.float32)
+        states = torch.empty(r * t, (len(layers) + final) * width, dtype=torch.float32)
+    top = torch.empty(logits.shape[0], dtype=torch.int64) if argmax else None
     with _STEP_LOCK:
         stack.step(
-            x.numpy(),
+            None if x is None else x.numpy(),
             positions,
             kv.kv,
             kv.buffers,
@@ -166,5 +184,8 @@ def run_step(
             final,
             None if states is None else states.numpy(),
             numeric=numeric,
+            argmax=None if top is None else top.numpy(),
+            ids=None if x is not None else token_ids,
+            embed=None if x is not None else table.numpy(),
         )
-    return logits, states
+    return StepOut(logits, states, top)

@@ -28,7 +28,7 @@ import torch
 
 from .._arrays import check_int, token_tensor
 from ..errors import NoAllowedTokens, SpecdecTypeError, VerifyError
-from ..protocols import Constraint, HiddenCapture, KVCache, Target
+from ..protocols import ArgmaxCapture, Constraint, HiddenCapture, KVCache, Target
 from ..tree import DraftTree, WalkResult, batch_tree_inputs, walk, walk_batch
 from .rules import DecodingRule, Greedy
 from .rules.base import apply_rule
@@ -170,13 +170,27 @@ class Verifier:
         cache: KVCache,
         mask: torch.Tensor | None,
         hidden: HiddenCapture | None,
+        argmax: ArgmaxCapture | None = None,
     ) -> torch.Tensor:
-        if hidden is None:
+        if hidden is None and argmax is None:
             return self.target(ids, pos, cache, mask)
-        if not getattr(self.target, "captures_hidden", False):
-            raise VerifyError(f"{type(self.target).__name__} keeps no hidden states")
-        out: torch.Tensor = self.target(ids, pos, cache, mask, hidden=hidden)  # type: ignore[call-arg]
+        kw: dict[str, object] = {}
+        if hidden is not None:
+            if not getattr(self.target, "captures_hidden", False):
+                raise VerifyError(f"{type(self.target).__name__} keeps no hidden states")
+            kw["hidden"] = hidden
+        if argmax is not None:
+            kw["argmax"] = argmax
+        out: torch.Tensor = self.target(ids, pos, cache, mask, **kw)
         return out
+
+    def _argmax_capture(self, rule: DecodingRule) -> ArgmaxCapture | None:
+        """A capture for the target's own argmax where ``rule`` is plain :class:`Greedy`
+        (not a subclass: it could choose otherwise) and the target computes one; the caller
+        leaves it out where a constraint masks the logits first."""
+        if type(rule) is Greedy and getattr(self.target, "captures_argmax", False):
+            return ArgmaxCapture()
+        return None
 
     def step(
         self,
@@ -219,9 +233,11 @@ class Verifier:
         tokens = torch.from_numpy(tree.tokens).to(self.device, torch.long)
         positions = torch.from_numpy(tree.depths).to(self.device, torch.long) + prefix
         mask = torch.from_numpy(tree.attention_mask(prefix)).to(self.device)
+        step_rule = _rule(rule, self.rule)
+        top = None if constraint is not None else self._argmax_capture(step_rule)
         t1 = self._now()
         timings["mask"] = t1 - t0
-        logits = self._forward(tokens, positions, cache, mask, hidden)
+        logits = self._forward(tokens, positions, cache, mask, hidden, top)
         t2 = self._now()
         timings["forward"] = t2 - t1
         try:
@@ -229,8 +245,11 @@ class Verifier:
             empty = None if constraint is None else mask_tree_logits(logits, tree, constraint)
             chosen = np.zeros(tree.num_nodes, dtype=np.int64)
             u = None if seed is None else _node_uniforms([tree], [prefix], [seed])[0, :n_real]
-            picked = apply_rule(_rule(rule, self.rule), logits[:n_real], self.generator, u)
-            chosen[:n_real] = picked.cpu().numpy()
+            if top is not None and top.tokens is not None:
+                chosen[:n_real] = top.tokens.numpy()[:n_real]
+            else:
+                picked = apply_rule(step_rule, logits[:n_real], self.generator, u)
+                chosen[:n_real] = picked.cpu().numpy()
             t3 = self._now()
             timings["rule"] = t3 - t2
             w = walk(tree, chosen)
@@ -252,15 +271,22 @@ class Verifier:
         logits: torch.Tensor,
         uniforms: torch.Tensor | None,
         rules: Sequence[DecodingRule | None] | None,
+        top: np.ndarray | None = None,
+        masked: Sequence[bool] = (),
     ) -> np.ndarray:
         """Every node's chosen token ``[R, T]``: one rule call per distinct rule, over the
-        rows of the sequences that follow it (their uniforms with them)."""
+        rows of the sequences that follow it (their uniforms with them). ``top``: the
+        target's argmax ``[R, T]``, taken as is for plain :class:`Greedy` rows whose logits
+        no constraint masked (``masked[i]``)."""
         r, n, v = logits.shape
+        out = np.empty((r, n), dtype=np.int64)
         groups: dict[int, tuple[DecodingRule, list[int]]] = {}
         for i in range(r):
             rule = _rule(None if rules is None else rules[i], self.rule)
+            if top is not None and type(rule) is Greedy and not (masked and masked[i]):
+                out[i] = top[i]
+                continue
             groups.setdefault(id(rule), (rule, []))[1].append(i)
-        out = np.empty((r, n), dtype=np.int64)
         for rule, rows in groups.values():
             if len(rows) == r:
                 lg, u = logits.reshape(r * n, v), uniforms
@@ -322,12 +348,21 @@ class Verifier:
         t0 = self._now()
         prefix = [c.committed_len for c in caches]
         batch = batch_tree_inputs(trees, prefix, device=self.device)
+        top = None
+        if any(
+            type(_rule(None if rules is None else rules[i], self.rule)) is Greedy
+            and (constraints is None or constraints[i] is None)
+            for i in range(len(trees))
+        ):
+            top = self._argmax_capture(Greedy())
         t1 = self._now()
         timings["mask"] = t1 - t0
-        if hidden is None:
-            logits = fb(batch.tokens, batch.positions, caches, batch.mask)
-        else:
-            logits = fb(batch.tokens, batch.positions, caches, batch.mask, hidden=hidden)
+        kw: dict[str, object] = {}
+        if hidden is not None:
+            kw["hidden"] = hidden
+        if top is not None:
+            kw["argmax"] = top
+        logits = fb(batch.tokens, batch.positions, caches, batch.mask, **kw)
         t2 = self._now()
         timings["forward"] = t2 - t1
         try:
@@ -339,7 +374,13 @@ class Verifier:
             u = None
             if seeds is not None and any(sd is not None for sd in seeds):
                 u = _node_uniforms(trees, prefix, seeds, n, self.generator).reshape(-1)
-            chosen_np = self._choose_rows(logits, u, rules)
+            chosen_np = self._choose_rows(
+                logits,
+                u,
+                rules,
+                None if top is None or top.tokens is None else top.tokens.numpy(),
+                [m is not None for m in constraints or ()],
+            )
             t3 = self._now()
             timings["rule"] = t3 - t2
             walks = walk_batch(trees, chosen_np)

@@ -3,7 +3,7 @@
 //! kernel (the fast kernel must agree with it bit for bit).
 
 use proptest::prelude::*;
-use specdec_core::linear::{BlockFormat, LinearError, QuantMatrix, BLOCK};
+use specdec_core::linear::{BlockFormat, LinearError, Numeric, QuantMatrix, BLOCK};
 
 /// Random GGUF bytes for a `rows x cols` matrix whose f16 scales are finite and modest.
 fn raw_matrix(format: BlockFormat, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
@@ -301,4 +301,98 @@ fn int8_layout_does_not_change_equality() {
     a.matmul_int8(&[0.25; 64], 1, &mut out).unwrap();
     assert!(a.nbytes() > b.nbytes());
     assert_eq!(a, b);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// The joined product of a `[A | B]` matrix is the two halves' products, as the plain
+    /// product gives them, joined by the combine function: bit for bit, in both modes,
+    /// over 1-40 rows (several row groups) and halves of 1-5 tiles.
+    #[test]
+    fn a_pair_product_joins_the_plain_products(
+        format in formats(),
+        tiles in 1usize..6,
+        blocks in 1usize..4,
+        m in 1usize..40,
+        seed in any::<u64>(),
+        int8 in any::<bool>(),
+    ) {
+        let (half, cols) = (16 * tiles, 32 * blocks);
+        let q = QuantMatrix::from_gguf(format, 2 * half, cols, &raw_matrix(format, 2 * half, cols, seed)).unwrap();
+        prop_assert!(q.pairs());
+        let x = rows_of(seed, m, cols);
+        let numeric = if int8 { Numeric::Int8 } else { Numeric::Exact };
+        let mut plain = vec![0f32; m * 2 * half];
+        q.matmul_in(numeric, &x, m, &mut plain).unwrap();
+        let join = |a: &[f32], b: &[f32], o: &mut [f32]| {
+            for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
+                *o = a * 3.0 - b;
+            }
+        };
+        let mut want = vec![0f32; m * half];
+        for (row, w) in plain.chunks_exact(2 * half).zip(want.chunks_exact_mut(half)) {
+            join(&row[..half], &row[half..], w);
+        }
+        let mut got = vec![f32::NAN; m * half];
+        q.matmul_pair_in(numeric, &x, m, &mut got, &join).unwrap();
+        prop_assert_eq!(got, want);
+    }
+}
+
+#[test]
+fn a_pair_product_needs_halves_of_whole_tiles_and_sizes_that_fit() {
+    let f = BlockFormat::Q8_0;
+    let odd = QuantMatrix::from_gguf(f, 48, 32, &raw_matrix(f, 48, 32, 1)).unwrap();
+    assert!(!odd.pairs());
+    let join = |_: &[f32], _: &[f32], _: &mut [f32]| {};
+    let x = rows_of(1, 2, 32);
+    assert!(matches!(
+        odd.matmul_pair_in(Numeric::Exact, &x, 2, &mut [0.0; 48], &join),
+        Err(LinearError::Halves { rows: 48, .. })
+    ));
+    let q = QuantMatrix::from_gguf(f, 64, 32, &raw_matrix(f, 64, 32, 1)).unwrap();
+    assert!(matches!(
+        q.matmul_pair_in(Numeric::Exact, &x, 2, &mut [0.0; 128], &join),
+        Err(LinearError::OutputSize { .. })
+    ));
+    assert!(matches!(
+        q.matmul_pair_in(Numeric::Exact, &x[..40], 2, &mut [0.0; 64], &join),
+        Err(LinearError::InputWidth { .. })
+    ));
+    let mut bad = x.clone();
+    bad[3] = f32::INFINITY;
+    assert!(matches!(
+        q.matmul_pair_in(Numeric::Int8, &bad, 2, &mut [0.0; 64], &join),
+        Err(LinearError::NonFinite { row: 0, col: 3 })
+    ));
+}
+
+/// A matrix large enough to be split over the cores (chunks of pairs that do not align
+/// with the plain product's): still the plain products, joined.
+#[test]
+fn a_large_pair_product_split_over_the_cores_joins_the_plain_products() {
+    let (f, half, cols, m) = (BlockFormat::Q4_1, 1536, 576, 5);
+    let q = QuantMatrix::from_gguf(f, 2 * half, cols, &raw_matrix(f, 2 * half, cols, 9)).unwrap();
+    let x = rows_of(9, m, cols);
+    let join = |a: &[f32], b: &[f32], o: &mut [f32]| {
+        for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
+            *o = a - 2.0 * b;
+        }
+    };
+    for numeric in [Numeric::Exact, Numeric::Int8] {
+        let mut plain = vec![0f32; m * 2 * half];
+        q.matmul_in(numeric, &x, m, &mut plain).unwrap();
+        let mut got = vec![f32::NAN; m * half];
+        q.matmul_pair_in(numeric, &x, m, &mut got, &join).unwrap();
+        for (r, row) in plain.chunks_exact(2 * half).enumerate() {
+            for j in 0..half {
+                assert_eq!(
+                    got[r * half + j],
+                    row[j] - 2.0 * row[half + j],
+                    "{numeric:?} {r} {j}"
+                );
+            }
+        }
+    }
 }

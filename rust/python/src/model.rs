@@ -3,14 +3,23 @@
 //! states in place, with the GIL released.
 
 use numpy::{
-    PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyReadwriteArray2, PyReadwriteArray4,
-    PyUntypedArrayMethods,
+    PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyReadwriteArray1, PyReadwriteArray2,
+    PyReadwriteArray4, PyUntypedArrayMethods,
 };
+use std::borrow::Cow;
+
 use pyo3::prelude::*;
 use specdec_core::linear::Numeric;
 use specdec_core::model as core;
 
 use crate::arrays::as_slice;
+
+/// A step's input rows: given, or gathered from an embedding table by token id.
+enum Input<'a> {
+    Rows(Cow<'a, [f32]>),
+    Gather(Cow<'a, [i64]>, Cow<'a, [f32]>),
+}
+
 use crate::errors::{config_arg, raise, Class, OrRaise};
 use crate::linear::QuantMatrix;
 
@@ -129,11 +138,11 @@ impl LlamaStack {
 
     /// One step of `R` rows of `T` tokens (see the stub for the arguments).
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (x, positions, kv, buffers, slots, new_slots, mask, logits, last, capture_layers, capture_final, hidden, *, numeric = "exact"))]
+    #[pyo3(signature = (x, positions, kv, buffers, slots, new_slots, mask, logits, last, capture_layers, capture_final, hidden, *, numeric = "exact", argmax = None, ids = None, embed = None))]
     fn step(
         &self,
         py: Python<'_>,
-        #[pyo3(from_py_with = config_arg)] x: PyReadonlyArray2<'_, f32>,
+        #[pyo3(from_py_with = config_arg)] x: Option<PyReadonlyArray2<'_, f32>>,
         #[pyo3(from_py_with = config_arg)] positions: PyReadonlyArray1<'_, i64>,
         #[pyo3(from_py_with = config_arg)] kv: Vec<(
             PyReadwriteArray4<'_, f32>,
@@ -150,6 +159,9 @@ impl LlamaStack {
         #[pyo3(from_py_with = config_arg)] capture_final: bool,
         #[pyo3(from_py_with = config_arg)] hidden: Option<PyReadwriteArray2<'_, f32>>,
         numeric: &str,
+        #[pyo3(from_py_with = config_arg)] argmax: Option<PyReadwriteArray1<'_, i64>>,
+        #[pyo3(from_py_with = config_arg)] ids: Option<PyReadonlyArray1<'_, i64>>,
+        #[pyo3(from_py_with = config_arg)] embed: Option<PyReadonlyArray2<'_, f32>>,
     ) -> PyResult<()> {
         let Some(numeric) = Numeric::from_name(numeric) else {
             return Err(raise(
@@ -217,15 +229,47 @@ impl LlamaStack {
                 slots: n,
             });
         }
-        let (xs, pos, buf_ids) = (as_slice(&x), as_slice(&positions), as_slice(&buffers));
+        let (pos, buf_ids) = (as_slice(&positions), as_slice(&buffers));
         let (slot_list, new) = (as_slice(&slots), as_slice(&new_slots));
         let mask = mask.as_ref().map(as_slice);
-        if x.shape()[1] != d.hidden {
-            return Err(raise(
-                Class::Verify,
-                format!("x must be [R * T, {}], got {:?}", d.hidden, x.shape()),
-            ));
-        }
+        let input = match (&x, &ids, &embed) {
+            (Some(x), None, None) => {
+                if x.shape()[1] != d.hidden {
+                    return Err(raise(
+                        Class::Verify,
+                        format!("x must be [R * T, {}], got {:?}", d.hidden, x.shape()),
+                    ));
+                }
+                Input::Rows(as_slice(x))
+            }
+            (None, Some(ids), Some(table)) => {
+                let (vocab, width) = (table.shape()[0], table.shape()[1]);
+                if width != d.hidden || !table.is_c_contiguous() {
+                    return Err(raise(
+                        Class::Verify,
+                        format!(
+                            "embed must be a C-contiguous [vocab, {}] table, got {:?}",
+                            d.hidden,
+                            table.shape()
+                        ),
+                    ));
+                }
+                let ids = as_slice(ids);
+                if let Some(bad) = ids.iter().find(|&&t| t < 0 || t as usize >= vocab) {
+                    return Err(raise(
+                        Class::Verify,
+                        format!("token id {bad} is outside the embedding's {vocab} rows"),
+                    ));
+                }
+                Input::Gather(ids, as_slice(table))
+            }
+            _ => {
+                return Err(raise(
+                    Class::Config,
+                    "a step takes either x, or ids with embed".to_string(),
+                ))
+            }
+        };
         let contiguous = |c: bool, name: &str| {
             if c {
                 Ok(())
@@ -257,6 +301,27 @@ impl LlamaStack {
                 "a capture needs a hidden output array".to_string(),
             ));
         }
+        let mut argmax = argmax;
+        let argmax_out = match &mut argmax {
+            Some(a) => {
+                let heads_out = if last { rows } else { rows * tokens };
+                if a.shape() != [heads_out] {
+                    return Err(raise(
+                        Class::Verify,
+                        format!(
+                            "argmax must be [{heads_out}] (one per logits row), got {:?}",
+                            a.shape()
+                        ),
+                    ));
+                }
+                contiguous(a.is_c_contiguous(), "argmax")?;
+                Some(
+                    a.as_slice_mut()
+                        .map_err(|e| raise(Class::Config, e.to_string()))?,
+                )
+            }
+            None => None,
+        };
         let stack = &self.0;
         py.detach(|| {
             let step_rows = core::StepRows {
@@ -274,7 +339,24 @@ impl LlamaStack {
                 last_norm: capture_final,
                 out,
             });
-            stack.step_in(numeric, &xs, &step_rows, &mut bufs, last, logits, capture)
+            let gathered: Vec<f32>;
+            let xs: &[f32] = match &input {
+                Input::Rows(x) => x,
+                Input::Gather(ids, table) => {
+                    let h = d.hidden;
+                    gathered = ids
+                        .iter()
+                        .flat_map(|&t| &table[t as usize * h..(t as usize + 1) * h])
+                        .copied()
+                        .collect();
+                    &gathered
+                }
+            };
+            stack.step_in(numeric, xs, &step_rows, &mut bufs, last, logits, capture)?;
+            match argmax_out {
+                Some(out) => core::row_argmax(logits, d.vocab, out),
+                None => Ok(()),
+            }
         })
         .or_raise()
     }

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from ...cache.dense import DenseKVCache
 from ...cache.paged import PagedDecodeStep, PagedKVCache, PagedKVPool
 from ...errors import ConfigError, SpecdecTypeError, VerifyError
-from ...protocols import HiddenCapture, KVCache
+from ...protocols import ArgmaxCapture, HiddenCapture, KVCache
 from ...verify.attention import Backend, FlexFallback, attend
 from ..fused import StepKV, batch_kv, pool_kv, run_step, single_kv
 from ..quant import Numeric, QuantizedLinears
@@ -81,6 +81,7 @@ class LlamaModel(LinearPlans):
     # Per call (``hidden=HiddenCapture(...)``), never per model: one model serves several
     # generators, each with its own drafter's layers.
     captures_hidden = True
+    captures_argmax = True
 
     def check_capture(self, hidden: HiddenCapture) -> None:
         """Raise a ``ConfigError`` when ``hidden`` names layers this model lacks."""
@@ -130,12 +131,15 @@ class LlamaModel(LinearPlans):
         mask: Tensor | None = None,
         *,
         hidden: HiddenCapture | None = None,
+        argmax: ArgmaxCapture | None = None,
     ) -> Tensor:
         """Tokens ``[T]`` at positions ``[T]`` attending to the cache's committed prefix plus
         this step's tokens under ``mask`` ``[T, committed + T]`` (bool, True = visible;
         ``None`` = causal). Returns logits ``[T, vocab]``; the step stays pending in
         ``cache``. ``hidden``: hidden states to keep from this forward (its ``states``
-        ``[T, width]`` after the call)."""
+        ``[T, width]`` after the call); ``argmax``: the logits rows' argmax (its ``tokens``
+        ``[T]`` after the call; the fused step computes them, the torch path leaves
+        ``None``)."""
         return self._step(
             input_ids,
             position_ids,
@@ -144,6 +148,7 @@ class LlamaModel(LinearPlans):
             packed=self.packed_linear,
             last=False,
             hidden=hidden,
+            argmax=argmax,
         )
 
     @torch.no_grad()
@@ -164,9 +169,12 @@ class LlamaModel(LinearPlans):
         packed: bool,
         last: bool,
         hidden: HiddenCapture | None = None,
+        argmax: ArgmaxCapture | None = None,
     ) -> Tensor:
         c = self.config
         check_step_inputs(self, input_ids, position_ids, mask, cache)
+        if argmax is not None:
+            argmax.tokens = None
         if hidden is not None:
             self.check_capture(hidden)
         if (cache.num_layers, cache.num_kv_heads, cache.head_dim) != (
@@ -184,7 +192,7 @@ class LlamaModel(LinearPlans):
             mask = None  # one token seeing everything: attention needs no mask
         cache.begin(t_new)
         try:
-            return self._run(input_ids, position_ids, cache, mask, packed, last, hidden)
+            return self._run(input_ids, position_ids, cache, mask, packed, last, hidden, argmax)
         except BaseException:
             cache.rollback()
             raise
@@ -223,6 +231,7 @@ class LlamaModel(LinearPlans):
         pk: bool,
         last: bool,
         hidden: HiddenCapture | None,
+        argmax: ArgmaxCapture | None,
     ) -> torch.Tensor:
         """``mask`` None: causal."""
         t_new = ids.shape[0]
@@ -230,7 +239,7 @@ class LlamaModel(LinearPlans):
         stack = self._fused_stack(plan, pos)
         kv = None if stack is None else single_kv(cache, t_new)
         if stack is not None and kv is not None:
-            logits, states = run_step(
+            out = run_step(
                 stack,
                 self.model.embed_tokens.weight,
                 ids,
@@ -241,10 +250,13 @@ class LlamaModel(LinearPlans):
                 hidden=hidden,
                 vocab=self.config.vocab_size,
                 numeric=self.numeric,
+                argmax=argmax is not None,
             )
             if hidden is not None:
-                hidden.states = states
-            return logits
+                hidden.states = out.states
+            if argmax is not None:
+                argmax.tokens = out.argmax
+            return out.logits
         if mask is None and t_new > 1:
             mask = causal_mask(cache.committed_len, t_new, self.device)
         with _kernel_threads(plan, self.kernel_torch_threads):
@@ -325,15 +337,18 @@ class LlamaModel(LinearPlans):
         mask: torch.Tensor,
         *,
         hidden: HiddenCapture | None = None,
+        argmax: ArgmaxCapture | None = None,
     ) -> torch.Tensor:
         """R sequences (one cache each) in one forward: ``input_ids``/``position_ids``
         ``[R, T]`` and ``mask`` ``[R, T, P_max + T]`` laid out as
         :func:`specdec.tree.batch_tree_inputs` does (row r's prefix in columns
         ``[0, committed_r)``, then the step's T tokens). Returns logits ``[R, T, vocab]``;
-        each cache's step stays pending. ``hidden``: as in :meth:`forward` (``states``
-        ``[R, T, width]``)."""
+        each cache's step stays pending. ``hidden``, ``argmax``: as in :meth:`forward`
+        (``states`` ``[R, T, width]``, ``tokens`` ``[R, T]``)."""
         if hidden is not None:
             self.check_capture(hidden)
+        if argmax is not None:
+            argmax.tokens = None
         if not isinstance(input_ids, torch.Tensor) or not isinstance(position_ids, torch.Tensor):
             raise SpecdecTypeError("input_ids and position_ids must be torch.Tensors")
         if input_ids.dim() != 2 or position_ids.shape != input_ids.shape:
@@ -359,7 +374,7 @@ class LlamaModel(LinearPlans):
             for cache in caches:
                 cache.begin(t_new)
                 begun.append(cache)
-            return self._run_batch(input_ids, position_ids, caches, mask, p_max, hidden)
+            return self._run_batch(input_ids, position_ids, caches, mask, p_max, hidden, argmax)
         except BaseException:
             for cache in begun:
                 cache.rollback()
@@ -373,13 +388,14 @@ class LlamaModel(LinearPlans):
         mask: torch.Tensor,
         p_max: int,
         hidden: HiddenCapture | None,
+        argmax: ArgmaxCapture | None,
     ) -> torch.Tensor:
         plan = self._linear_plan(self.packed_linear, ids.numel())  # None: F.linear calls
         stack = self._fused_stack(plan, pos)
         r, t_new = ids.shape
         kv = None if stack is None else batch_kv(caches, t_new, p_max)
         if stack is not None and kv is not None:
-            logits, states = run_step(
+            out = run_step(
                 stack,
                 self.model.embed_tokens.weight,
                 ids,
@@ -390,10 +406,13 @@ class LlamaModel(LinearPlans):
                 hidden=hidden,
                 vocab=self.config.vocab_size,
                 numeric=self.numeric,
+                argmax=argmax is not None,
             )
             if hidden is not None:
-                hidden.states = None if states is None else states.view(r, t_new, -1)
-            return logits.view(r, t_new, -1)
+                hidden.states = None if out.states is None else out.states.view(r, t_new, -1)
+            if argmax is not None and out.argmax is not None:
+                argmax.tokens = out.argmax.view(r, t_new)
+            return out.logits.view(r, t_new, -1)
         c = self.config
         heads = (c.num_hidden_layers, c.num_key_value_heads, c.head_dim or 0)
         access = batch_access(caches, mask, p_max, heads)
@@ -460,7 +479,7 @@ class LlamaModel(LinearPlans):
             kv = StepKV(
                 [pkv], np.zeros(len(table), dtype=np.int64), table, step.new_slots.numpy()[:, None]
             )
-            logits, _ = run_step(
+            return run_step(
                 stack,
                 self.model.embed_tokens.weight,
                 ids,
@@ -471,8 +490,7 @@ class LlamaModel(LinearPlans):
                 hidden=None,
                 vocab=self.config.vocab_size,
                 numeric=self.numeric,
-            )
-            return logits
+            ).logits
         with _kernel_threads(plan, self.kernel_torch_threads):
             return self._layers(
                 ids[:, None], pos[:, None], PoolRows.decode(pool, step), plan, False, None

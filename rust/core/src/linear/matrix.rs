@@ -58,8 +58,23 @@ impl PartialEq for QuantMatrix {
 
 impl Eq for QuantMatrix {}
 
+/// How many parts a product of `weight_bytes` over `units` tiles (or pairs) is split into:
+/// below ~64 KiB of weights a second thread costs more than it saves; else about 8 parts a
+/// thread, so a helper that joins late still finds some.
+fn chunks(weight_bytes: usize, units: usize) -> usize {
+    if weight_bytes < 1 << 16 {
+        1
+    } else {
+        units.min(8 * (pool::helpers() + 1))
+    }
+}
+
 /// One tile's products for a group of rows: `(tile, first row, rows, results)`.
 type TileRows<'a> = dyn Fn(usize, usize, usize, &mut [[f32; TILE]; MAX_ROWS]) + Sync + 'a;
+
+/// How [`QuantMatrix::matmul_pair_in`] joins a row's values of the two halves:
+/// `(first half's, second half's, out)`, equal lengths.
+pub type Combine<'a> = dyn Fn(&[f32], &[f32], &mut [f32]) + Sync + 'a;
 
 impl QuantMatrix {
     /// A matrix from GGUF's bytes: `rows` rows, each `cols / 32` blocks of `format`.
@@ -209,6 +224,69 @@ impl QuantMatrix {
         }
     }
 
+    /// Whether [`matmul_pair_in`](Self::matmul_pair_in) applies: the rows split into two
+    /// halves of whole tiles.
+    pub fn pairs(&self) -> bool {
+        self.rows.is_multiple_of(2 * TILE)
+    }
+
+    /// For a matrix whose rows are two halves `[A | B]` (see [`pairs`](Self::pairs)):
+    /// `out[r, j] = combine(x @ A.T, x @ B.T)[r, j]`, `out` `m x rows / 2`. Each core
+    /// computes a tile of `A` and the matching tile of `B` and combines them at once, so the
+    /// two halves' values never leave the core that made them (as `[A | B]` products
+    /// followed by a pass over both, they are split between the cores' caches and read by
+    /// one). The products are [`matmul_in`](Self::matmul_in)'s, bit for bit.
+    pub fn matmul_pair_in(
+        &self,
+        numeric: Numeric,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+        combine: &Combine<'_>,
+    ) -> Result<(), LinearError> {
+        if !self.pairs() {
+            return Err(LinearError::Halves {
+                rows: self.rows,
+                tile: TILE,
+            });
+        }
+        self.check_input(x, m)?;
+        if out.len() != m * self.rows / 2 {
+            return Err(LinearError::OutputSize {
+                rows: m,
+                cols: self.rows / 2,
+                expected: m * self.rows / 2,
+                got: out.len(),
+            });
+        }
+        match numeric {
+            Numeric::Exact => {
+                let per_tile = (self.cols / BLOCK) * tile_block_bytes(self.format);
+                let simd = simd_available();
+                self.split_pairs(
+                    m,
+                    out,
+                    self.tiles.len(),
+                    &self.exact_tiles(x, simd, per_tile),
+                    combine,
+                );
+            }
+            Numeric::Int8 => {
+                let q = self.quantize(x, m)?;
+                let simd = int8_simd_available();
+                let tiles = self.int8_tiles();
+                self.split_pairs(
+                    m,
+                    out,
+                    tiles.len(),
+                    &self.int8_tile_rows(&q, tiles, simd),
+                    combine,
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// [`matmul`](Self::matmul) with the portable kernel only (the reference).
     pub fn matmul_portable(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), LinearError> {
         self.check(x, m, out)?;
@@ -239,6 +317,17 @@ impl QuantMatrix {
         Ok(())
     }
 
+    fn check_input(&self, x: &[f32], m: usize) -> Result<(), LinearError> {
+        if x.len() != m * self.cols {
+            let got = x.len().checked_div(m).unwrap_or(x.len());
+            return Err(LinearError::InputWidth {
+                expected: self.cols,
+                got,
+            });
+        }
+        Ok(())
+    }
+
     fn quantize(&self, x: &[f32], m: usize) -> Result<Int8Rows, LinearError> {
         if let Some(i) = x.iter().position(|v| !v.is_finite()) {
             return Err(LinearError::NonFinite {
@@ -256,8 +345,18 @@ impl QuantMatrix {
 
     fn matmul_int8_rows(&self, x: &Int8Rows, out: &mut [f32], simd: bool) {
         let tiles = self.int8_tiles();
+        self.split(x.m, out, tiles.len(), &self.int8_tile_rows(x, tiles, simd));
+    }
+
+    /// The int8 mode's products of one tile for a group of rows of `x`.
+    fn int8_tile_rows<'a>(
+        &'a self,
+        x: &'a Int8Rows,
+        tiles: &'a [u8],
+        simd: bool,
+    ) -> impl Fn(usize, usize, usize, &mut [[f32; TILE]; MAX_ROWS]) + Sync + 'a {
         let per_tile = (self.cols / BLOCK) * int8_block_bytes(self.format);
-        self.split(x.m, out, tiles.len(), &|t, r0, rows, res| {
+        move |t, r0, rows, res| {
             let tile = &tiles[t * per_tile..][..per_tile];
             #[cfg(target_arch = "x86_64")]
             if simd {
@@ -266,18 +365,15 @@ impl QuantMatrix {
                 int8::portable(self.format, tile, x, r0, rows, res);
             }
             #[cfg(not(target_arch = "x86_64"))]
-            int8::portable(self.format, tile, x, r0, rows, res);
-        });
+            {
+                let _ = simd;
+                int8::portable(self.format, tile, x, r0, rows, res);
+            }
+        }
     }
 
     fn check(&self, x: &[f32], m: usize, out: &[f32]) -> Result<(), LinearError> {
-        if x.len() != m * self.cols {
-            let got = x.len().checked_div(m).unwrap_or(x.len());
-            return Err(LinearError::InputWidth {
-                expected: self.cols,
-                got,
-            });
-        }
+        self.check_input(x, m)?;
         if out.len() != m * self.rows {
             return Err(LinearError::OutputSize {
                 rows: m,
@@ -291,7 +387,22 @@ impl QuantMatrix {
 
     fn matmul_with(&self, x: &[f32], m: usize, out: &mut [f32], simd: bool) {
         let per_tile = (self.cols / BLOCK) * tile_block_bytes(self.format);
-        self.split(m, out, self.tiles.len(), &|t, r0, rows, res| {
+        self.split(
+            m,
+            out,
+            self.tiles.len(),
+            &self.exact_tiles(x, simd, per_tile),
+        );
+    }
+
+    /// The exact mode's products of one tile for a group of rows of `x`.
+    fn exact_tiles<'a>(
+        &'a self,
+        x: &'a [f32],
+        simd: bool,
+        per_tile: usize,
+    ) -> impl Fn(usize, usize, usize, &mut [[f32; TILE]; MAX_ROWS]) + Sync + 'a {
+        move |t, r0, rows, res| {
             let tile = &self.tiles[t * per_tile..][..per_tile];
             let xs = &x[r0 * self.cols..(r0 + rows) * self.cols];
             #[cfg(target_arch = "x86_64")]
@@ -301,8 +412,11 @@ impl QuantMatrix {
                 kernel::portable(self.format, tile, xs, self.cols, rows, res);
             }
             #[cfg(not(target_arch = "x86_64"))]
-            kernel::portable(self.format, tile, xs, self.cols, rows, res);
-        });
+            {
+                let _ = simd;
+                kernel::portable(self.format, tile, xs, self.cols, rows, res);
+            }
+        }
     }
 
     /// Runs `tile_rows(t, r0, rows, res)` for every tile `t` and group of up to
@@ -313,13 +427,7 @@ impl QuantMatrix {
             return;
         }
         let ntiles = self.rows.div_ceil(TILE);
-        // Below ~64 KiB of weights a second thread costs more than it saves; else about 8
-        // chunks a thread, so a helper that joins late still finds some.
-        let chunks = if weight_bytes < 1 << 16 {
-            1
-        } else {
-            ntiles.min(8 * (pool::helpers() + 1))
-        };
+        let chunks = chunks(weight_bytes, ntiles);
         let ptr = OutPtr(out.as_mut_ptr());
         let run = |part: usize| {
             let (lo, hi) = (ntiles * part / chunks, ntiles * (part + 1) / chunks);
@@ -334,6 +442,48 @@ impl QuantMatrix {
                         // SAFETY: `at + width <= m * rows` (checked sizes); each part writes
                         // only its own tiles' columns, so no two threads touch one value.
                         unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), ptr.add(at), width) };
+                    }
+                }
+            }
+        };
+        pool::run(chunks, &run);
+    }
+
+    /// [`split`](Self::split) over pairs of tiles: tile `t` of the first half and tile
+    /// `t` of the second, joined by `combine` into `out` (`m x rows / 2`).
+    fn split_pairs(
+        &self,
+        m: usize,
+        out: &mut [f32],
+        weight_bytes: usize,
+        tile_rows: &TileRows<'_>,
+        combine: &Combine<'_>,
+    ) {
+        if m == 0 {
+            return;
+        }
+        let (half, npairs) = (self.rows / 2, self.rows / 2 / TILE);
+        let chunks = chunks(weight_bytes, npairs);
+        let ptr = OutPtr(out.as_mut_ptr());
+        let run = |part: usize| {
+            let (lo, hi) = (npairs * part / chunks, npairs * (part + 1) / chunks);
+            let mut a = [[0f32; TILE]; MAX_ROWS];
+            let mut b = [[0f32; TILE]; MAX_ROWS];
+            for t in lo..hi {
+                for r0 in (0..m).step_by(MAX_ROWS) {
+                    let rows = MAX_ROWS.min(m - r0);
+                    tile_rows(t, r0, rows, &mut a);
+                    tile_rows(t + npairs, r0, rows, &mut b);
+                    for (r, (va, vb)) in a.iter().zip(&b).enumerate().take(rows) {
+                        // SAFETY: `(r0 + r) * half + t * TILE + TILE <= m * half` (whole
+                        // tiles), and each part writes only its own tiles' columns.
+                        let o = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                ptr.add((r0 + r) * half + t * TILE),
+                                TILE,
+                            )
+                        };
+                        combine(va, vb, o);
                     }
                 }
             }

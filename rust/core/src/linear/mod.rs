@@ -43,7 +43,7 @@ impl Numeric {
         }
     }
 }
-pub use matrix::{int8_simd_available, simd_available, QuantMatrix};
+pub use matrix::{int8_simd_available, simd_available, Combine, QuantMatrix};
 
 use thiserror::Error;
 
@@ -79,4 +79,6 @@ pub enum LinearError {
     NonFinite { row: usize, col: usize },
     #[error("cannot join matrices with {0} and {1} columns (or of different formats)")]
     Join(usize, usize),
+    #[error("{rows} rows do not split into two halves of whole {tile}-row tiles")]
+    Halves { rows: usize, tile: usize },
 }

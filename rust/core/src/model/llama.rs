@@ -102,9 +102,10 @@ pub struct Capture<'a> {
 
 /// Where a stack's profiled steps spent their time ([`LlamaStack::set_profiling`]): wall
 /// time of the calls, and its split into the products (every linear layer and the head,
-/// biases included), attention, and everything else (input checks, buffers, norms, RoPE,
-/// K/V writes, SwiGLU, residual adds, hidden-state copies). The phases sum to `wall_ns`
-/// up to the last clock read.
+/// biases included, and SwiGLU where the gate and up products are joined in place),
+/// attention, and everything else (input checks, buffers, norms, RoPE, K/V writes,
+/// residual adds, hidden-state copies). The phases sum to `wall_ns` up to the last clock
+/// read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StepProfile {
     pub calls: u64,
@@ -579,7 +580,7 @@ impl LlamaStack {
         let mut qkv = vec![0f32; n * qw];
         let mut att = vec![0f32; n * d.heads * d.head_dim];
         let mut tmp = vec![0f32; n * hid];
-        let mut gu = vec![0f32; n * 2 * d.intermediate];
+        let mut gu = Vec::new(); // [gate | up], where they are not joined in the product
         let mut act = vec![0f32; n * d.intermediate];
         let mut kept = 0;
         for (l, w) in self.layers.iter().enumerate() {
@@ -587,7 +588,7 @@ impl LlamaStack {
             laps.lap(OTHER);
             w.qkv.apply(numeric, &h, n, &mut qkv)?;
             laps.lap(MATMUL);
-            self.rope(&mut qkv, rows.positions);
+            self.rope(simd, &mut qkv, rows.positions);
             self.write_kv(&qkv, l, rows, kv, &strides);
             laps.lap(OTHER);
             self.attention(simd, &qkv, l, rows, kv, &strides, &mut att);
@@ -597,10 +598,20 @@ impl LlamaStack {
             ops::add_assign(simd, &mut x, &tmp);
             ops::rms_norm(simd, &x, &w.post_norm, d.eps, &mut h);
             laps.lap(OTHER);
-            w.gate_up.apply(numeric, &h, n, &mut gu)?;
-            laps.lap(MATMUL);
-            ops::silu_mul(simd, &gu, d.intermediate, &mut act);
-            laps.lap(OTHER);
+            if w.gate_up.bias.is_none() && w.gate_up.weight.pairs() {
+                // SwiGLU inside the product: each core joins the gate and up values it made.
+                let silu = |g: &[f32], u: &[f32], o: &mut [f32]| ops::silu_mul_part(simd, g, u, o);
+                w.gate_up
+                    .weight
+                    .matmul_pair_in(numeric, &h, n, &mut act, &silu)?;
+                laps.lap(MATMUL);
+            } else {
+                gu.resize(n * 2 * d.intermediate, 0.0);
+                w.gate_up.apply(numeric, &h, n, &mut gu)?;
+                laps.lap(MATMUL);
+                Self::silu_mul_rows(simd, &gu, d.intermediate, &mut act);
+                laps.lap(OTHER);
+            }
             w.down.apply(numeric, &act, n, &mut tmp)?;
             laps.lap(MATMUL);
             ops::add_assign(simd, &mut x, &tmp);
@@ -636,6 +647,26 @@ impl LlamaStack {
         Ok(())
     }
 
+    /// [`ops::silu_mul`] over the rows of `gu`, the rows shared by the cores from two rows
+    /// on: each row's gate and up values were just written by both cores' halves of the
+    /// product, and one thread reading them all waits on the other core's cache. (One row
+    /// split in two parts measures slower than one thread doing it.)
+    fn silu_mul_rows(simd: bool, gu: &[f32], n: usize, act: &mut [f32]) {
+        let rows = act.len() / n;
+        if rows < 2 {
+            ops::silu_mul(simd, gu, n, act);
+            return;
+        }
+        let ptr = OutPtr(act.as_mut_ptr());
+        let run = |r: usize| {
+            // SAFETY: chunk r alone writes row r of `act` (`n` values at `r * n`), and `act`
+            // outlives the run.
+            let out = unsafe { std::slice::from_raw_parts_mut(ptr.add(r * n), n) };
+            ops::silu_mul(simd, &gu[r * 2 * n..(r + 1) * 2 * n], n, out);
+        };
+        pool::run(rows, &run);
+    }
+
     /// `src` `[tokens, hidden]` into block `at` of each token's capture row.
     fn keep(c: &mut Capture<'_>, at: usize, hidden: usize, src: &[f32]) {
         let width = (c.layers.len() + usize::from(c.last_norm)) * hidden;
@@ -645,33 +676,18 @@ impl LlamaStack {
     }
 
     /// RoPE on the q and k heads of every token, at its position (checked in range).
-    fn rope(&self, qkv: &mut [f32], positions: &[i64]) {
+    fn rope(&self, simd: bool, qkv: &mut [f32], positions: &[i64]) {
         let d = self.dims;
-        let (hd, half) = (d.head_dim, d.head_dim / 2);
-        let mut tmp = vec![0f32; hd];
-        for (tok, &p) in qkv.chunks_exact_mut(d.qkv_width()).zip(positions) {
-            let at = p as usize * hd;
-            let (cos, sin) = (&self.rope_cos[at..at + hd], &self.rope_sin[at..at + hd]);
-            let (cos_lo, cos_hi) = cos.split_at(half);
-            let (sin_lo, sin_hi) = sin.split_at(half);
-            for x in tok[..(d.heads + d.kv_heads) * hd].chunks_exact_mut(hd) {
-                tmp.copy_from_slice(x);
-                let (t_lo, t_hi) = tmp.split_at(half);
-                let (x_lo, x_hi) = x.split_at_mut(half);
-                // Two products and a sum, each rounded: torch's `x * cos + rot * sin`, the
-                // halves apart (straight loops over equal lengths: they vectorize).
-                for ((((o, &a), &b), &c), &s) in
-                    x_lo.iter_mut().zip(t_lo).zip(t_hi).zip(cos_lo).zip(sin_lo)
-                {
-                    *o = a * c + b * s;
-                }
-                for ((((o, &a), &b), &c), &s) in
-                    x_hi.iter_mut().zip(t_hi).zip(t_lo).zip(cos_hi).zip(sin_hi)
-                {
-                    *o = a * c + b * s;
-                }
-            }
-        }
+        ops::rope(
+            simd,
+            qkv,
+            d.qkv_width(),
+            (d.heads + d.kv_heads) * d.head_dim,
+            d.head_dim,
+            positions,
+            &self.rope_cos,
+            &self.rope_sin,
+        );
     }
 
     /// The new tokens' K (after RoPE) and V into their slots of layer `l`.

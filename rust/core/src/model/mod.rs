@@ -77,3 +77,46 @@ pub(crate) fn check_size(
         })
     }
 }
+
+/// Every `vocab`-wide row of `logits`: where its largest value first occurs, NaN counting as
+/// the largest (numpy's and torch's argmax), into `out` (one per row). A greedy step reads
+/// this instead of the logits: the LM head's output is split between the cores' caches, and
+/// here each core scans a part of every row, where one thread after the step read them all.
+pub fn row_argmax(logits: &[f32], vocab: usize, out: &mut [i64]) -> Result<(), ModelError> {
+    if vocab == 0 {
+        return Err(ModelError::Shape(
+            "argmax needs a vocabulary of at least one".into(),
+        ));
+    }
+    check_size("logits", out.len() * vocab, logits.len())?;
+    let simd = crate::linear::simd_available();
+    // Parts of 16K values: small enough that both cores share a row, large enough that a
+    // part costs more than claiming it.
+    let parts = vocab.div_ceil(1 << 14);
+    let width = vocab.div_ceil(parts);
+    let peaks: Vec<std::sync::Mutex<Option<ops::Peak>>> =
+        (0..out.len() * parts).map(|_| Default::default()).collect();
+    let run = |chunk: usize| {
+        let (r, p) = (chunk / parts, chunk % parts);
+        let lo = p * width;
+        let hi = (lo + width).min(vocab);
+        let row = &logits[r * vocab..(r + 1) * vocab];
+        let peak = ops::peak(simd, &row[lo..hi], lo);
+        *peaks[chunk].lock().unwrap_or_else(|e| e.into_inner()) = Some(peak);
+    };
+    if out.len() * vocab < 1 << 14 {
+        (0..peaks.len()).for_each(run);
+    } else {
+        crate::linear::pool::run(peaks.len(), &run);
+    }
+    let mut peaks = peaks
+        .into_iter()
+        .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()));
+    for o in out.iter_mut() {
+        let best = (0..parts)
+            .filter_map(|_| peaks.next().flatten())
+            .reduce(ops::Peak::max);
+        *o = best.map_or(0, |b| b.index as i64);
+    }
+    Ok(())
+}

@@ -136,8 +136,60 @@ simd! {
     pub(crate) fn silu_mul(gu: &[f32], n: usize, out: &mut [f32]) {
         for (row, or) in gu.chunks_exact(2 * n).zip(out.chunks_exact_mut(n)) {
             let (g, u) = row.split_at(n);
-            for ((o, &a), &b) in or.iter_mut().zip(g).zip(u) {
-                *o = (a / (1.0 + exp(-a))) * b;
+            silu_mul_into(g, u, or);
+        }
+    }
+}
+
+simd! {
+    /// `out[j] = silu(g[j]) * u[j]` (equal lengths): [`silu_mul`] on parts of a row.
+    pub(crate) fn silu_mul_part(g: &[f32], u: &[f32], out: &mut [f32]) {
+        silu_mul_into(g, u, out)
+    }
+}
+
+#[inline(always)]
+fn silu_mul_into(g: &[f32], u: &[f32], out: &mut [f32]) {
+    for ((o, &a), &b) in out.iter_mut().zip(g).zip(u) {
+        *o = (a / (1.0 + exp(-a))) * b;
+    }
+}
+
+simd! {
+    /// RoPE in place on the first `rotated` values (the q and k heads, `hd` each) of every
+    /// `width`-wide token row of `qkv`, at the token's position: `x * cos + rot(x) * sin`
+    /// from the tables `[positions, hd]` (`sin` with its first half negated), each product
+    /// and the sum rounded as torch rounds them, the halves apart.
+    pub(crate) fn rope(
+        qkv: &mut [f32],
+        width: usize,
+        rotated: usize,
+        hd: usize,
+        positions: &[i64],
+        cos_tab: &[f32],
+        sin_tab: &[f32],
+    ) {
+        let half = hd / 2;
+        let mut tmp = vec![0f32; hd];
+        for (tok, &p) in qkv.chunks_exact_mut(width).zip(positions) {
+            let at = p as usize * hd;
+            let (cos, sin) = (&cos_tab[at..at + hd], &sin_tab[at..at + hd]);
+            let (cos_lo, cos_hi) = cos.split_at(half);
+            let (sin_lo, sin_hi) = sin.split_at(half);
+            for x in tok[..rotated].chunks_exact_mut(hd) {
+                tmp.copy_from_slice(x);
+                let (t_lo, t_hi) = tmp.split_at(half);
+                let (x_lo, x_hi) = x.split_at_mut(half);
+                for ((((o, &a), &b), &c), &s) in
+                    x_lo.iter_mut().zip(t_lo).zip(t_hi).zip(cos_lo).zip(sin_lo)
+                {
+                    *o = a * c + b * s;
+                }
+                for ((((o, &a), &b), &c), &s) in
+                    x_hi.iter_mut().zip(t_hi).zip(t_lo).zip(cos_hi).zip(sin_hi)
+                {
+                    *o = a * c + b * s;
+                }
             }
         }
     }
@@ -149,6 +201,59 @@ simd! {
         for (a, &b) in x.iter_mut().zip(y) {
             *a += b;
         }
+    }
+}
+
+/// The largest value of one part of a row and where it first occurs, NaN counting as the
+/// largest (its first occurrence): numpy's and torch's argmax. Parts of a row combine with
+/// [`Peak::max`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Peak {
+    pub value: f32,
+    pub index: usize,
+}
+
+impl Peak {
+    /// The peak of two parts, `self` the one before `other` (ties keep the first).
+    pub(crate) fn max(self, other: Peak) -> Peak {
+        if self.value.is_nan() || !(other.value > self.value || other.value.is_nan()) {
+            self
+        } else {
+            other
+        }
+    }
+}
+
+simd! {
+    /// [`Peak`] of `x` (non-empty), its index offset by `start`: a lane-wise max and NaN
+    /// scan (no branch, so it vectorizes), then the first 16-value chunk holding the peak.
+    pub(crate) fn peak(x: &[f32], start: usize) -> Peak {
+        let mut m = [f32::NEG_INFINITY; LANES];
+        let mut nan = [false; LANES];
+        let c = x.chunks_exact(LANES);
+        let rest = c.remainder();
+        for chunk in c {
+            for ((a, n), &v) in m.iter_mut().zip(nan.iter_mut()).zip(chunk) {
+                *a = if v > *a { v } else { *a };
+                *n |= v.is_nan();
+            }
+        }
+        let mut best = m.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+        for &v in rest {
+            best = if v > best { v } else { best };
+        }
+        let is_nan = nan.iter().any(|&n| n) || rest.iter().any(|v| v.is_nan());
+        // -inf everywhere (or NaN): the first value that is the peak
+        let hit = |v: f32| if is_nan { v.is_nan() } else { v == best };
+        let mut at = 0;
+        for chunk in x.chunks(LANES) {
+            if chunk.iter().fold(false, |h, &v| h | hit(v)) {
+                let i = chunk.iter().position(|&v| hit(v)).unwrap_or(0);
+                return Peak { value: x[at + i], index: start + at + i };
+            }
+            at += chunk.len();
+        }
+        Peak { value: x[0], index: start }
     }
 }
 
