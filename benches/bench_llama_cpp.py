@@ -1,8 +1,8 @@
 """specdec's decode step beside llama.cpp's on the same GGUF file (SmolLM2-135M-Instruct,
 Q4_1), in one run: ``llama-bench``'s ``tg`` test (``-p 0 -n N``: N one-token decode steps,
-tokens/s) against specdec's ``LlamaModel`` decoding N tokens one at a time (greedy, after a
-one-token prompt, the step timed from its input to the chosen token), for each engine
-configuration:
+tokens/s) against specdec's ``LlamaModel`` decoding N tokens one at a time
+(``autoregressive_generate``, greedy, from a one-token prompt: N one-token steps, each from
+its input to the chosen token and its commit), for each engine configuration:
 
 - ``torch``: the PyTorch layer loop with the linears on the GGUF blocks (``fused_step`` off);
 - ``fused exact``: the whole step in one Rust call, float32 products (the default);
@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from specdec.decode import autoregressive_generate
 from specdec.models import smollm2
 from specdec.models.gguf import smollm2_path
 from specdec.models.llama import LlamaModel
@@ -67,18 +68,14 @@ def llama_tg(binary: str, model: Path, tokens: int, threads: int) -> float:
 
 
 def specdec_tg(model: LlamaModel, tokens: int) -> float:
-    """Tokens/s of ``tokens`` greedy one-token steps after a one-token prompt."""
-    cache = model.new_cache(tokens + 2)
-    tok = torch.tensor([1])
-    logits = model.forward_last(tok, torch.tensor([0]), cache)
-    cache.commit([0])
+    """Tokens/s of ``tokens`` greedy one-token steps from a one-token prompt, as a user's
+    loop runs them (``autoregressive_generate``: each step's forward, the greedy choice,
+    the commit; the fused step hands over its own argmax)."""
     t0 = time.perf_counter()
-    for i in range(tokens):
-        tok = logits[-1].argmax().reshape(1)
-        logits = model.forward_last(tok, torch.tensor([i + 1]), cache)
-        cache.commit([0])
-    _ = int(logits[-1].argmax())
-    return tokens / (time.perf_counter() - t0)
+    res = autoregressive_generate(model, [1], max_new_tokens=tokens)
+    secs = time.perf_counter() - t0
+    assert len(res.tokens) == tokens
+    return tokens / secs
 
 
 def configure(model: LlamaModel, cfg: dict[str, Any]) -> None:
