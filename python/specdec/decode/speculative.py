@@ -83,11 +83,12 @@ _T = TypeVar("_T")
 
 #: The most hidden-state rows a request keeps for its drafter while drafts are left out
 #: (plain steps, or a combined drafter's suffix index alone). A block drafter's next draft
-#: turns every kept row into context K/V (0.065 ms a row for SmolLM2's on two cores), so an
-#: unbounded keep made each probe of a drafter that had stopped paying cost as much as the
-#: drafting it had stopped: the probes' waits doubled, their cost with them. Past this, its
-#: context starts again from the last rows (drafts may get worse; output never changes).
-HELD_ROWS = 64
+#: turns every kept row into context K/V (0.065 ms a row for SmolLM2's on two cores), so a
+#: probe of a drafter that stopped paying costs its draft plus that: with 64 rows kept, a
+#: probe cost more than a plain step and the block drafter's probes alone took 2-3% of a
+#: question's time. Past this, its context starts again from the last rows (drafts may get
+#: worse; output never changes).
+HELD_ROWS = 16
 
 
 @dataclass(frozen=True)
