@@ -230,9 +230,13 @@ class Verifier:
         t0 = self._now()
         prefix = cache.committed_len
         # Only the arrays the forward reads (tree.to converts all seven).
-        tokens = torch.from_numpy(tree.tokens).to(self.device, torch.long)
-        positions = torch.from_numpy(tree.depths).to(self.device, torch.long) + prefix
-        mask = torch.from_numpy(tree.attention_mask(prefix)).to(self.device)
+        tokens = torch.from_numpy(tree.tokens.astype(np.int64, copy=False))
+        positions = torch.from_numpy(tree.depths.astype(np.int64) + prefix)
+        if self.device.type != "cpu":
+            tokens, positions = tokens.to(self.device), positions.to(self.device)
+        # A root alone sees the whole prefix: the causal step, no mask to build or check.
+        single = tree.num_nodes == 1
+        mask = None if single else torch.from_numpy(tree.attention_mask(prefix)).to(self.device)
         step_rule = _rule(rule, self.rule)
         top = None if constraint is not None else self._argmax_capture(step_rule)
         t1 = self._now()
@@ -252,7 +256,12 @@ class Verifier:
                 chosen[:n_real] = picked.cpu().numpy()
             t3 = self._now()
             timings["rule"] = t3 - t2
-            w = walk(tree, chosen)
+            # A root alone accepts nothing: its token is the bonus (the walk's answer).
+            w = (
+                WalkResult(np.empty(0, dtype=np.int64), int(chosen[0]), [])
+                if single
+                else walk(tree, chosen)
+            )
             t4 = time.perf_counter()
             timings["walk"] = t4 - t3
             kept = w.kept_nodes()
