@@ -154,11 +154,11 @@ def run_step(
     r, t = kv.new_slots.shape
     width = embed.shape[1]
     table = embed.detach()
-    flat_ids = ids.reshape(-1)
+    flat_ids = ids.reshape(-1).long()
     # The stack gathers the rows itself (a torch gather costs more than the copy it makes);
     # a strided table (never a loaded model's) is gathered here instead.
-    x = None if table.is_contiguous() else table.index_select(0, flat_ids.long())
-    token_ids = (flat_ids if flat_ids.dtype == torch.int64 else flat_ids.long()).numpy()
+    gather = table.is_contiguous()
+    x = None if gather else table.index_select(0, flat_ids).numpy()
     p = pos.reshape(-1)
     positions = (p if p.dtype == torch.int64 else p.long()).numpy()
     logits = torch.empty(r if last else r * t, vocab, dtype=torch.float32)
@@ -171,7 +171,7 @@ def run_step(
     top = torch.empty(logits.shape[0], dtype=torch.int64) if argmax else None
     with _STEP_LOCK:
         stack.step(
-            None if x is None else x.numpy(),
+            x,
             positions,
             kv.kv,
             kv.buffers,
@@ -185,7 +185,7 @@ def run_step(
             None if states is None else states.numpy(),
             numeric=numeric,
             argmax=None if top is None else top.numpy(),
-            ids=None if x is not None else token_ids,
-            embed=None if x is not None else table.numpy(),
+            ids=flat_ids.numpy() if gather else None,
+            embed=table.numpy() if gather else None,
         )
     return StepOut(logits, states, top)
