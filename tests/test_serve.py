@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+import torch
 
 from serve_harness import Server, poll, start_server
 from specdec.decode import autoregressive_generate
@@ -596,3 +598,52 @@ def test_queue_bound_api_key_int8_and_sigterm(tmp_path: Path, lm: Any) -> None:
     finally:
         if s.proc.poll() is None:
             s.proc.kill()
+
+
+def _prefix_hit(engine: Any, prompt: list[int]) -> int:
+    """Run ``prompt`` for one token on ``engine``; the prompt tokens it found cached."""
+    from specdec.serve import EngineRequest
+
+    done = threading.Event()
+    out: list[Any] = []
+
+    def sink(o: Any) -> None:
+        if o.finished:
+            out.append(o.result)
+            done.set()
+
+    engine.submit(EngineRequest(prompt, 1, temperature=0.0), sink)
+    assert done.wait(120)
+    hit: int = out[0].prefix_hit
+    return hit
+
+
+@pytest.mark.parametrize("kv_tokens", [None, 1024])
+def test_the_kv_pool_fills_its_memory_so_the_prefix_cache_outlives_other_traffic(
+    kv_tokens: int | None,
+) -> None:
+    """One request at a time. By default the pool takes ``kv_cache_gib`` (1 GiB) of K/V, so
+    a prompt stays cached while 1,200 tokens of other prompts pass through; a pool of 1,024
+    tokens (room for the one request the batch holds) has evicted it by then."""
+    from specdec.serve import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(drafter="none", max_batch=1, threads=1, kv_tokens=kv_tokens))
+    c = engine.model.config
+    head_dim = c.hidden_size // c.num_attention_heads
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 4  # K, V float32
+    pool = engine.generator.kv_tokens
+    assert pool == (kv_tokens or 2**30 // per_token), pool
+    engine.start(warmup=False)
+    try:
+        g = torch.Generator().manual_seed(5)
+        first = torch.randint(100, 40000, (64,), generator=g).tolist()
+        assert _prefix_hit(engine, first) == 0
+        for _ in range(12):  # other prompts: 1,200 tokens
+            _prefix_hit(engine, torch.randint(100, 40000, (100,), generator=g).tolist())
+        again = _prefix_hit(engine, first)
+    finally:
+        engine.shutdown()
+    if kv_tokens is None:
+        assert again >= 48, again  # its whole 16-token blocks
+    else:
+        assert again == 0, again

@@ -70,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--budget", default="auto", help="drafted nodes per tree, or auto")
     s.add_argument("--max-batch", type=int, default=8, help="most requests per step")
     s.add_argument("--kv-tokens", type=int, help="the paged KV pool, in tokens")
+    s.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=1.0,
+        help="without --kv-tokens: the paged KV pool's memory (what finished requests leave "
+        "there stays in the prefix cache)",
+    )
     s.add_argument("--threads", type=int, help="torch threads")
     s.add_argument(
         "--numeric",
@@ -161,12 +168,15 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {v}")
     if isinstance(budget, int) and budget < 1:
         parser.error(f"--budget must be >= 1, got {budget}")
+    if not 0 < args.kv_cache_gib < 2**20:
+        parser.error(f"--kv-cache-gib must be above 0, got {args.kv_cache_gib}")
     config = EngineConfig(
         model=args.model,
         drafter=args.drafter,
         budget=budget,  # type: ignore[arg-type]
         max_batch=args.max_batch,
         kv_tokens=args.kv_tokens,
+        kv_cache_gib=args.kv_cache_gib,
         threads=args.threads,
         max_queue=args.max_queue,
         served_name=args.served_model_name,

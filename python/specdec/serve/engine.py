@@ -52,7 +52,12 @@ class ShuttingDown(SpecdecError):
 class EngineConfig:
     """What ``specdec serve`` runs. ``model``: a GGUF file (None: the packaged SmolLM2);
     ``drafter``: one of :data:`DRAFTERS`; ``budget``: drafted nodes per tree, or ``"auto"``;
-    ``kv_tokens``: the paged KV pool's size in tokens (None: the generator's default);
+    ``kv_tokens``: the paged KV pool's size in tokens (None: sized by ``kv_cache_gib``);
+    ``kv_cache_gib``: without ``kv_tokens``, the pool takes this much memory, and at least
+    room for ``max_batch`` requests of 1,024 tokens: what finished requests leave in it
+    stays in the prefix cache (least recently used out) for later requests that share their
+    prompts (a chat's earlier turns, a common system prompt), as llama-server's prompt cache
+    and vLLM's KV space keep them;
     ``threads``: torch threads (None: torch's default); ``max_queue``: most requests waiting
     for a slot in the batch (past it, :class:`QueueFull`); ``served_name``: the model name
     clients send (None: the file's stem); ``numeric``: how the target's products round
@@ -65,6 +70,7 @@ class EngineConfig:
     budget: int | Literal["auto"] = "auto"
     max_batch: int = 8
     kv_tokens: int | None = None
+    kv_cache_gib: float = 1.0
     threads: int | None = None
     max_queue: int = 64
     served_name: str | None = None
@@ -151,7 +157,7 @@ class Engine:
             max_budget=config.max_budget,
             max_depth=self._depth,
             cache="paged",
-            kv_tokens=config.kv_tokens,
+            kv_tokens=self._pool_tokens(),
             block_size=config.block_size,
             max_batch=config.max_batch,
             grammar_drafts=config.grammar_drafts,
@@ -166,6 +172,21 @@ class Engine:
         self._started = threading.Event()
 
     # -- set-up ----------------------------------------------------------------------------
+    def _pool_tokens(self) -> int:
+        """The paged pool's size in tokens: ``kv_tokens``, else what ``kv_cache_gib`` holds
+        (never less than ``max_batch`` requests of 1,024 tokens, the generator's default)."""
+        config = self.config
+        if config.kv_tokens is not None:
+            return config.kv_tokens
+        gib = config.kv_cache_gib
+        if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not 0 < gib < 2**20:
+            raise ConfigError(f"kv_cache_gib must be a number of GiB above 0, got {gib!r}")
+        c = self.model.new_cache(1)
+        itemsize = torch.finfo(self.model.dtype).bits // 8
+        per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * itemsize  # K and V
+        floor = config.max_batch * min(self.max_positions, 1024)
+        return max(int(gib * 2**30) // per_token, floor)
+
     def _drafter(self, name: str) -> Any:
         from ..draft import BlockDrafter, CombinedDrafter, NgramDrafter, SuffixDrafter
 
@@ -189,17 +210,22 @@ class Engine:
         raise ConfigError(f"drafter must be one of {', '.join(DRAFTERS)}, got {name!r}")
 
     def start(self, warmup: bool = True) -> None:
-        """Start the engine thread; ``warmup``: first run one short request, so the first
-        client does not pay for the adaptive budget's calibration."""
+        """Start the engine thread; ``warmup``: first run a short request and a long
+        prompt, so the first clients do not pay for the adaptive budget's calibration or
+        for the set-up of the long-prompt path (a prompt of more rows than the fused step
+        takes runs layer by layer on weights packed on first use: ~0.25 s on SmolLM2)."""
         self._thread.start()
         if warmup:
-            done = threading.Event()
-            self.submit(
-                EngineRequest(self.encode_text("Hello"), 8, temperature=0.0),
-                lambda o: done.set() if o.finished else None,
-                endpoint="warmup",
-            )
-            done.wait()
+            long = self.encode_text("Count from one to a hundred, one number per line. " * 12)
+            runs = [(self.encode_text("Hello"), 8), (long[:128], 1)]
+            for prompt, new in runs[: 2 if self.generator.max_new_tokens_for(128) else 1]:
+                done = threading.Event()
+                self.submit(
+                    EngineRequest(prompt, new, temperature=0.0),
+                    lambda o, done=done: done.set() if o.finished else None,
+                    endpoint="warmup",
+                )
+                done.wait()
         self._started.set()
 
     @property

@@ -38,11 +38,12 @@ def run_server(
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     engine = Engine(config)
     log.info(
-        "%s: drafter %s, budget %s, max batch %d, one request up to %d tokens",
+        "%s: drafter %s, budget %s, max batch %d, KV pool %d tokens, one request up to %d tokens",
         engine.model_name,
         config.drafter,
         config.budget,
         config.max_batch,
+        engine.generator.kv_tokens,
         engine.generator.max_new_tokens_for(1) + 1,
     )
     app = create_app(engine, api_key=api_key, grace=grace)

@@ -4,6 +4,7 @@ their text is sent, and chat messages rendered with the model's own template."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -90,6 +91,21 @@ def _content(i: int, content: Any) -> str:
     return "".join(parts)
 
 
+def _raise_exception(message: str) -> None:
+    raise ConfigError(f"the chat template refused the messages: {message}")
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(template: str) -> Any:
+    """``template`` compiled in a sandbox, once per template (compiling takes ~1.5 ms, far
+    more than rendering a chat)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise_exception
+    return env.from_string(template)
+
+
 def render_chat(
     template: str | None,
     messages: Sequence[Mapping[str, Any]],
@@ -110,15 +126,9 @@ def render_chat(
 
         return chatml(msgs, add_generation_prompt=add_generation_prompt)
     import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(message: str) -> None:
-        raise ConfigError(f"the chat template refused the messages: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
     try:
-        return env.from_string(template).render(
+        return _compiled(template).render(
             messages=msgs,
             bos_token=bos_token,
             eos_token=eos_token,
