@@ -220,11 +220,12 @@ class Engine:
             runs = [(self.encode_text("Hello"), 8), (long[:128], 1)]
             for prompt, new in runs[: 2 if self.generator.max_new_tokens_for(128) else 1]:
                 done = threading.Event()
-                self.submit(
-                    EngineRequest(prompt, new, temperature=0.0),
-                    lambda o, done=done: done.set() if o.finished else None,
-                    endpoint="warmup",
-                )
+
+                def sink(o: RequestOutput, done: threading.Event = done) -> None:
+                    if o.finished:
+                        done.set()
+
+                self.submit(EngineRequest(prompt, new, temperature=0.0), sink, endpoint="warmup")
                 done.wait()
         self._started.set()
 

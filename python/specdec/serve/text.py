@@ -128,11 +128,12 @@ def render_chat(
     import jinja2
 
     try:
-        return _compiled(template).render(
+        text: str = _compiled(template).render(
             messages=msgs,
             bos_token=bos_token,
             eos_token=eos_token,
             add_generation_prompt=add_generation_prompt,
         )
+        return text
     except jinja2.TemplateError as e:
         raise ConfigError(f"the chat template failed: {e}") from None
