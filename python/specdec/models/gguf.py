@@ -120,9 +120,13 @@ class LoadedModel:
         from ..constrain import Vocabulary
 
         eos = [self.eos_token_id] if self.eos_token_id is not None else None
-        return Vocabulary.from_tokenizer_json(
+        v = Vocabulary.from_tokenizer_json(
             self.tokenizer.to_str(), eos_ids=eos, vocab_size=self.config.vocab_size
         )
+        # Canonical tokenizations (grammar drafts) ask this tokenizer, not a copy parsed
+        # from its JSON on first use (~85 ms inside a constrained request's first step).
+        v.set_tokenizer(self.tokenizer)
+        return v
 
 
 def chatml(
