@@ -27,6 +27,8 @@ after each). Its time splits into:
   embedding gather and output allocation count here);
 * bookkeeping: the verifier's own stages around the forward (mask, rule, walk, commit).
 
+``--numeric int8``: the same profile in the int8 mode (every row count on the fused step).
+
 ``--host N``: host overhead on the real generators, per step averaged over a greedy
 generation of ``N`` tokens from a chat prompt (the prefill step left out): a plain
 autoregressive step (``autoregressive_generate``, 1 row) and a ``SpeculativeGenerator`` step
@@ -164,6 +166,7 @@ def step_profile(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     model = smollm2().model
+    model.numeric = args.numeric
     verifier = Verifier(model)
     g = torch.Generator().manual_seed(0)
     prefix = args.prefix
@@ -175,7 +178,7 @@ def step_profile(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for n in args.rows:
         tree = _binary_tree(n, model.vocab_size, g)
-        fused = n <= model.quant_max_rows
+        fused = n <= model.quant_max_rows or args.numeric == "int8"
 
         def verify(tree: Any = tree) -> dict[str, float]:
             s = verifier.step(tree, cache, root_token=root)
@@ -328,6 +331,12 @@ def main() -> None:
         default=None,
         help="decode step profile at these row counts (e.g. 1,2,4,5,8,16,32,64)",
     )
+    ap.add_argument(
+        "--numeric",
+        default="exact",
+        choices=["exact", "int8"],
+        help="--rows: the target's numeric mode (int8 runs every row count on the fused step)",
+    )
     ap.add_argument("--host", type=int, default=0, help="host overhead over N generated tokens")
     ap.add_argument("--tree-nodes", type=int, default=5, help="--host: nodes per tree")
     ap.add_argument("--json", default=None, help="write the figures here")
@@ -341,7 +350,11 @@ def main() -> None:
         report: dict[str, Any] = {"threads": args.threads, "prefix": args.prefix}
         if args.rows:
             report["steps"] = step_profile(args)
-            print(f"prefix {args.prefix}, {args.threads} threads; ms per step (share)")
+            report["numeric"] = args.numeric
+            print(
+                f"prefix {args.prefix}, {args.threads} threads, numeric {args.numeric}; "
+                "ms per step (share)"
+            )
             _print_profile(report["steps"])
         if args.host:
             report["host"] = host_overhead(args)

@@ -396,3 +396,91 @@ fn a_large_pair_product_split_over_the_cores_joins_the_plain_products() {
         }
     }
 }
+
+// ---- the int8 mode's quantization ----------------------------------------------------------
+
+/// A value of one of the shapes quantization meets at its edges: plain, a multiple of the
+/// block's step plus one half (ties), subnormal, zero of either sign, huge.
+fn edgy() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        -4.0f32..4.0,
+        (-254i32..=254).prop_map(|k| k as f32 * 0.5),
+        (1u32..0x007f_ffff).prop_map(f32::from_bits),
+        (1u32..0x007f_ffff).prop_map(|b| -f32::from_bits(b)),
+        Just(0.0f32),
+        Just(-0.0f32),
+        (-3.0e38f32..3.0e38),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn simd_quantization_is_the_portable_one_bit_for_bit(
+        blocks in proptest::collection::vec(proptest::collection::vec(edgy(), BLOCK), 1..12),
+        zeros in any::<bool>(),
+    ) {
+        use specdec_core::linear::int8::{quantize_rows, quantize_rows_portable};
+        let mut x: Vec<f32> = blocks.concat();
+        if zeros {
+            x[..BLOCK].fill(0.0);
+        }
+        let (m, cols) = if x.len().is_multiple_of(2 * BLOCK) { (2, x.len() / 2) } else { (1, x.len()) };
+        let fast = quantize_rows(&x, m, cols);
+        let slow = quantize_rows_portable(&x, m, cols);
+        prop_assert_eq!(&fast.q, &slow.q);
+        prop_assert!(fast.d.iter().zip(&slow.d).all(|(a, b)| a.to_bits() == b.to_bits()));
+        prop_assert!(fast.s.iter().zip(&slow.s).all(|(a, b)| a.to_bits() == b.to_bits()));
+        // And the plain definition: scale amax / 127, quants round(x / scale) half to even.
+        for (b, xb) in x.chunks_exact(BLOCK).enumerate() {
+            let amax = xb.iter().map(|v| v.abs()).fold(0f32, f32::max);
+            let d = amax / 127.0;
+            if d > 0.0 && (1.0 / d).is_finite() {
+                prop_assert_eq!(slow.d[b].to_bits(), d.to_bits());
+                for (k, &v) in xb.iter().enumerate() {
+                    let want = (v * (1.0 / d)).round_ties_even() as i32;
+                    prop_assert_eq!(i32::from(slow.q[b * BLOCK + k]), want.clamp(-127, 127));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn quantization_of_subnormal_blocks_matches_the_portable_steps() {
+    use specdec_core::linear::int8::{quantize_rows, quantize_rows_portable};
+    // Blocks whose scale is positive but whose reciprocal overflows, or whose scale
+    // underflows to zero: the SIMD path hands them to the portable steps.
+    let mut x = vec![0f32; 3 * BLOCK];
+    for (i, v) in x.iter_mut().enumerate() {
+        let bits = match i / BLOCK {
+            0 => 0x0000_1000 + i as u32 * 77,   // small subnormals
+            1 => 0x0040_0000 + i as u32 * 1013, // large subnormals
+            _ => i as u32 % 3,                  // tiny, with zeros
+        };
+        *v = if i % 2 == 0 {
+            f32::from_bits(bits)
+        } else {
+            -f32::from_bits(bits)
+        };
+    }
+    let (fast, slow) = (
+        quantize_rows(&x, 1, x.len()),
+        quantize_rows_portable(&x, 1, x.len()),
+    );
+    assert_eq!(fast.q, slow.q);
+    assert_eq!(
+        fast.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        slow.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        fast.s.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        slow.s.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    assert!(
+        slow.d.iter().any(|&d| d > 0.0 && !(1.0 / d).is_finite()),
+        "{:?}",
+        slow.d
+    );
+}

@@ -33,36 +33,64 @@ pub struct Int8Rows {
 
 /// Quantize `m` rows of `cols` (a multiple of 32) floats. A block of zeros (or one whose
 /// largest magnitude is not finite) gets scale 0 and zero quants; the caller checks for
-/// non-finite inputs if it must refuse them.
+/// non-finite inputs if it must refuse them. Runs [`vnni::quantize`] where the CPU has
+/// AVX-512 (the same values, bit for bit), else [`quantize_rows_portable`].
 pub fn quantize_rows(x: &[f32], m: usize, cols: usize) -> Int8Rows {
+    #[cfg(target_arch = "x86_64")]
+    if vnni::quantize_available() {
+        let mut out = empty_rows(m, cols);
+        vnni::quantize(x, &mut out);
+        return out;
+    }
+    quantize_rows_portable(x, m, cols)
+}
+
+fn empty_rows(m: usize, cols: usize) -> Int8Rows {
+    let nb = cols / BLOCK;
+    Int8Rows {
+        m,
+        cols,
+        q: vec![0i8; m * cols],
+        d: vec![0f32; m * nb],
+        s: vec![0f32; m * nb],
+    }
+}
+
+/// [`quantize_rows`] in plain Rust (the reference).
+pub fn quantize_rows_portable(x: &[f32], m: usize, cols: usize) -> Int8Rows {
     debug_assert_eq!(x.len(), m * cols);
     debug_assert_eq!(cols % BLOCK, 0);
-    let nb = cols / BLOCK;
-    let mut q = vec![0i8; m * cols];
-    let mut d = vec![0f32; m * nb];
-    let mut s = vec![0f32; m * nb];
+    let mut out = empty_rows(m, cols);
     for (i, (xb, qb)) in x
         .chunks_exact(BLOCK)
-        .zip(q.chunks_exact_mut(BLOCK))
+        .zip(out.q.chunks_exact_mut(BLOCK))
         .enumerate()
     {
-        let amax = xb.iter().fold(0f32, |a, &v| a.max(v.abs()));
-        let scale = amax / 127.0;
-        if !(scale > 0.0 && scale.is_finite()) {
-            continue;
+        if let Some((d, s)) = quantize_block(xb, qb) {
+            out.d[i] = d;
+            out.s[i] = s;
         }
-        let inv = 1.0 / scale;
-        let mut sum = 0i32;
-        for (o, &v) in qb.iter_mut().zip(xb) {
-            // |v * inv| <= 127 up to one rounding: the clamp only guards that rounding.
-            let r = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
-            *o = r;
-            sum += i32::from(r);
-        }
-        d[i] = scale;
-        s[i] = scale * sum as f32;
     }
-    Int8Rows { m, cols, q, d, s }
+    out
+}
+
+/// One block's quants into `qb`; its `(scale, scale * Σ quants)`, or None (scale 0: the
+/// quants stay zero).
+fn quantize_block(xb: &[f32], qb: &mut [i8]) -> Option<(f32, f32)> {
+    let amax = xb.iter().fold(0f32, |a, &v| a.max(v.abs()));
+    let scale = amax / 127.0;
+    if !(scale > 0.0 && scale.is_finite()) {
+        return None;
+    }
+    let inv = 1.0 / scale;
+    let mut sum = 0i32;
+    for (o, &v) in qb.iter_mut().zip(xb) {
+        // |v * inv| <= 127 up to one rounding: the clamp only guards that rounding.
+        let r = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+        *o = r;
+        sum += i32::from(r);
+    }
+    Some((scale, scale * sum as f32))
 }
 
 /// Bytes of one int8-mode tile-block (16 weight rows x 32 columns).
@@ -199,6 +227,65 @@ pub mod vnni {
             && std::arch::is_x86_feature_detected!("avx512vnni")
     }
 
+    /// Whether this CPU runs [`quantize`] (AVX-512 F).
+    pub fn quantize_available() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+
+    /// [`super::quantize_rows_portable`] into `out` (sized for `x`), 16 values per
+    /// instruction: the same scale and reciprocal per block, the same products, rounded
+    /// half to even (the rounding is fixed in the instruction, whatever the thread's MXCSR
+    /// says). A block whose reciprocal scale overflows (subnormal inputs) takes the
+    /// portable steps. The caller checked [`quantize_available`].
+    pub fn quantize(x: &[f32], out: &mut Int8Rows) {
+        assert!(quantize_available() && x.len() == out.m * out.cols);
+        assert!(out.cols.is_multiple_of(BLOCK) && out.q.len() == x.len());
+        // SAFETY: AVX-512F present (asserted); sizes as asserted.
+        unsafe { quantize_avx512(x, out) }
+    }
+
+    /// # Safety
+    /// AVX-512F present; `out` sized for `x` (see [`quantize`]).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn quantize_avx512(x: &[f32], out: &mut Int8Rows) {
+        const ROUND: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        let (lo, hi) = (_mm512_set1_epi32(-127), _mm512_set1_epi32(127));
+        for (i, (xb, qb)) in x
+            .chunks_exact(BLOCK)
+            .zip(out.q.chunks_exact_mut(BLOCK))
+            .enumerate()
+        {
+            // SAFETY: `xb` is 32 floats and `qb` 32 bytes (chunks of BLOCK = 32).
+            unsafe {
+                let a = _mm512_loadu_ps(xb.as_ptr());
+                let b = _mm512_loadu_ps(xb.as_ptr().add(16));
+                let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+                let scale = amax / 127.0;
+                if !(scale > 0.0 && scale.is_finite()) {
+                    continue;
+                }
+                let inv = 1.0 / scale;
+                if !inv.is_finite() {
+                    if let Some((d, s)) = super::quantize_block(xb, qb) {
+                        out.d[i] = d;
+                        out.s[i] = s;
+                    }
+                    continue;
+                }
+                let vi = _mm512_set1_ps(inv);
+                let qa = _mm512_cvt_roundps_epi32::<ROUND>(_mm512_mul_ps(a, vi));
+                let qb32 = _mm512_cvt_roundps_epi32::<ROUND>(_mm512_mul_ps(b, vi));
+                let qa = _mm512_max_epi32(_mm512_min_epi32(qa, hi), lo);
+                let qb32 = _mm512_max_epi32(_mm512_min_epi32(qb32, hi), lo);
+                let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb32));
+                _mm_storeu_si128(qb.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(qa));
+                _mm_storeu_si128(qb.as_mut_ptr().add(16).cast(), _mm512_cvtepi32_epi8(qb32));
+                out.d[i] = scale;
+                out.s[i] = scale * sum as f32;
+            }
+        }
+    }
+
     /// [`super::portable`] with `vpdpbusd`. The caller checked [`available`].
     pub fn run(
         format: BlockFormat,
@@ -259,8 +346,9 @@ pub mod vnni {
             .enumerate()
         {
             let p = tb.as_ptr();
-            // Integer sums are exact in any order: two chains a row (low and high nibbles),
-            // the rows interleaved, so no chain waits on its own last product.
+            // Integer sums are exact in any order. Low and high nibbles share a row's chain
+            // where enough rows interleave to hide `vpdpbusd`'s latency; a few rows keep
+            // two chains each.
             let mut lo_acc = [_mm512_setzero_si512(); R];
             let mut hi_acc = [_mm512_setzero_si512(); R];
             for j in 0..4 {
@@ -273,7 +361,11 @@ pub mod vnni {
                     for r in 0..R {
                         let xr = xq.add((r0 + r) * x.cols + b * BLOCK + 8 * j);
                         lo_acc[r] = _mm512_dpbusd_epi32(lo_acc[r], lo, quad(xr));
-                        hi_acc[r] = _mm512_dpbusd_epi32(hi_acc[r], hi, quad(xr.add(4)));
+                        if R >= 4 {
+                            lo_acc[r] = _mm512_dpbusd_epi32(lo_acc[r], hi, quad(xr.add(4)));
+                        } else {
+                            hi_acc[r] = _mm512_dpbusd_epi32(hi_acc[r], hi, quad(xr.add(4)));
+                        }
                     }
                 }
             }
@@ -282,7 +374,11 @@ pub mod vnni {
                 let (dw, mw) = (_mm512_loadu_ps(p.cast()), _mm512_loadu_ps(p.add(64).cast()));
                 for r in 0..R {
                     let at = (r0 + r) * nb + b;
-                    let acc = _mm512_add_epi32(lo_acc[r], hi_acc[r]);
+                    let acc = if R >= 4 {
+                        lo_acc[r]
+                    } else {
+                        _mm512_add_epi32(lo_acc[r], hi_acc[r])
+                    };
                     let u = _mm512_mul_ps(dw, _mm512_set1_ps(*xd.add(at)));
                     let f = _mm512_fmadd_ps(u, _mm512_cvtepi32_ps(acc), acc_f[r]);
                     acc_f[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(*xs.add(at)), f);

@@ -272,8 +272,8 @@ impl QuantMatrix {
                 );
             }
             Numeric::Int8 => {
-                let q = self.quantize(x, m)?;
                 let simd = int8_simd_available();
+                let q = self.quantize(x, m, simd)?;
                 let tiles = self.int8_tiles();
                 self.split_pairs(
                     m,
@@ -299,8 +299,9 @@ impl QuantMatrix {
     /// a non-finite value are refused (their quantization would hide it).
     pub fn matmul_int8(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), LinearError> {
         self.check(x, m, out)?;
-        let q = self.quantize(x, m)?;
-        self.matmul_int8_rows(&q, out, int8_simd_available());
+        let simd = int8_simd_available();
+        let q = self.quantize(x, m, simd)?;
+        self.matmul_int8_rows(&q, out, simd);
         Ok(())
     }
 
@@ -312,7 +313,7 @@ impl QuantMatrix {
         out: &mut [f32],
     ) -> Result<(), LinearError> {
         self.check(x, m, out)?;
-        let q = self.quantize(x, m)?;
+        let q = self.quantize(x, m, false)?;
         self.matmul_int8_rows(&q, out, false);
         Ok(())
     }
@@ -328,14 +329,24 @@ impl QuantMatrix {
         Ok(())
     }
 
-    fn quantize(&self, x: &[f32], m: usize) -> Result<Int8Rows, LinearError> {
-        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+    /// `x` quantized ([`int8::quantize_rows`]; `simd` false: the portable steps).
+    fn quantize(&self, x: &[f32], m: usize, simd: bool) -> Result<Int8Rows, LinearError> {
+        // Whole chunks folded without an early exit vectorize; the position only on failure.
+        let finite = x
+            .chunks(256)
+            .all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite()));
+        if !finite {
+            let i = x.iter().position(|v| !v.is_finite()).unwrap_or(0);
             return Err(LinearError::NonFinite {
                 row: i / self.cols,
                 col: i % self.cols,
             });
         }
-        Ok(int8::quantize_rows(x, m, self.cols))
+        Ok(if simd {
+            int8::quantize_rows(x, m, self.cols)
+        } else {
+            int8::quantize_rows_portable(x, m, self.cols)
+        })
     }
 
     fn int8_tiles(&self) -> &[u8] {
