@@ -997,9 +997,14 @@ class SpeculativeGenerator:
         return self.adaptive
 
     # -- the paged pool: admission and preemption --------------------------------------------
+    @staticmethod
+    def default_kv_tokens(max_batch: int, max_positions: int) -> int:
+        """The paged pool's size without ``kv_tokens``: room for ``max_batch`` requests of
+        1,024 tokens each (of ``max_positions`` at most)."""
+        return max_batch * min(max_positions, 1024)
+
     def _pool_blocks(self) -> int:
-        # Default: room for the batch at 1024 tokens each, at most the model's context.
-        tokens = self.kv_tokens or self.max_batch * min(self.target.max_positions, 1024)
+        tokens = self.kv_tokens or self.default_kv_tokens(self.max_batch, self.target.max_positions)
         return -(-tokens // self.block_size)
 
     def _blocks(self, tokens: int) -> int:

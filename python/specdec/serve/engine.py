@@ -174,7 +174,8 @@ class Engine:
     # -- set-up ----------------------------------------------------------------------------
     def _pool_tokens(self) -> int:
         """The paged pool's size in tokens: ``kv_tokens``, else what ``kv_cache_gib`` holds
-        (never less than ``max_batch`` requests of 1,024 tokens, the generator's default)."""
+        (never less than the generator's default,
+        :meth:`~specdec.decode.SpeculativeGenerator.default_kv_tokens`)."""
         config = self.config
         if config.kv_tokens is not None:
             return config.kv_tokens
@@ -184,7 +185,7 @@ class Engine:
         c = self.model.new_cache(1)
         itemsize = torch.finfo(self.model.dtype).bits // 8
         per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * itemsize  # K and V
-        floor = config.max_batch * min(self.max_positions, 1024)
+        floor = SpeculativeGenerator.default_kv_tokens(config.max_batch, self.max_positions)
         return max(int(gib * 2**30) // per_token, floor)
 
     def _drafter(self, name: str) -> Any:
