@@ -83,7 +83,7 @@ def test_suffix_index_updates_and_corpus() -> None:
 
 
 def test_suffix_drafter_follows_the_context() -> None:
-    d = SuffixDrafter(max_match=4, max_depth=3)
+    d = SuffixDrafter(max_match=4, max_depth=3, min_match=1)
     assert isinstance(d, TreeDrafter) and isinstance(d, RequestLifecycle)
     tree = d.propose_tree([1, 2, 3, 4, 1, 2], budget=4)
     assert tree.tokens.tolist() == [2, 3, 4, 1]
@@ -104,7 +104,7 @@ def test_suffix_drafter_follows_the_context() -> None:
 
 
 def test_suffix_drafter_remembers_outputs() -> None:
-    d = SuffixDrafter(remember_outputs=True)
+    d = SuffixDrafter(remember_outputs=True, min_match=1)
     d.add_request(0, [3, 4])
     d.propose([DraftRequest([3, 4, 5], request_id=0)], budget=4)
     d.remove_request(0, output=[5, 6])
@@ -112,6 +112,26 @@ def test_suffix_drafter_remembers_outputs() -> None:
     assert d.propose_tree([9, 5], budget=2).tokens.tolist() == [5, 6]
     assert d.propose_tree([9, 3], budget=2).num_drafted == 0
     assert d.num_corpus == 1 and d.num_corpus_tokens == 2 and d.num_requests == 0
+
+
+def test_short_matches_draft_nothing_by_default() -> None:
+    # A suffix of one or two tokens is not a match unless asked for: 3 tokens by default.
+    ctx2 = [5, 6, 7, 8, 1, 5, 6]  # "5 6" recurs, no 3-token suffix does
+    ctx3 = [4, 5, 6, 7, 8, 1, 4, 5, 6]  # "4 5 6" recurs
+    assert SuffixDrafter().propose_tree(ctx2, budget=4).num_drafted == 0
+    assert SuffixDrafter(min_match=2).propose_tree(ctx2, budget=4).tokens.tolist() == [
+        6,
+        7,
+        8,
+        1,
+        5,
+    ]
+    assert SuffixDrafter().propose_tree(ctx3, budget=4).tokens.tolist() == [6, 7, 8, 1, 4]
+    assert NgramDrafter(16).lookup(ctx2) == []
+    assert NgramDrafter(16, min_n=2).lookup(ctx2) == [7, 8, 1, 5, 6]
+    assert NgramDrafter(16).lookup(ctx3) == [7, 8, 1, 4, 5, 6]
+    # The default never exceeds max_n.
+    assert NgramDrafter(16, max_n=2).min_n == 2
 
 
 def test_ngram_lookup() -> None:
@@ -160,7 +180,7 @@ def test_bad_input_raises_specdec_errors() -> None:
         (lambda: SuffixDrafter().propose([object()], 2), SpecdecTypeError),  # type: ignore[list-item]
         (lambda: NgramDrafter(8, min_n=3, max_n=2), DraftError),
         (lambda: NgramDrafter(8).propose([DraftRequest([1])], 0), DraftError),
-        (lambda: NgramDrafter(4).draft_one([9, 9], 2), DraftError),
+        (lambda: NgramDrafter(4).draft_one([9, 9, 9, 9], 2), DraftError),
     ]
     for i, (call, cls) in enumerate(cases):
         with pytest.raises(cls) as info:

@@ -215,7 +215,7 @@ def test_best_chain_is_the_best_path() -> None:
 
 def fresh_chain(history: list[list[int]], prompt_len: int, corpus: list[list[int]]) -> list[int]:
     """The oracle: a new drafter given the corpus and then the final context at once."""
-    d = SuffixDrafter(max_match=8, max_depth=8, min_prob=0.1, remember_outputs=True)
+    d = SuffixDrafter(max_match=8, max_depth=8, min_prob=0.1, remember_outputs=True, min_match=1)
     for c in corpus:
         d.add_corpus(c)
     chains = SuffixChains(max_tokens=8, min_prob=0.1)

@@ -73,7 +73,9 @@ class LruModel:
 def test_no_state_outlives_its_request() -> None:
     rng = random.Random(0)
     bound = 120
-    d = SuffixDrafter(max_match=3, max_depth=4, remember_outputs=True, corpus_tokens=bound)
+    d = SuffixDrafter(
+        max_match=3, max_depth=4, remember_outputs=True, corpus_tokens=bound, min_match=1
+    )
     assert isinstance(d, RequestLifecycle)
     live: dict[int, list[int]] = {}
     for rid in range(400):
@@ -97,7 +99,7 @@ def test_no_state_outlives_its_request() -> None:
 
 
 def test_tenants_never_draft_from_each_other() -> None:
-    d = SuffixDrafter(max_match=4, max_depth=4, remember_outputs=True)
+    d = SuffixDrafter(max_match=4, max_depth=4, remember_outputs=True, min_match=1)
     text = [40, 41, 42, 43, 44, 45]
     d.add_request(1, [1, 2, 3], cache_salt="tenant-a")
     d.remove_request(1, output=text)
@@ -119,7 +121,11 @@ def test_corpus_bound_keeps_the_least_recently_used() -> None:
     for case in range(40):
         bound, max_match = rng.randrange(8, 40), rng.randrange(1, 4)
         d = SuffixDrafter(
-            max_match=max_match, max_depth=3, remember_outputs=True, corpus_tokens=bound
+            max_match=max_match,
+            max_depth=3,
+            remember_outputs=True,
+            corpus_tokens=bound,
+            min_match=1,
         )
         model = LruModel(bound, max_match)
         live: dict[int, tuple[Salt, list[int]]] = {}
@@ -155,7 +161,7 @@ def test_id_keyed_proposals_equal_the_one_off_path() -> None:
     rng = random.Random(2)
     for case in range(60):
         vocab, max_match = rng.choice([2, 3, 5]), rng.randrange(1, 5)
-        d = SuffixDrafter(max_match=max_match, max_depth=rng.randrange(1, 6))
+        d = SuffixDrafter(max_match=max_match, max_depth=rng.randrange(1, 6), min_match=1)
         corpus = [[rng.randrange(vocab) for _ in range(rng.randrange(12))] for _ in range(3)]
         for c in corpus:
             d.add_corpus(c)
@@ -240,7 +246,7 @@ class _ModelWithoutState:
 
 def test_combined_drafter_forwards_the_lifecycle() -> None:
     model = _ModelWithState()
-    c = CombinedDrafter(model, SuffixDrafter(remember_outputs=True), max_depth=2)
+    c = CombinedDrafter(model, SuffixDrafter(remember_outputs=True, min_match=1), max_depth=2)
     assert isinstance(c, RequestLifecycle)
     c.add_request(3, [1, 2, 3], cache_salt="t")
     assert c.num_requests == 1 and model.calls == [("add", 3)]

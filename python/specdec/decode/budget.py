@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -110,7 +109,15 @@ def _rate(runs: Sequence[tuple[int, float, float, float]]) -> float:
     ratio of sums one stalled plain step among twelve made plain decoding look slower
     than a drafter that did not pay, which then ran for whole requests (plain steps no
     longer ran to correct it)."""
-    return statistics.fmean(r[0] for r in runs) / statistics.median(r[1] for r in runs)
+    return math.fsum([r[0] for r in runs]) / len(runs) / _median([r[1] for r in runs])
+
+
+def _median(xs: list[float]) -> float:
+    """``statistics.median`` of a non-empty list, without its generic machinery (the
+    budget takes several medians of windows of 12 to 32 floats every step)."""
+    s = sorted(xs)
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
 
 
 def _monotone(y: list[float]) -> list[float]:
@@ -509,7 +516,7 @@ class AdaptiveBudget:
         # between counts fed, interpolated; beyond them, the nearest one's.
         w, level = self.cost_weight, self._level
         if level is None:
-            level = self._level = statistics.median(self._cost_ratios)
+            level = self._level = _median(self._cost_ratios)
         own = self._fed_ratio.get(rows) if most == 0 else None
         if own is not None:  # a plain step's, fed before (every step asks): its own ratio
             q, c = own
@@ -766,8 +773,8 @@ class AdaptiveBudget:
             self._learn_forward(sum(t.num_nodes for t in trees) if fed is None else fed, forward)
         if drafted:
             self._hosts = [*self._hosts[-15:], host]
-            # statistics, not numpy: 16 floats, and numpy's median took 40 us a step.
-            self.host_seconds = statistics.median(self._hosts)
+            # A plain sort, not numpy: 16 floats, and numpy's median took 40 us a step.
+            self.host_seconds = _median(self._hosts)
 
     def _observe_arm(
         self,
@@ -814,7 +821,7 @@ class AdaptiveBudget:
         if not runs:
             self._arm_summary.pop(arm, None)
             return
-        host = statistics.median(r[3] - r[2] for r in runs)
+        host = _median([r[3] - r[2] for r in runs])
         self._arm_summary[arm] = (_rate(runs), min(r[2] for r in runs), host)
 
     def learn(
@@ -835,6 +842,8 @@ class AdaptiveBudget:
         longer, and did worse in ``bench_budget_replay.py``: 19 of 24 cells within 5%,
         against 24.) ``rid``: the request's id, for its own factors
         (:meth:`request_factor`)."""
+        if all(t.num_real == 1 for t in candidates):
+            return  # nothing drafted: nothing to learn (most steps where text is new)
         if len(path) == 0:  # an empty list would read as float64: every node is guessed
             path = np.zeros(0, dtype=np.int64)
         p = np.ascontiguousarray(as_array(path, np.int64, "path", 1, False, ConfigError))
@@ -855,8 +864,7 @@ class AdaptiveBudget:
             self._secs, self._secs_of, self._modelled = {}, self.cost, {}
             self._est, self._curve, self._level = {}, None, None
             self._fed_ratio = {
-                n: (statistics.median(ts) / self.cost(n), len(ts))
-                for n, ts in self._forwards.items()
+                n: (_median(ts) / self.cost(n), len(ts)) for n, ts in self._forwards.items()
             }
 
     def _learn_forward(self, fed: int, seconds: float) -> None:
@@ -869,5 +877,5 @@ class AdaptiveBudget:
         if modelled is None:
             modelled = self._modelled[fed] = self.cost(fed)
         self._cost_ratios = [*self._cost_ratios, seconds / modelled][-32:]
-        self._fed_ratio[fed] = (statistics.median(ts) / modelled, len(ts))
+        self._fed_ratio[fed] = (_median(ts) / modelled, len(ts))
         self._est, self._curve, self._level = {}, None, None

@@ -1165,7 +1165,7 @@ def _draft_hidden(req: _Request) -> torch.Tensor | None:
 
 def _root_trees(contexts: list[list[int]]) -> list[list[DraftTree]]:
     """Per context one tree of its root alone (a plain step: nothing drafted)."""
-    return [[DraftTree([c[-1]], [-1])] for c in contexts]
+    return [[DraftTree.root_only(c[-1])] for c in contexts]
 
 
 def _forced(gds: dict[int, _GrammarStep], rid: int) -> tuple[int, ...]:
@@ -1176,7 +1176,7 @@ def _forced(gds: dict[int, _GrammarStep], rid: int) -> tuple[int, ...]:
 
 def _root_tree(token: int) -> DraftTree:
     """A scored tree of ``token`` alone (expects to accept nothing)."""
-    return DraftTree([token], [-1], logprobs=[0.0])
+    return DraftTree.root_only(token, scored=True)
 
 
 def _best(trees: Sequence[DraftTree]) -> int:

@@ -117,7 +117,7 @@ class CombinedDrafter:
             mt = (
                 shape.build(rows, root)
                 if rows is not None and len(rows)
-                else DraftTree([root], [-1], logprobs=[0.0])
+                else DraftTree.root_only(root, scored=True)
             )
             out.append((mt, st))
         return out

@@ -24,14 +24,28 @@ class NgramDrafter(SequenceDrafter):
     or the root alone when nothing matched; what :class:`~specdec.SpeculativeGenerator`
     uses), and as a :class:`~specdec.protocols.Drafter` (:meth:`draft_one`: one-hot logits,
     0 at the proposed token and ``-inf`` elsewhere, for any tree shape; depths past the
-    proposal are all 0, i.e. uniform, as the lookup knows nothing there)."""
+    proposal are all 0, i.e. uniform, as the lookup knows nothing there).
+
+    ``min_n`` defaults to 3 (at most ``max_n``): a suffix of one or two tokens recurs almost
+    anywhere, and what followed it once is rarely what follows now (on SmolLM2's questions
+    those chains made the adaptive budget's steps 0.85x of plain decoding, 0.96-1.0x with
+    3)."""
 
     def __init__(
-        self, vocab_size: int, *, max_n: int = 3, min_n: int = 1, max_depth: int = 8
+        self,
+        vocab_size: int,
+        *,
+        max_n: int = 3,
+        min_n: int | None = None,
+        max_depth: int = 8,
     ) -> None:
         self.vocab_size = check_int(vocab_size, "vocab_size", 1, DraftError)
-        self.min_n = check_int(min_n, "min_n", 1, DraftError)
-        self.max_n = check_int(max_n, "max_n", self.min_n, DraftError)
+        self.max_n = check_int(max_n, "max_n", 1, DraftError)
+        self.min_n = check_int(
+            min(3, self.max_n) if min_n is None else min_n, "min_n", 1, DraftError
+        )
+        if self.min_n > self.max_n:
+            raise DraftError(f"min_n {self.min_n} exceeds max_n {self.max_n}")
         self.max_depth = check_int(max_depth, "max_depth", 1, DraftError)
 
     def lookup(self, context: Sequence[int]) -> list[int]:
@@ -55,7 +69,7 @@ class NgramDrafter(SequenceDrafter):
             chain = self.lookup(r.context)[:budget]
             root = int(r.context[-1])
             trees.append(
-                tree_from_branches([chain], root_token=root) if chain else DraftTree([root], [-1])
+                tree_from_branches([chain], root_token=root) if chain else DraftTree.root_only(root)
             )
         return trees
 
