@@ -26,6 +26,8 @@ where the CPU runs bfloat16 natively), named ``block[full]`` etc. when there are
 ``--warm``: one generator per configuration for the whole run (a serving process; the
 adaptive budget starts each request with what the earlier ones taught it; the first
 request of each configuration is cold);
+``--min-match N``: the suffix drafters' ``min_match`` and the n-gram drafter's ``min_n``
+(default: theirs, 3);
 ``--smoke``: a tiny random model, two prompts (a test that the script works, not a
 measurement).
 """
@@ -127,16 +129,20 @@ def engines(
     *,
     vocab: int = 0,
     auto_only: bool = False,
+    min_match: int | None = None,
 ) -> list[tuple[str, str, str, Factory]]:
     """(drafter, engine, budget label, factory(target, rule)); ``auto_only``: the adaptive
     budget alone per drafter, with the n-gram drafter too (``vocab``: its vocabulary), as
-    ``specdec demo --full`` runs them."""
+    ``specdec demo --full`` runs them; ``min_match``: the suffix drafters' ``min_match``
+    and the n-gram drafter's ``min_n`` (None: their defaults)."""
     out: list[tuple[str, str, str, Factory]] = []
-    kinds: list[tuple[str, Callable[[], Any], int]] = [
-        ("suffix", lambda: SuffixDrafter(max_depth=16), 8)
-    ]
+
+    def suffix() -> SuffixDrafter:
+        return SuffixDrafter(max_depth=16, min_match=min_match)
+
+    kinds: list[tuple[str, Callable[[], Any], int]] = [("suffix", suffix, 8)]
     if auto_only and vocab:
-        kinds.insert(0, ("ngram", lambda: NgramDrafter(vocab, max_depth=32), 32))
+        kinds.insert(0, ("ngram", lambda: NgramDrafter(vocab, max_depth=32, min_n=min_match), 32))
     if block is not None:
         kinds.append(("block", lambda: block, block.config.block_size))
     if medusa is not None:
@@ -146,7 +152,7 @@ def engines(
         kinds.append(
             (
                 "block+suffix",
-                lambda: CombinedDrafter(block, SuffixDrafter(max_depth=16), max_depth=el),
+                lambda: CombinedDrafter(block, suffix(), max_depth=el),
                 el,
             )
         )
@@ -214,7 +220,15 @@ def run(args: argparse.Namespace) -> list[Row]:
         if not args.smoke:
             bv = _trained(BlockDrafter, args.block, target, v, bf16)
             mv = _trained(MedusaDrafter, args.medusa, target, v, bf16)
-        part = engines(bv, mv, budgets, cost, vocab=target.vocab_size, auto_only=args.auto_only)
+        part = engines(
+            bv,
+            mv,
+            budgets,
+            cost,
+            vocab=target.vocab_size,
+            auto_only=args.auto_only,
+            min_match=args.min_match,
+        )
         if args.drafters:
             keep = set(args.drafters.split(","))
             part = [e for e in part if e[0] in keep]
@@ -705,6 +719,11 @@ def main() -> None:
         "--no-transformers",
         action="store_true",
         help="no transformers baseline (greedy outputs are checked against specdec's own AR)",
+    )
+    ap.add_argument(
+        "--min-match",
+        type=int,
+        help="the suffix drafters' min_match and the n-gram drafter's min_n (default: theirs)",
     )
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
