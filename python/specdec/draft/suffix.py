@@ -68,13 +68,12 @@ class SuffixDrafter:
     ``max_match``: longest context suffix looked up; ``max_depth``: deepest drafted node;
     ``min_prob``: smallest path probability drafted; ``min_match``: shortest context suffix
     that counts as a match (default 3, at most ``max_match``: a token or two of context
-    recur almost anywhere, and on SmolLM2's questions the chains drafted from them failed at
-    their first token, 6-node trees that cost 0.8 of a plain step each, while each step
-    that drafts also pays the budget's pricing; the adaptive budget with block + suffix ran
-    at 0.82-0.90x of plain decoding there with 1, 0.93-1.07x with 3, the same on code and
-    text edits); ``depth_factor``: with it, a match of ``m`` tokens drafts at most
-    ``floor(depth_factor * m)`` tokens deep (a short match is weak evidence however often it
-    occurred: suffix decoding's ``max_spec_factor``).
+    recur almost anywhere, and on SmolLM2's questions the chains drafted from them were
+    rejected at their first token while every step that found one paid for pricing it;
+    block + suffix under the adaptive budget, greedy: 0.928-0.945x of plain decoding with 1,
+    0.955-0.956x with 3; text edits level); ``depth_factor``: with it, a match of ``m``
+    tokens drafts at most ``floor(depth_factor * m)`` tokens deep (a short match is weak
+    evidence however often it occurred: suffix decoding's ``max_spec_factor``).
 
     A request added with :meth:`add_request` gets its own index of its prompt; each
     :class:`~specdec.protocols.DraftRequest` with its ``request_id`` must extend the tokens
