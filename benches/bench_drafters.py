@@ -17,12 +17,15 @@ configurations (transformers': of N before and N after them); every run's second
 JSON, and the script prints the adaptive budget over the best fixed
 configuration per drafter, prompt kind and mode, then the same with each run timed by the
 fastest of only k of its rounds, for every k-round subset (how much of a miss the clock
-makes: "best fixed" is the largest of several noisy figures); ``--from-json FILE``: the tables of a
-saved run; ``--plot DIR``: acceptance and speed against the budget, one PNG per prompt
-kind and mode; ``--draft-vocab full,auto,FILE``: the trained drafters once per draft vocabulary
-(``auto``: the checkpoint's ``draft_vocab.json`` when it has one, the default; ``full``: the
-whole vocabulary; a suffix ``@f32`` / ``@bf16`` sets the drafters' packed precision, default
-where the CPU runs bfloat16 natively), named ``block[full]`` etc. when there are several.
+makes: "best fixed" is the largest of several noisy figures), and the adaptive budget over
+specdec AR, each configuration by its fastest round and then paired by round (each round's
+ratio to the AR run of the same round, the median over the rounds; ``--auto-only`` runs just
+that comparison); ``--from-json FILE``: the tables of a saved run; ``--plot DIR``:
+acceptance and speed against the budget, one PNG per prompt kind and mode; ``--draft-vocab
+full,auto,FILE``: the trained drafters once per draft vocabulary (``auto``: the checkpoint's
+``draft_vocab.json`` when it has one, the default; ``full``: the whole vocabulary; a suffix
+``@f32`` / ``@bf16`` sets the drafters' packed precision, default where the CPU runs
+bfloat16 natively), named ``block[full]`` etc. when there are several.
 ``--warm``: one generator per configuration for the whole run (a serving process; the
 adaptive budget starts each request with what the earlier ones taught it; the first
 request of each configuration is cold);
