@@ -958,7 +958,9 @@ class SpeculativeGenerator:
         for lg, c, p in zip(logits, contexts, prefixes, strict=True):
             root = p[-1] if p else c[-1]
             rows = lg[len(p) : len(p) + depth]
-            out.append([shape.build(rows, root) if len(rows) else _root_tree(root)])
+            out.append(
+                [shape.build(rows, root) if len(rows) else DraftTree.root_only(root, scored=True)]
+            )
         return out
 
     def _trees_without_prefix(
@@ -972,7 +974,7 @@ class SpeculativeGenerator:
         """:meth:`_trees` for a drafter that ignores prefixes: the requests without one get
         its trees, those with one the root alone (after their forced tokens)."""
         plain = [i for i, p in enumerate(prefixes) if not p]
-        out = [[_root_tree(p[-1])] if p else [] for p in prefixes]
+        out = [[DraftTree.root_only(p[-1], scored=True)] if p else [] for p in prefixes]
         if plain:
             saved, self._gd_of = self._gd_of, {}
             try:
@@ -1172,11 +1174,6 @@ def _forced(gds: dict[int, _GrammarStep], rid: int) -> tuple[int, ...]:
     """Request ``rid``'s forced tokens this step (none without a grammar draft)."""
     g = gds.get(rid)
     return () if g is None else g.forced
-
-
-def _root_tree(token: int) -> DraftTree:
-    """A scored tree of ``token`` alone (expects to accept nothing)."""
-    return DraftTree.root_only(token, scored=True)
 
 
 def _best(trees: Sequence[DraftTree]) -> int:
