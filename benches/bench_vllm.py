@@ -5,8 +5,11 @@ Speculation: vLLM plain, with its n-gram proposer (``ngram``: the documented 4-g
 (``suffix_decoding_max_spec_factor`` 2), the longest draft 8 tokens for both, on the demo's
 prompt kinds (``specdec.demo_prompts``: code, edit, qa), greedy, one request at a time and
 in batches of 8 (a kind's prompts cycled to 8 requests). A fresh engine per proposer and
-batch size (so the suffix corpus starts empty each time), warmed up with one unmeasured
-prompt that is not measured later. Figures: output tokens/s (tokens over the wall time of
+batch size, warmed up with one unmeasured prompt that is not measured later. So ``suffix``
+starts with an empty corpus; ``suffix-warm`` is the same proposer after the engine has
+answered ``CORPUS_PROMPTS`` (40 other prompts of the same kinds, unmeasured, in batches of
+8): a server that has been up for a while. The n-gram proposer keeps nothing between
+requests. Figures: output tokens/s (tokens over the wall time of
 ``generate``), acceptance (accepted / drafted tokens, vLLM's own counters), whether every
 output equals vLLM's plain one, and the proposer's own cost per request per step.
 
@@ -45,7 +48,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from specdec.demo_prompts import PROMPTS
+from specdec.demo_prompts import CORPUS_PROMPTS, PROMPTS
 
 WARMUP = "Explain in two sentences what a hash map is."
 K = 8  # the longest draft of both proposers
@@ -253,7 +256,10 @@ CONFIGS: dict[str, dict[str, Any] | None] = {
         "prompt_lookup_max": 5,
     },
     "suffix": SUFFIX,
+    # The same proposer, its corpus warm from CORPUS_PROMPTS' outputs.
+    "suffix-warm": SUFFIX,
 }
+WARM_CORPUS = {"suffix-warm"}
 
 
 def speculation_unit(
@@ -265,6 +271,10 @@ def speculation_unit(
     kwargs = {} if spec is None else {"speculative_config": spec}
     with Engine(model, **kwargs) as eng:
         eng.generate([WARMUP], greedy(max_tokens))
+        if name in WARM_CORPUS:
+            earlier = [m for ms in CORPUS_PROMPTS.values() for m in ms]
+            for i in range(0, len(earlier), 8):
+                eng.generate(earlier[i : i + 8], greedy(max_tokens))
         for kind in PROMPTS:
             d0 = eng.counter("vllm:spec_decode_num_draft_tokens")
             a0 = eng.counter("vllm:spec_decode_num_accepted_tokens")
@@ -535,10 +545,11 @@ def table(spec_rows: list[dict[str, Any]], grammar_rows: list[dict[str, Any]]) -
     lines: list[str] = []
     configs = list(dict.fromkeys(r["config"] for r in spec_rows if r["kind"] in PROMPTS))
     ngrams = [c for c in configs if c.startswith("ngram")]
+    pairs = [(s, n) for s in configs if s.startswith("suffix") for n in ngrams]
     if spec_rows:
-        head = [f"{c} tok/s (acc.)" for c in configs] + [f"suffix / {c}" for c in ngrams]
+        head = [f"{c} tok/s (acc.)" for c in configs] + [f"{s} / {n}" for s, n in pairs]
         lines.append(f"| batch | kind | {' | '.join(head)} | same output |")
-        lines.append("|---:|---|" + "---:|" * (len(configs) + len(ngrams)) + "---|")
+        lines.append("|---:|---|" + "---:|" * (len(configs) + len(pairs)) + "---|")
     for batch in sorted({r["batch"] for r in spec_rows}):
         by = {(r["config"], r["kind"]): r for r in spec_rows if r["batch"] == batch}
         for kind in [*PROMPTS, "mix"]:
@@ -559,7 +570,7 @@ def table(spec_rows: list[dict[str, Any]], grammar_rows: list[dict[str, Any]]) -
                 + ("" if cells[c]["acc"] is None else f" ({cells[c]['acc']:.0%})")
                 for c in configs
             ]
-            shown += [f"{cells['suffix']['tok_s'] / cells[c]['tok_s']:.2f}x" for c in ngrams]
+            shown += [f"{cells[s]['tok_s'] / cells[n]['tok_s']:.2f}x" for s, n in pairs]
             known = [v["same"] for v in cells.values() if v["same"] is not None]
             same = "-" if not known else "yes" if all(known) else "NO"
             name = "**mix**" if kind == "mix" else kind
@@ -592,7 +603,7 @@ def main() -> None:
     ap.add_argument("--kv-gib", type=int, default=2)
     ap.add_argument(
         "--configs",
-        default="plain,ngram,suffix",
+        default="plain,ngram,suffix,suffix-warm",
         help=f"speculation configs to run, of {', '.join(CONFIGS)}",
     )
     ap.add_argument("--parts", default="speculation,grammar")

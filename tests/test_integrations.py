@@ -423,7 +423,17 @@ def test_step_costs_threshold_is_slope_times_rate() -> None:
             assert costs.threshold() == 0.0  # fewer than `least` steps: no cut yet
         costs.add(int(f), float(t), int(o))
     slope = np.polyfit(fed[-32:], secs[-32:], 1)[0]
-    assert costs.threshold() == pytest.approx(slope * out[-32:].sum() / secs[-32:].sum())
+    rate = out[-16:].sum() / secs[-16:].sum()  # the rate follows the last `recent` steps
+    assert costs.threshold() == pytest.approx(slope * rate)
+    before = costs.threshold()
+    # A larger batch: the same line, twice the output per second. After `recent` steps the
+    # threshold is the new rate's, while the window's older steps still fit the slope.
+    for f, t in zip(fed[:16], secs[:16], strict=True):
+        costs.add(int(f), float(t), 28)
+    rate = 16 * 28 / secs[:16].sum()
+    slope = np.polyfit(np.r_[fed[-16:], fed[:16]], np.r_[secs[-16:], secs[:16]], 1)[0]
+    assert costs.threshold() == pytest.approx(slope * rate)
+    assert before * 1.5 < costs.threshold() < 0.9
     flat = StepCosts(least=2)
     for _ in range(4):
         flat.add(8, 0.05, 8)

@@ -239,21 +239,27 @@ class ProposeStats:
 
 class StepCosts:
     """What a verified token costs, from the steps themselves: over the last ``window``
-    steps, seconds against tokens verified (least squares: seconds per extra token) and
-    output tokens per second. A draft token pays when its chance of being accepted is above
-    :meth:`threshold`, their product: on two CPU cores each token verified at batch 8 costs
-    a few percent of a step, at batch 1 far less, on a GPU next to nothing."""
+    steps, seconds against tokens verified (least squares: seconds per extra token), and
+    over the last ``recent`` steps, output tokens per second. A draft token pays when its
+    chance of being accepted is above :meth:`threshold`, their product: on two CPU cores
+    each token verified at batch 8 costs a few percent of a step, at batch 1 far less, on a
+    GPU next to nothing. The rate follows only recent steps because it moves with the batch
+    (a batch of 8 after one request alone outputs several times faster per second, so its
+    tokens must be likelier), while the slope is the same line at every batch size."""
 
-    def __init__(self, window: int = 64, least: int = 8) -> None:
+    def __init__(self, window: int = 64, least: int = 8, recent: int = 16) -> None:
         self.window = window
         self.least = least
+        self.recent = recent
         self._steps: deque[tuple[int, float, int]] = deque()
-        # Running sums over the window: fed, seconds, fed^2, fed x seconds, output tokens.
-        self._sums = [0.0, 0.0, 0.0, 0.0, 0.0]
+        # Running sums over the window: fed, seconds, fed^2, fed x seconds.
+        self._sums = [0.0, 0.0, 0.0, 0.0]
+        self._recent: deque[tuple[float, int]] = deque()
+        self._recent_sums = [0.0, 0.0]  # seconds, output tokens
 
     def _count(self, step: tuple[int, float, int], sign: float) -> None:
-        f, t, o = step
-        for i, x in enumerate((f, t, f * f, f * t, o)):
+        f, t, _ = step
+        for i, x in enumerate((f, t, f * f, f * t)):
             self._sums[i] += sign * x
 
     def add(self, fed: int, seconds: float, out: int) -> None:
@@ -264,6 +270,13 @@ class StepCosts:
         self._count(step, 1.0)
         if len(self._steps) > self.window:
             self._count(self._steps.popleft(), -1.0)
+        self._recent.append((seconds, out))
+        self._recent_sums[0] += seconds
+        self._recent_sums[1] += out
+        if len(self._recent) > self.recent:
+            t, o = self._recent.popleft()
+            self._recent_sums[0] -= t
+            self._recent_sums[1] -= o
 
     def threshold(self) -> float:
         """Seconds per verified token x output tokens per second (0 until ``least`` steps
@@ -271,12 +284,12 @@ class StepCosts:
         n = len(self._steps)
         if n < self.least:
             return 0.0
-        sf, st, sff, sft, so = self._sums
+        sf, st, sff, sft = self._sums
         var = sff - sf * sf / n
         if var <= 1e-9 * max(sff, 1.0):  # one token count only: the slope is unknown
             return 0.0
         per_token = max((sft - sf * st / n) / var, 0.0)
-        rate = so / max(st, 1e-9)
+        rate = self._recent_sums[1] / max(self._recent_sums[0], 1e-9)
         return min(per_token * rate, 0.9)
 
 
