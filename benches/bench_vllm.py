@@ -266,11 +266,16 @@ def speculation_unit(
     model: Path, max_tokens: int, batch: int, name: str, spec: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
     """One engine (``spec``: its speculative config, None for plain) at one batch size: a
-    row per prompt kind, its outputs' token ids included, and the proposer's own cost."""
+    row per prompt kind, its outputs' token ids included, and the proposer's own cost. Plain
+    decoding one request at a time also gives a ``replay`` row for ``bound_vllm.py``: every
+    prompt's and output's token ids, the warm-up's, and (answered after the measured
+    prompts) ``CORPUS_PROMPTS``'."""
     rows: list[dict[str, Any]] = []
     kwargs = {} if spec is None else {"speculative_config": spec}
+    replay = spec is None and batch == 1
     with Engine(model, **kwargs) as eng:
-        eng.generate([WARMUP], greedy(max_tokens))
+        _, warm = eng.generate([WARMUP], greedy(max_tokens))
+        requests: list[dict[str, Any]] = []
         if name in WARM_CORPUS:
             earlier = [m for ms in CORPUS_PROMPTS.values() for m in ms]
             for i in range(0, len(earlier), 8):
@@ -284,7 +289,11 @@ def speculation_unit(
                 dt, got = eng.generate(msgs, greedy(max_tokens))
                 secs += dt
                 tokens += sum(len(o.outputs[0].token_ids) for o in got)
-                outs += [list(o.outputs[0].token_ids) for o in got]
+                for o in got:
+                    outs.append(list(o.outputs[0].token_ids))
+                    requests.append(
+                        {"kind": kind, "prompt": list(o.prompt_token_ids), "output": outs[-1]}
+                    )
             drafted = eng.counter("vllm:spec_decode_num_draft_tokens") - d0
             accepted = eng.counter("vllm:spec_decode_num_accepted_tokens") - a0
             drafts = eng.counter("vllm:spec_decode_num_drafts") - s0
@@ -303,17 +312,38 @@ def speculation_unit(
                     "outputs": outs,
                 }
             )
+        if replay:
+            earlier = [m for ms in CORPUS_PROMPTS.values() for m in ms]
+            corpus = [
+                eng.generate(earlier[i : i + 8], greedy(max_tokens))[1]
+                for i in range(0, len(earlier), 8)
+            ]
+            rows.append(
+                {
+                    "batch": batch,
+                    "config": name,
+                    "kind": "replay",
+                    "warmup": list(warm[0].outputs[0].token_ids),
+                    "requests": requests,
+                    "corpus": [list(o.outputs[0].token_ids) for got in corpus for o in got],
+                }
+            )
         drafter = getattr(eng.runner(), "drafter", None)
         st = getattr(drafter, "stats", None)
         if st is not None and st.requests:
+            costs = getattr(drafter, "costs")  # noqa: B009
+            line = costs.line()
             rows.append(
                 {
                     "batch": batch,
                     "config": name,
                     "kind": "proposer cost",
                     "us_per_request_step": 1e6 * st.seconds / st.requests,
-                    # The acceptance a draft token needed at the end (StepCosts).
-                    "threshold": getattr(drafter, "costs").threshold(),  # noqa: B009
+                    # The acceptance a draft token needed at the end (StepCosts), and the
+                    # line it came from: a step's ms against the tokens it verified.
+                    "threshold": costs.threshold(),
+                    "step_ms": None if line is None else 1e3 * line.step_s,
+                    "token_ms": None if line is None else 1e3 * line.token_s,
                 }
             )
     return rows
@@ -337,14 +367,19 @@ def run_speculation(
             for name in names:
                 for row in child(model, ["speculation", str(max_tokens), str(batch), name]):
                     runs.setdefault((batch, name, row["kind"]), []).append(row)
-                    print(json.dumps({k: v for k, v in row.items() if k != "outputs"}), flush=True)
+                    if row["kind"] != "replay":
+                        shown = {k: v for k, v in row.items() if k != "outputs"}
+                        print(json.dumps(shown), flush=True)
     plain = {
         (batch, kind): cell[0]["outputs"]
         for (batch, name, kind), cell in runs.items()
-        if name == "plain" and kind != "proposer cost"
+        if name == "plain" and kind in PROMPTS
     }
     rows: list[dict[str, Any]] = []
     for (batch, _, kind), cell in runs.items():
+        if kind == "replay":
+            rows.append(cell[0])
+            continue
         if kind == "proposer cost":
             rows.append(min(cell, key=lambda x: x["us_per_request_step"]))
             continue

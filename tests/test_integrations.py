@@ -422,7 +422,10 @@ def test_step_costs_threshold_is_slope_times_rate() -> None:
         if i == 7:
             assert costs.threshold() == 0.0  # fewer than `least` steps: no cut yet
         costs.add(int(f), float(t), int(o))
-    slope = np.polyfit(fed[-32:], secs[-32:], 1)[0]
+    slope, icpt = np.polyfit(fed[-32:], secs[-32:], 1)
+    line = costs.line()
+    assert line is not None
+    assert (line.token_s, line.step_s) == (pytest.approx(slope), pytest.approx(icpt))
     rate = out[-16:].sum() / secs[-16:].sum()  # the rate follows the last `recent` steps
     assert costs.threshold() == pytest.approx(slope * rate)
     before = costs.threshold()
@@ -438,6 +441,7 @@ def test_step_costs_threshold_is_slope_times_rate() -> None:
     for _ in range(4):
         flat.add(8, 0.05, 8)
     assert flat.threshold() == 0.0  # one token count only: the slope is unknown
+    assert flat.line() is None
 
 
 def test_chains_cut_where_calibrated_acceptance_falls() -> None:

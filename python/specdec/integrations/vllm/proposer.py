@@ -47,7 +47,14 @@ from ...errors import ConfigError, DraftError
 from ...protocols import DraftRequest
 from ...tree import DraftTree
 
-__all__ = ["SuffixProposer", "SuffixChains", "StepCosts", "ProposeStats", "best_chain"]
+__all__ = [
+    "SuffixProposer",
+    "SuffixChains",
+    "StepCosts",
+    "StepLine",
+    "ProposeStats",
+    "best_chain",
+]
 
 
 def best_chain(tree: DraftTree, limit: int) -> list[int]:
@@ -237,6 +244,15 @@ class ProposeStats:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class StepLine:
+    """A step's seconds as a line in the tokens it verifies: ``step_s`` + ``token_s`` x
+    tokens (least squares over :class:`StepCosts`' window)."""
+
+    step_s: float
+    token_s: float
+
+
 class StepCosts:
     """What a verified token costs, from the steps themselves: over the last ``window``
     steps, seconds against tokens verified (least squares: seconds per extra token), and
@@ -278,19 +294,27 @@ class StepCosts:
             self._recent_sums[0] -= t
             self._recent_sums[1] -= o
 
-    def threshold(self) -> float:
-        """Seconds per verified token x output tokens per second (0 until ``least`` steps
-        with different token counts are seen), at most 0.9."""
+    def line(self) -> StepLine | None:
+        """The window's step times against tokens verified; None until ``least`` steps with
+        different token counts are seen (the slope is unknown), the slope at least 0."""
         n = len(self._steps)
         if n < self.least:
-            return 0.0
+            return None
         sf, st, sff, sft = self._sums
         var = sff - sf * sf / n
-        if var <= 1e-9 * max(sff, 1.0):  # one token count only: the slope is unknown
-            return 0.0
+        if var <= 1e-9 * max(sff, 1.0):  # one token count only
+            return None
         per_token = max((sft - sf * st / n) / var, 0.0)
+        return StepLine((st - per_token * sf) / n, per_token)
+
+    def threshold(self) -> float:
+        """Seconds per verified token x output tokens per second (0 while :meth:`line` is
+        None), at most 0.9."""
+        line = self.line()
+        if line is None:
+            return 0.0
         rate = self._recent_sums[1] / max(self._recent_sums[0], 1e-9)
-        return min(per_token * rate, 0.9)
+        return min(line.token_s * rate, 0.9)
 
 
 def _find_runner(proposer: object) -> Any:
