@@ -262,12 +262,24 @@ CONFIGS: dict[str, dict[str, Any] | None] = {
 WARM_CORPUS = {"suffix-warm"}
 
 
+def answer_corpus(eng: Engine, max_tokens: int) -> list[list[int]]:
+    """``CORPUS_PROMPTS`` through ``eng`` in batches of 8, unmeasured: their outputs' ids."""
+    earlier = [m for ms in CORPUS_PROMPTS.values() for m in ms]
+    outs: list[list[int]] = []
+    for i in range(0, len(earlier), 8):
+        outs += [
+            list(o.outputs[0].token_ids)
+            for o in eng.generate(earlier[i : i + 8], greedy(max_tokens))[1]
+        ]
+    return outs
+
+
 def speculation_unit(
     model: Path, max_tokens: int, batch: int, name: str, spec: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
     """One engine (``spec``: its speculative config, None for plain) at one batch size: a
     row per prompt kind, its outputs' token ids included, and the proposer's own cost. Plain
-    decoding one request at a time also gives a ``replay`` row for ``bound_vllm.py``: every
+    decoding one request at a time also gives a ``replay`` row for ``bench_vllm_bound.py``: every
     prompt's and output's token ids, the warm-up's, and (answered after the measured
     prompts) ``CORPUS_PROMPTS``'."""
     rows: list[dict[str, Any]] = []
@@ -277,9 +289,7 @@ def speculation_unit(
         _, warm = eng.generate([WARMUP], greedy(max_tokens))
         requests: list[dict[str, Any]] = []
         if name in WARM_CORPUS:
-            earlier = [m for ms in CORPUS_PROMPTS.values() for m in ms]
-            for i in range(0, len(earlier), 8):
-                eng.generate(earlier[i : i + 8], greedy(max_tokens))
+            answer_corpus(eng, max_tokens)
         for kind in PROMPTS:
             d0 = eng.counter("vllm:spec_decode_num_draft_tokens")
             a0 = eng.counter("vllm:spec_decode_num_accepted_tokens")
@@ -313,11 +323,6 @@ def speculation_unit(
                 }
             )
         if replay:
-            earlier = [m for ms in CORPUS_PROMPTS.values() for m in ms]
-            corpus = [
-                eng.generate(earlier[i : i + 8], greedy(max_tokens))[1]
-                for i in range(0, len(earlier), 8)
-            ]
             rows.append(
                 {
                     "batch": batch,
@@ -325,7 +330,7 @@ def speculation_unit(
                     "kind": "replay",
                     "warmup": list(warm[0].outputs[0].token_ids),
                     "requests": requests,
-                    "corpus": [list(o.outputs[0].token_ids) for got in corpus for o in got],
+                    "corpus": answer_corpus(eng, max_tokens),
                 }
             )
         drafter = getattr(eng.runner(), "drafter", None)

@@ -38,7 +38,7 @@ import argparse
 import json
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +160,7 @@ class Replay:
     warmup: list[int]
     corpus: list[list[int]]
     lines: dict[int, tuple[float, float]]
-    kinds: list[str] = field(default_factory=list)
+    kinds: list[str]
 
 
 def batches(rp: Replay, batch: int) -> list[tuple[str, list[tuple[list[int], list[int]]]]]:
@@ -273,9 +273,8 @@ def synthetic() -> tuple[Replay, list[dict[str, Any]]]:
         return out[:n]
 
     reqs = [(k, text(12), text(30)) for k in ("a", "b") for _ in range(2)]
-    rp = Replay(reqs, text(20), [text(30) for _ in range(4)], {1: (38.0, 1.4), 8: (38.5, 1.5)})
-    rp.kinds = ["a", "b"]
-    return rp, []
+    lines = {1: (38.0, 1.4), 8: (38.5, 1.5)}
+    return Replay(reqs, text(20), [text(30) for _ in range(4)], lines, ["a", "b"]), []
 
 
 def rate(cells: dict[str, Cell], kinds: list[str], extra: dict[str, float]) -> float:
