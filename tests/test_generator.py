@@ -87,6 +87,8 @@ def test_batched_generate_is_lossless(target, strategy, drafter, cache, budget) 
         kv_tokens=1024,
         block_size=4,
     )
+    if budget == "auto":  # sizes and arms from FAST_COST alone, not this host's clock
+        gen.adaptive = AdaptiveBudget(FAST_COST, gen.max_budget, cost_weight=math.inf)
     results = gen.generate(ps, max_new_tokens=20)
     assert [r.request_id for r in results] == sorted(r.request_id for r in results)
     for p, r in zip(ps, results, strict=True):
