@@ -25,8 +25,8 @@ import pytest
 import specdec
 from specdec.decode import SpeculativeGenerator, autoregressive_generate
 from specdec.draft import SuffixDrafter
-from specdec.draft.grammar import GrammarDrafts
-from specdec.errors import GrammarError
+from specdec.draft.grammar import GrammarDrafts, Spelling
+from specdec.errors import DraftError, GrammarError
 from specdec.testing import OracleDrafter, tiny_config
 from specdec.tree import DraftTree
 from specdec.verify import Sampling
@@ -155,6 +155,101 @@ def test_grammar_draft_has_forced_tokens_then_weighted_branches() -> None:
     m.accept_tokens(list(b'","ok":true}'))
     d = GrammarDrafts().draft(m)
     assert d.forced == (256,) and d.ends and d.branches is None
+
+
+# -- the model's spelling of forced bytes --------------------------------------------------
+SPELL_TOKENS = [b"a", b"b", b"c", b"ab", b"bc", b"abc", b"ca"]
+
+
+def _spell_vocab() -> specdec.Vocabulary:
+    return specdec.Vocabulary.from_bytes([*SPELL_TOKENS, None], [len(SPELL_TOKENS)])
+
+
+def _tokenizations(data: bytes) -> set[tuple[bytes, ...]]:
+    """Brute force: every way to write ``data`` in SPELL_TOKENS."""
+    if not data:
+        return {()}
+    return {
+        (t, *rest)
+        for t in SPELL_TOKENS
+        if data.startswith(t)
+        for rest in _tokenizations(data[len(t) :])
+    }
+
+
+def test_prefix_tokens_are_every_token_data_starts_with() -> None:
+    v = _spell_vocab()
+    for data in (b"abcab", b"bca", b"c", b"x", b""):
+        want = sorted((t for t in SPELL_TOKENS if t and data.startswith(t)), key=len, reverse=True)
+        assert [v.token_bytes(t) for t in v.prefix_tokens(data)] == want
+
+
+def test_spelling_tree_holds_every_spelling_with_chances_that_add_up() -> None:
+    v = _spell_vocab()
+    eos = len(SPELL_TOKENS)
+    data = b"abcabca"
+    nodes = Spelling().tree(v, [(data, 1.0, True)], eos, 10_000)
+    spelt: dict[int, bytes] = {0: b""}
+    done = set()
+    for i, n in enumerate(nodes[1:], 1):
+        assert n.parent < i  # best first: parents come first
+        if n.token == eos:
+            assert spelt[n.parent] == data
+            done.add(tuple(v.token_bytes(nodes[j].token) for j in _path(nodes, n.parent)))
+            continue
+        spelt[i] = spelt[n.parent] + (v.token_bytes(n.token) or b"")
+        assert data.startswith(spelt[i])
+    assert done == _tokenizations(data)
+    # Each node's children share its chance out whole (EOS after a whole spelling).
+    for i in spelt:
+        kids = [n.chance for n in nodes if n.parent == i]
+        assert sum(kids) == pytest.approx(nodes[i].chance)
+    # Unlearnt, the tokenizer's spelling (here the longest token each step) is the likeliest.
+    best = max((n for n in nodes if n.token == eos), key=lambda n: n.chance)
+    got = [v.token_bytes(nodes[j].token) for j in _path(nodes, best.parent)]
+    assert got == [v.token_bytes(t) for t in v.canonical_tokens(data)]
+
+
+def _path(nodes: list[Any], at: int) -> list[int]:
+    out = []
+    while at > 0:
+        out.append(at)
+        at = nodes[at].parent
+    return out[::-1]
+
+
+def test_grammar_drafts_learn_the_models_spelling() -> None:
+    v = _spell_vocab()
+    eos = len(SPELL_TOKENS)
+    a, bc, abc = (SPELL_TOKENS.index(t) for t in (b"a", b"bc", b"abc"))
+    grammar = v.regex("abc")
+    drafts = GrammarDrafts()
+    d = drafts.draft(grammar.matcher())
+    assert d.data == b"abc" and d.forced == (abc, eos) and d.ends  # the tokenizer's way
+    # The model writes "a" "bc" every time: the draft follows.
+    for _ in range(12):
+        drafts.learn(v, drafts.draft(grammar.matcher()), [a, bc, eos])
+    d = drafts.draft(grammar.matcher())
+    assert d.forced == (a, bc, eos) and d.ends and d.branches is None
+    # Where the model's pieces are a toss-up, the forced tokens stop and the spellings branch.
+    fresh = GrammarDrafts()
+    for i in range(12):
+        toks = [a, bc, eos] if i % 2 else [abc, eos]
+        fresh.learn(v, fresh.draft(grammar.matcher()), toks)
+    d = fresh.draft(grammar.matcher())
+    assert d.forced == () and d.branches is not None
+    t = d.branches
+    kids = {int(t.tokens[i]) for i in range(1, t.num_nodes) if t.parents[i] == 0}
+    assert {a, abc} <= kids
+    # Without spellings: the tokenizer's own, whatever was learnt.
+    assert GrammarDrafts(spellings=0).draft(grammar.matcher()).forced == (abc, eos)
+
+
+def test_grammar_drafts_options_are_checked() -> None:
+    with pytest.raises(DraftError, match="sure"):
+        GrammarDrafts(sure=0.0)
+    with pytest.raises(DraftError, match="spellings"):
+        GrammarDrafts(spellings=-1)
 
 
 def test_with_prefix_puts_a_chain_before_the_tree() -> None:

@@ -140,8 +140,19 @@ class Vocabulary:
         self._canonical[data] = ids
         return ids
 
-    def _longest_tokens(self, data: bytes) -> tuple[int, ...]:
-        """``data`` as the longest token at each step (stops where no token spells on)."""
+    def prefix_tokens(self, data: bytes) -> tuple[int, ...]:
+        """The tokens whose bytes ``data`` starts with, longest first (one id per byte
+        string: the lowest): every way a tokenization of ``data`` can begin."""
+        pieces, longest = self._piece_table()
+        out = []
+        for n in range(min(longest, len(data)), 0, -1):
+            hit = pieces.get(data[:n])
+            if hit is not None:
+                out.append(hit)
+        return tuple(out)
+
+    def _piece_table(self) -> tuple[dict[bytes, int], int]:
+        """Bytes -> the lowest token id spelling them, and the longest token's length."""
         if self._pieces is None:
             pieces: dict[bytes, int] = {}
             for t in range(self._v.vocab_size):
@@ -149,7 +160,11 @@ class Vocabulary:
                 if b and b not in pieces:
                     pieces[b] = t
             self._pieces = (pieces, max(map(len, pieces), default=0))
-        pieces, longest = self._pieces
+        return self._pieces
+
+    def _longest_tokens(self, data: bytes) -> tuple[int, ...]:
+        """``data`` as the longest token at each step (stops where no token spells on)."""
+        pieces, longest = self._piece_table()
         out: list[int] = []
         i = 0
         while i < len(data):

@@ -45,7 +45,7 @@ import torch
 from .._arrays import check_int
 from ..draft.base import hidden_capture
 from ..draft.combined import CombinedDrafter
-from ..draft.grammar import GrammarDrafts
+from ..draft.grammar import GrammarDraft, GrammarDrafts
 from ..draft.suffix import SuffixDrafter
 from ..errors import ConfigError, KVCacheError, SpecdecTypeError, VerifyError
 from ..protocols import (
@@ -563,6 +563,9 @@ class SpeculativeGenerator:
                 r.result.grammar_tokens += took
                 if self.grammar_drafts is not None:
                     self.grammar_drafts.observe(nf, took)
+            if (g := gds.get(r.rid)) is not None and self.grammar_drafts is not None:
+                vocab = r.matcher.grammar.vocab  # type: ignore[union-attr]
+                self.grammar_drafts.learn(vocab, g.draft, s.tokens)
             if took < nf:
                 after.append(None)
                 continue
@@ -771,7 +774,7 @@ class SpeculativeGenerator:
             if branches is not None:
                 branches = branches.with_root(forced[-1] if forced else r.context[-1])
             if forced or branches is not None:
-                self._gd_of[r.rid] = _GrammarStep(tuple(forced), branches)
+                self._gd_of[r.rid] = _GrammarStep(tuple(forced), branches, g)
                 drafts.forced_tokens += len(forced)
 
         kept, _ = self._each(reqs, one, outputs)
@@ -1197,3 +1200,4 @@ class _GrammarStep:
 
     forced: tuple[int, ...]
     branches: DraftTree | None
+    draft: GrammarDraft  # what they came from (the model's spelling is learnt on it)
