@@ -245,6 +245,25 @@ def test_grammar_drafts_learn_the_models_spelling() -> None:
     assert GrammarDrafts(spellings=0).draft(grammar.matcher()).forced == (abc, eos)
 
 
+def test_spelling_records_stay_bounded() -> None:
+    """A long-running server meets pairs without end: the records kept stay within
+    ``max_records``, the most tried kept."""
+    tokens = [bytes([c]) for c in range(97, 123)]
+    tokens += [a + b for a in tokens for b in tokens]
+    v = specdec.Vocabulary.from_bytes(tokens, [])
+    sp = Spelling()
+    sp.max_records = 64
+    often = b"ab"
+    for i, (a, b) in enumerate(itertools.product(range(26), repeat=2)):
+        data = bytes([97 + a, 97 + b])
+        sp.learn(v, data, [v.prefix_tokens(data)[-1]])  # the one-letter token
+        sp.learn(v, often, [v.prefix_tokens(often)[-1]])
+        assert len(sp._tried) <= sp.max_records, i
+    # The pair tried every time is still known: its single-letter choice stands out.
+    chances = dict(sp.choices(v, often))
+    assert chances[v.prefix_tokens(often)[-1]] > 0.9
+
+
 def test_grammar_drafts_options_are_checked() -> None:
     with pytest.raises(DraftError, match="sure"):
         GrammarDrafts(sure=0.0)

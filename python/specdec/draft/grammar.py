@@ -83,6 +83,10 @@ class Spelling:
     #: A record's tries are halved past this (the model's habits on new text may change).
     cap = 256.0
 
+    #: Records kept at most: past this, the half tried most is kept (a server runs for
+    #: weeks, and the pairs it meets have no end).
+    max_records = 1 << 16
+
     def __init__(self) -> None:
         self._taken: dict[tuple[Any, ...], float] = {}
         self._tried: dict[tuple[Any, ...], float] = {}
@@ -140,6 +144,10 @@ class Spelling:
             if not b or not rest.startswith(b):
                 break
             off += len(b)
+        if len(self._tried) > self.max_records:
+            keep = sorted(self._tried, key=self._tried.__getitem__)[-(self.max_records // 2) :]
+            self._tried = {k: self._tried[k] for k in keep}
+            self._taken = {k: self._taken[k] for k in keep}
 
     def tree(
         self, vocab: Any, ways: Sequence[tuple[bytes, float, bool]], eos: int | None, nodes: int
