@@ -3,7 +3,8 @@ each (:class:`NgramDrafter` and :class:`SuffixDrafter` need no model and also pr
 trees, :class:`~specdec.protocols.TreeDrafter`). :class:`SequenceDrafter` adapts a
 one-sequence drafter to the batched protocol. :class:`BlockDrafter` (DFlash-style) and
 :class:`MedusaDrafter` are trained (``python -m specdec.train``) and read the target's hidden
-states. :class:`GrammarDrafts` drafts what a request's grammar forces (:mod:`.grammar`)."""
+states. :class:`GrammarDrafts` drafts what a request's grammar forces, in the model's spelling
+(:class:`Spelling`, :mod:`.grammar`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from .base import SequenceDrafter
 from .block import BlockDrafter, BlockDrafterConfig
 from .checkpoint import DraftVocab
 from .combined import CombinedDrafter
-from .grammar import GrammarDraft, GrammarDrafts
+from .grammar import GrammarDraft, GrammarDrafts, Spelling
 from .medusa import MedusaConfig, MedusaDrafter
 from .model import ModelDrafter, greedy_rollout
 from .ngram import NgramDrafter
@@ -33,6 +34,7 @@ __all__ = [
     "CombinedDrafter",
     "GrammarDraft",
     "GrammarDrafts",
+    "Spelling",
     "DraftVocab",
     "TreeDrafter",
 ]
