@@ -7,6 +7,8 @@ separators, each configuration one generator serving the requests in turn, as a 
 * ``suffix``: the suffix drafter under ``budget="auto"``, no grammar drafts;
 * ``tokenizer``: grammar drafts in the tokenizer's own spelling (``spellings=0``);
 * ``learnt``: grammar drafts as shipped (the model's spelling, learnt as it serves);
+* ``known-spelling``: a grammar drafter that knows how the model spells what the grammar
+  forces (the bytes every path starts with), not which option it picks at a choice;
 * ``bound``: a grammar drafter that knows the answer. Each step it drafts, as forced tokens,
   the model's own next tokens as far as they spell one of the grammar's byte paths from
   that state (the same paths the others see), so it never drafts a wrong spelling or a
@@ -42,7 +44,7 @@ from specdec.decode import CostModel, SpeculativeGenerator  # noqa: E402
 from specdec.draft import SuffixDrafter  # noqa: E402
 from specdec.draft.grammar import GrammarDraft, GrammarDrafts  # noqa: E402
 
-CONFIGS = ("plain", "suffix", "tokenizer", "learnt", "bound")
+CONFIGS = ("plain", "suffix", "tokenizer", "learnt", "known-spelling", "bound")
 
 SMOKE_SCHEMAS = {
     "smoke-person": {
@@ -59,11 +61,14 @@ SMOKE_SCHEMAS = {
 
 
 class KnownAnswer(GrammarDrafts):
-    """The bound's grammar drafter: knows the model's answer (``answer``, set per request)
-    and drafts its next tokens as far as they spell one of the grammar's byte paths."""
+    """The bounds' grammar drafter: knows the model's answer (``answer``, set per request)
+    and drafts its next tokens as far as they spell one of the grammar's byte paths, or,
+    with ``choices=False``, the bytes every path starts with (the model's spelling known,
+    its choices not)."""
 
-    def __init__(self) -> None:
+    def __init__(self, choices: bool = True) -> None:
         super().__init__()
+        self.choices = choices
         self.answer: list[int] = []
 
     def draft(self, matcher: Any) -> GrammarDraft:
@@ -71,21 +76,31 @@ class KnownAnswer(GrammarDrafts):
             return GrammarDraft((), None, False)
         vocab = matcher.grammar.vocab
         pos = matcher.num_accepted
+        paths = [
+            (p.bytes, p.eos)
+            for p in matcher.forced_paths(
+                max_bytes=self.max_bytes,
+                max_branches=self.max_branches,
+                levels=self.levels,
+                max_paths=self.max_paths,
+            )
+        ]
+        if not self.choices and len(paths) > 1:
+            common = paths[0][0]
+            for data, _ in paths[1:]:
+                while not data.startswith(common):
+                    common = common[:-1]
+            paths = [(common, False)]
         best: list[int] = []
-        for p in matcher.forced_paths(
-            max_bytes=self.max_bytes,
-            max_branches=self.max_branches,
-            levels=self.levels,
-            max_paths=self.max_paths,
-        ):
+        for data, eos in paths:
             off, out = 0, []
             for t in self.answer[pos:]:
                 b = vocab.token_bytes(t)
                 if b is None:  # EOS: where the path ends the text
-                    if p.eos and off == len(p.bytes):
+                    if eos and off == len(data):
                         out.append(t)
                     break
-                if p.bytes[off : off + len(b)] != b:
+                if data[off : off + len(b)] != b:
                     break
                 out.append(t)
                 off += len(b)
@@ -135,6 +150,8 @@ def make(config: str, target: Any, cost: CostModel) -> tuple[SpeculativeGenerato
         drafts = GrammarDrafts(spellings=0)
     elif config == "learnt":
         drafts = True
+    elif config == "known-spelling":
+        drafts = KnownAnswer(choices=False)
     elif config == "bound":
         drafts = KnownAnswer()
     gen = SpeculativeGenerator(
