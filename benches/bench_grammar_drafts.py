@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -86,11 +87,7 @@ class KnownAnswer(GrammarDrafts):
             )
         ]
         if not self.choices and len(paths) > 1:
-            common = paths[0][0]
-            for data, _ in paths[1:]:
-                while not data.startswith(common):
-                    common = common[:-1]
-            paths = [(common, False)]
+            paths = [(os.path.commonprefix([data for data, _ in paths]), False)]
         best: list[int] = []
         for data, eos in paths:
             off, out = 0, []

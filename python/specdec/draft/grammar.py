@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -359,12 +360,7 @@ class GrammarDrafts:
                 # follows it (": " then '"' as ': ', ' "'), so it is left to the model.
                 data = data.rstrip(b" \t\r\n")
             ways.append((data, float(p.weight), ends))
-        common = ways[0][0]
-        for data, _, _ in ways[1:]:
-            n = 0
-            while n < min(len(common), len(data)) and common[n] == data[n]:
-                n += 1
-            common = common[:n]
+        common = os.path.commonprefix([data for data, _, _ in ways])
         nodes = self.spelling.tree(vocab, ways, eos, self.spellings)
         kids: dict[int, list[int]] = {}
         for i, node in enumerate(nodes[1:], 1):
