@@ -60,6 +60,9 @@ from specdec.draft import (
 )
 from specdec.verify.rules import Sampling
 
+# The A/A control (--control): specdec's plain decoding run a second time, last in each round.
+CONTROL = "plain again (A/A)"
+
 
 @dataclass
 class Row:
@@ -309,6 +312,14 @@ def run(args: argparse.Namespace) -> list[Row]:
                 ).tokens
             ar = ("specdec", "AR", "-", lambda t, r: SpeculativeGenerator(t, strategy="ar", rule=r))
             configs = [c for c in [ar, *table] if mode == "greedy" or "-inf" not in c[0]]
+            if args.control:  # plain decoding again, last in each round: the A/A control
+                again = (
+                    CONTROL,
+                    "AR",
+                    "-",
+                    lambda t, r: SpeculativeGenerator(t, strategy="ar", rule=r),
+                )
+                configs.append(again)
             rule = None if mode == "greedy" else Sampling(temperature=1.0)
 
             def spec_run(make: Any, rule: Any = rule, ids: list[int] = ids) -> Any:
@@ -472,7 +483,7 @@ def adaptive_ratios(
 
     groups: dict[tuple[str, str, str], dict[str, list[Row]]] = {}
     for r in rows:
-        if r.drafter in ("transformers", "specdec") or "-inf" in r.drafter:
+        if r.drafter in ("transformers", "specdec", CONTROL) or "-inf" in r.drafter:
             continue
         groups.setdefault((_kind(r), r.mode, r.drafter), {}).setdefault(r.engine, []).append(r)
     out = {}
@@ -535,7 +546,7 @@ def vs_plain(rows: list[Row], floor: float = 0.97, *, paired: bool = False) -> s
     for r in rows:
         if r.drafter == "specdec":
             plain.setdefault((_kind(r), r.mode), []).append(r)
-        elif r.engine == "ddtree auto":
+        elif r.engine == "ddtree auto" or r.drafter == CONTROL:
             auto.setdefault((_kind(r), r.mode, r.drafter), []).append(r)
     if not plain or not auto:
         return ""
@@ -559,7 +570,8 @@ def vs_plain(rows: list[Row], floor: float = 0.97, *, paired: bool = False) -> s
         "| drafter | " + " | ".join(f"{k} {m}" for k, m in cols) + " |",
         "|---|" + "---:|" * len(cols),
     ]
-    xs = []
+    xs: list[float] = []
+    aa: list[float] = []
     for d in drafters:
         cells = []
         for k, m in cols:
@@ -567,15 +579,21 @@ def vs_plain(rows: list[Row], floor: float = 0.97, *, paired: bool = False) -> s
                 cells.append("")
                 continue
             x = ratio(auto[(k, m, d)], plain[(k, m)])
-            xs.append(x)
+            (aa if d == CONTROL else xs).append(x)
             cells.append(f"**{x:.3f}**" if x < floor else f"{x:.3f}")
         out.append(f"| {d} | " + " | ".join(cells) + " |")
     out.append("")
     how = f", paired by round (median of {n})" if paired else ""
-    out.append(
-        f"Adaptive budget over specdec AR{how}: {sum(x >= floor for x in xs)} of {len(xs)} "
-        f"cells at or above {floor}; worst {min(xs):.3f}."
-    )
+    if xs:
+        out.append(
+            f"Adaptive budget over specdec AR{how}: {sum(x >= floor for x in xs)} of {len(xs)} "
+            f"cells at or above {floor}; worst {min(xs):.3f}."
+        )
+    if aa:  # what the clock alone does to a configuration identical to AR
+        out.append(
+            f"A/A control (plain decoding over itself{how}): {sum(x >= floor for x in aa)} of "
+            f"{len(aa)} cells at or above {floor}; range {min(aa):.3f}-{max(aa):.3f}."
+        )
     return "\n".join(out)
 
 
@@ -643,7 +661,9 @@ def plot(rows: list[Row], out: str) -> list[str]:
             continue
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         right = budgets[-1] * 1.6
-        drafters = [r.drafter for r in here if r.drafter not in ("transformers", "specdec")]
+        drafters = [
+            r.drafter for r in here if r.drafter not in ("transformers", "specdec", CONTROL)
+        ]
         for i, drafter in enumerate(dict.fromkeys(drafters)):
             mine = [r for r in here if r.drafter == drafter]
             have = [b for b in budgets if any(r.engine == f"ddtree B={b}" for r in mine)]
@@ -727,6 +747,12 @@ def main() -> None:
         "--min-match",
         type=int,
         help="the suffix drafters' min_match and the n-gram drafter's min_n (default: theirs)",
+    )
+    ap.add_argument(
+        "--control",
+        action="store_true",
+        help="plain decoding twice per round, first and last (the A/A control: how far the "
+        "clock alone moves a ratio to plain; a row of its own in the tables against AR)",
     )
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()

@@ -17,6 +17,10 @@ separators, each configuration one generator serving the requests in turn, as a 
 
     python benches/bench_grammar_drafts.py --maskbench DIR [--limit 12] [--rounds 3]
 
+``--mask-after`` adds ``plain``, ``suffix`` and ``learnt`` once more with the grammar's mask
+applied after the forward (the target's ``masks_logits`` off), not in the LM head: what the
+head's mask gives, in the same run.
+
 Each round starts every configuration afresh (a new server); a configuration's time is its
 fastest round's, over all requests (prefill and the grammar's masks included; the grammars
 are compiled before). Prints a markdown table; ``--json PATH`` writes every figure.
@@ -139,7 +143,11 @@ def requests(args: argparse.Namespace, lm: Any) -> list[Request]:
     return out
 
 
+AFTER = " (mask after)"
+
+
 def make(config: str, target: Any, cost: CostModel) -> tuple[SpeculativeGenerator, Any]:
+    config = config.removesuffix(AFTER)
     if config == "plain":
         return SpeculativeGenerator(target, strategy="ar"), None
     drafts: GrammarDrafts | bool = False  # suffix: none
@@ -180,22 +188,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             r.prompt, max_new_tokens=args.max_tokens, constraint=r.grammar, stop_tokens=stop
         )
         answers.append(list(res.tokens))
-    rounds: dict[str, list[dict[str, float]]] = {c: [] for c in CONFIGS}
+    configs = list(CONFIGS)
+    if args.mask_after:
+        configs += [c + AFTER for c in ("plain", "suffix", "learnt")]
+    rounds: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
     for rnd in range(args.rounds):
-        gens = {c: make(c, target, cost) for c in CONFIGS}
-        tot = {c: {"seconds": 0.0, "tokens": 0, "steps": 0, "grammar": 0} for c in CONFIGS}
+        gens = {c: make(c, target, cost) for c in configs}
+        tot = {c: {"seconds": 0.0, "tokens": 0, "steps": 0, "grammar": 0} for c in configs}
         for i, r in enumerate(reqs):
-            for c in CONFIGS:
+            for c in configs:
                 gen, drafts = gens[c]
                 if isinstance(drafts, KnownAnswer):
                     drafts.answer = answers[i]
+                # An instance attribute over the class's: the verifier masks after the forward.
+                target.masks_logits = not c.endswith(AFTER)
                 t0 = time.perf_counter()
-                res = gen.generate(
-                    r.prompt,
-                    max_new_tokens=args.max_tokens,
-                    constraint=r.grammar,
-                    stop_tokens=stop,
-                )
+                try:
+                    res = gen.generate(
+                        r.prompt,
+                        max_new_tokens=args.max_tokens,
+                        constraint=r.grammar,
+                        stop_tokens=stop,
+                    )
+                finally:
+                    del target.masks_logits
                 dt = time.perf_counter() - t0
                 if list(res.tokens) != answers[i]:
                     raise SystemExit(f"{c} on {r.name}: output differs from plain decoding")
@@ -204,11 +220,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 t["tokens"] += len(res.tokens)
                 t["steps"] += res.steps
                 t["grammar"] += res.grammar_tokens
-        for c in CONFIGS:
+        for c in configs:
             rounds[c].append(tot[c])
-        line = "  ".join(f"{c} {tot[c]['tokens'] / tot[c]['seconds']:.1f}" for c in CONFIGS)
+        line = "  ".join(f"{c} {tot[c]['tokens'] / tot[c]['seconds']:.1f}" for c in configs)
         print(f"round {rnd + 1}: tok/s {line}", file=sys.stderr, flush=True)
-    best = {c: min(rounds[c], key=lambda t: t["seconds"]) for c in CONFIGS}
+    best = {c: min(rounds[c], key=lambda t: t["seconds"]) for c in configs}
     return {
         "requests": [r.name for r in reqs],
         "answer_tokens": [len(a) for a in answers],
@@ -233,7 +249,7 @@ def markdown(out: dict[str, Any]) -> str:
         "| vs plain | vs suffix |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for c in CONFIGS:
+    for c in best:
         b = best[c]
         share = b["grammar"] / b["tokens"] if b["tokens"] else math.nan
         lines.append(
@@ -242,7 +258,7 @@ def markdown(out: dict[str, Any]) -> str:
         )
     spread = {
         c: statistics.pstdev([t["tokens"] / t["seconds"] for t in out["rounds"][c]]) / rate(c)
-        for c in CONFIGS
+        for c in best
     }
     lines += [
         "",
@@ -260,10 +276,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, help="write every figure here")
+    ap.add_argument(
+        "--mask-after",
+        action="store_true",
+        help="plain, suffix and learnt again with the mask applied after the forward",
+    )
     ap.add_argument("--smoke", action="store_true", help="two small schemas, a few tokens")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.max_tokens, args.rounds = 24, 1
+        args.max_tokens, args.rounds, args.mask_after = 24, 1, True
     elif args.maskbench is None:
         ap.error("--maskbench DIR is required (or --smoke)")
     return args

@@ -26,10 +26,10 @@ from specdec.errors import ConfigError, KVCacheError, SpecdecError, VerifyError
 from specdec.models import LlamaConfig, LlamaModel, load_gguf, smollm2
 from specdec.models.llama import model as llama_mod  # the module whose steps call run_step
 from specdec.models.quant import kernel_available
-from specdec.protocols import ArgmaxCapture, HiddenCapture, KVCache
+from specdec.protocols import ArgmaxCapture, HiddenCapture, KVCache, LogitsMask
 from specdec.testing import OracleDrafter, reference_tree_mask
 from specdec.testing import write_gguf as write_tiny
-from specdec.verify import Greedy
+from specdec.verify import Greedy, Sampling
 
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="no AVX-512 on this CPU")
 
@@ -611,3 +611,129 @@ def test_rope_tables_grow_with_the_positions(lm: Any, fused_calls: list[int]) ->
     assert len(fused_calls) == 2
     close(ref, got)
     assert m._fused is not None and m._fused.stack.rope_positions >= 5001
+
+
+def grammar_rows(n: int, vocab: int, seed: int) -> np.ndarray:
+    """``n`` token bitmask rows: a few tokens, most tokens, every token, in turn."""
+    rng = np.random.default_rng(seed)
+    words = (vocab + 31) // 32
+    bits = np.zeros((n, words * 32), dtype=bool)
+    for i in range(n):
+        kind = i % 3
+        if kind == 0:
+            bits[i, rng.choice(vocab, size=5, replace=False)] = True
+        elif kind == 1:
+            bits[i, :vocab] = rng.random(vocab) < 0.8
+        else:
+            bits[i, :vocab] = True
+    packed = np.packbits(bits, axis=1, bitorder="little").view("<u4").astype(np.uint32)
+    return packed.view(np.int32).copy()
+
+
+def masked(logits: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+    """The plain reference: every token a row does not allow set to -inf."""
+    v = logits.shape[-1]
+    bits = np.unpackbits(rows.view(np.uint8), axis=1, bitorder="little")[:, :v].astype(bool)
+    out = logits.reshape(-1, v).clone()
+    out[~torch.from_numpy(bits)] = float("-inf")
+    return out.view(logits.shape)
+
+
+@pytest.mark.parametrize("numeric", ["exact", "int8"])
+def test_a_grammar_mask_on_the_step_masks_the_logits_exactly(
+    lm: Any, prompt: list[int], numeric: str
+) -> None:
+    """``allowed=``: the logits of the same step without it, each row masked by its
+    bitmask row, bit for bit, and the captured argmax the masked argmax (a tree step, a
+    batch); the torch path leaves the mask to the caller (``applied`` False)."""
+    m: LlamaModel = lm.model
+    m.numeric = numeric  # type: ignore[assignment]
+    try:
+        p, tree_tokens = len(prompt), [prompt[-1], 11, 263, 314, 42, 7, 1000, 5]
+        mask = reference_tree_mask(PARENTS, p)
+        pos = torch.tensor([p + d for d in depths(PARENTS)])
+        cache = m.new_cache(p + 16)
+        prefilled(m, prompt, cache)
+        plain = m(torch.tensor(tree_tokens), pos, cache, mask)
+        cache.rollback()
+        rows = grammar_rows(8, m.vocab_size, 1)
+        allowed, top = LogitsMask(rows), ArgmaxCapture()
+        got = m(torch.tensor(tree_tokens), pos, cache, mask, argmax=top, allowed=allowed)
+        cache.rollback()
+        assert allowed.applied
+        want = masked(plain, rows)
+        assert torch.equal(got, want)
+        assert top.tokens is not None and torch.equal(top.tokens, want.argmax(-1))
+        lens, parents = [7, p, 12], PARENTS[:5]
+        ids = torch.tensor([[prompt[n - 1], 11, 263, 314, 42] for n in lens])
+        bpos = torch.tensor([[n + d for d in depths(parents)] for n in lens])
+        caches: list[Any] = []
+        for n in lens:
+            caches.append(m.new_cache(64))
+            prefilled(m, prompt[:n], caches[-1])
+        bmask = batch_mask(lens, parents)
+        plain_b = m.forward_batch(ids, bpos, caches, bmask)
+        for c in caches:
+            c.rollback()
+        rows_b = grammar_rows(15, m.vocab_size, 2)
+        allowed_b = LogitsMask(rows_b)
+        got_b = m.forward_batch(ids, bpos, caches, bmask, allowed=allowed_b)
+        assert allowed_b.applied and torch.equal(got_b, masked(plain_b, rows_b))
+    finally:
+        m.numeric = "exact"
+    m.fused_step = False
+    try:
+        torch_path = LogitsMask(rows)
+        out = m(torch.tensor(tree_tokens), pos, cache, mask, allowed=torch_path)
+        cache.rollback()
+    finally:
+        m.fused_step = True
+    assert not torch_path.applied and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("mode", ["greedy", "seeded"])
+def test_constrained_decoding_masks_in_the_head_and_decodes_the_same(
+    lm: Any, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A constrained request's steps hand the fused step its grammar mask (autoregressive,
+    speculative, batched); the tokens are those of the same requests masked after the
+    forward (``masks_logits`` off), greedy and seeded sampling."""
+    m: LlamaModel = lm.model
+    vocab = lm.vocabulary()
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    grammar = vocab.json_schema(schema, whitespace=False)
+    ids = lm.encode_chat([{"role": "user", "content": "A person as JSON."}])
+    stop = set(vocab.eos_ids)
+    rule = None if mode == "greedy" else Sampling(temperature=1.0)
+    seed = None if mode == "greedy" else 3
+    passed: list[bool] = []
+    real = llama_mod.run_step
+
+    def spy(*a: Any, **k: Any) -> Any:
+        passed.append(k.get("allowed") is not None)
+        return real(*a, **k)
+
+    monkeypatch.setattr(llama_mod, "run_step", spy)
+
+    def run() -> list[list[int]]:
+        kw: dict[str, Any] = {"max_new_tokens": 24, "constraint": grammar, "stop_tokens": stop}
+        ar = autoregressive_generate(m, ids, rule=rule, seed=seed, **kw)
+        gen = SpeculativeGenerator(
+            m, OracleDrafter(m, miss=0.3, seed=1), budget=6, max_depth=3, rule=rule
+        )
+        spec = gen.generate(ids, seed=seed, **kw)
+        batch = gen.generate([ids, ids[:-2]], seed=seed, **kw)
+        return [ar.tokens, spec.tokens, *(r.tokens for r in batch)]
+
+    got = run()
+    assert any(passed)
+    passed.clear()
+    monkeypatch.setattr(m, "masks_logits", False, raising=False)
+    want = run()
+    assert not any(passed)
+    assert got == want
+    assert got[0] == got[1]

@@ -770,6 +770,7 @@ class LlamaStack:
         argmax: npt.NDArray[np.int64] | None = None,
         ids: npt.NDArray[np.int64] | None = None,
         embed: npt.NDArray[np.float32] | None = None,
+        allowed: npt.NDArray[np.int32] | None = None,
     ) -> None:
         """One step of ``R`` rows of ``T`` new tokens: ``x`` ``[R * T, hidden]`` (their
         embeddings), ``positions`` ``[R * T]``. ``kv``: the step's K/V buffers, each
@@ -787,7 +788,11 @@ class LlamaStack:
         first occurs (NaN counting as the largest, as ``torch.argmax``), scanned on every
         core after the head. ``x`` None: the stack gathers the rows itself, ``ids`` ``[R *
         T]`` from ``embed``, a C-contiguous ``[vocab, hidden]`` table (an id outside it
-        raises ``VerifyError``)."""
+        raises ``VerifyError``). ``allowed``: int32 ``[logits rows, ceil(vocab / 32)]``, a
+        token bitmask row per logits row (a grammar's): every token it does not allow gets
+        ``-inf``, and the head computes only the tiles of 16 tokens some row allows
+        (``argmax`` is then the masked argmax); allowed tokens' logits are bit for bit
+        those of a step without it."""
 
 @final
 class StepProfile:

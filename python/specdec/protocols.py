@@ -39,6 +39,7 @@ __all__ = [
     "Constraint",
     "HiddenCapture",
     "ArgmaxCapture",
+    "LogitsMask",
 ]
 
 
@@ -172,6 +173,23 @@ class ArgmaxCapture:
     supports it has ``captures_argmax = True``."""
 
     tokens: torch.Tensor | None = None
+
+
+@dataclass
+class LogitsMask:
+    """A grammar's mask for one target forward's logits (``allowed=``): ``bitmask`` int32
+    ``[rows, ceil(V / 32)]``, a row per logits row (``[T]``, or ``R * T`` for a batch, row
+    by row), bit ``t % 32`` of word ``t / 32`` set where token ``t`` is allowed (the layout
+    of :func:`~specdec.constrain.fill_tree_bitmask`). A target that masks its logits as it
+    writes them sets ``applied``: every token a row does not allow is then ``-inf``, and an
+    :class:`ArgmaxCapture` of that forward is the masked argmax; where ``applied`` stays
+    False the caller masks the logits. ``LlamaModel``'s fused CPU step does so and skips the
+    LM head's weights for the tiles of 16 tokens that no row allows: where a grammar allows
+    a few tokens, most of the head (a fifth of SmolLM2's weights) is not read. A target that
+    supports it has ``masks_logits = True``."""
+
+    bitmask: np.ndarray
+    applied: bool = False
 
 
 # -- verify ----------------------------------------------------------------------------------

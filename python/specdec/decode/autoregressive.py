@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 
-from ..protocols import ArgmaxCapture, KVCache, Target
+from ..protocols import ArgmaxCapture, KVCache, LogitsMask, Target
 from ..tree import DraftTree
 from ..verify import DecodingRule, Greedy
 from ..verify.rules.base import apply_rule
 from ..verify.rules.sampling import keyed_uniforms
-from ..verify.verifier import check_bonus_allowed, mask_tree_logits
+from ..verify.verifier import apply_tree_mask, check_bonus_allowed, mask_tree_logits, tree_mask
 from .common import (
     GenerationResult,
     check_fits,
@@ -81,26 +81,47 @@ def autoregressive_generate(
     last = ids[-1]
     # A plain greedy step takes the target's own argmax, where it computes one (as the
     # verifier does): no scan of the logits after the forward.
+    # A target that masks its logits itself (``masks_logits``) gets a constrained step's
+    # mask before the forward: its head skips what the grammar does not allow, and its
+    # argmax is then the grammar's choice.
+    masks = matcher is not None and getattr(target, "masks_logits", False)
     top = None
-    if type(rule) is Greedy and matcher is None and getattr(target, "captures_argmax", False):
+    if (
+        type(rule) is Greedy
+        and (matcher is None or masks)
+        and getattr(target, "captures_argmax", False)
+    ):
         top = ArgmaxCapture()
     while True:
         t0 = time.perf_counter()
         start = cache.committed_len
         pos = torch.arange(start, start + feed.numel(), device=dev)
-        if top is None:
-            logits = target(feed, pos, cache, None)[-1:]
-        else:
-            logits = target(feed, pos, cache, None, argmax=top)[-1:]  # type: ignore[call-arg]
+        kw: dict[str, Any] = {}
+        tm = allowed = None
+        if matcher is not None and masks and feed.numel() == 1:
+            tm = tree_mask(matcher, DraftTree([last], [-1]), 1, int(target.vocab_size))
+            kw["allowed"] = allowed = LogitsMask(tm.bitmask.numpy())
+        if top is not None:
+            kw["argmax"] = top
+        logits = target(feed, pos, cache, None, **kw)[-1:]
         t1 = time.perf_counter()
         if matcher is not None:  # the one-node tree of a plain step, masked as a tree step is
-            empty = mask_tree_logits(logits, DraftTree([last], [-1]), matcher)
+            if tm is not None:
+                if allowed is None or not allowed.applied:
+                    apply_tree_mask(logits, tm)
+                empty = tm.empty
+            else:
+                empty = mask_tree_logits(logits, DraftTree([last], [-1]), matcher)
             check_bonus_allowed(empty, 0)
         t2 = time.perf_counter()
         u = None
         if seed is not None:  # the token sampled here lands at position start + len(feed)
             u = torch.from_numpy(keyed_uniforms(seed, [start + feed.numel()]))
-        if top is not None and top.tokens is not None:
+        if (
+            top is not None
+            and top.tokens is not None
+            and (matcher is None or (allowed is not None and allowed.applied))
+        ):
             tok = int(top.tokens.numpy()[-1])
         else:
             tok = int(apply_rule(rule, logits, generator, u)[0])

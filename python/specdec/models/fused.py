@@ -148,9 +148,12 @@ def run_step(
     vocab: int,
     numeric: Numeric = "exact",
     argmax: bool = False,
+    allowed: np.ndarray | None = None,
 ) -> StepOut:
     """The step through ``stack`` (see :class:`StepOut`). ``mask``: ``[R, T, S]`` bool, or
-    None (causal); ``argmax``: the rows' argmax too, scanned on both cores."""
+    None (causal); ``argmax``: the rows' argmax too, scanned on both cores; ``allowed``: a
+    token bitmask row per logits row, the logits masked by it (see
+    :class:`~specdec.protocols.LogitsMask`)."""
     r, t = kv.new_slots.shape
     width = embed.shape[1]
     table = embed.detach()
@@ -187,5 +190,6 @@ def run_step(
             argmax=None if top is None else top.numpy(),
             ids=flat_ids.numpy() if gather else None,
             embed=table.numpy() if gather else None,
+            allowed=allowed,
         )
     return StepOut(logits, states, top)

@@ -28,7 +28,14 @@ import torch
 
 from .._arrays import check_int, token_tensor
 from ..errors import NoAllowedTokens, SpecdecTypeError, VerifyError
-from ..protocols import ArgmaxCapture, Constraint, HiddenCapture, KVCache, Target
+from ..protocols import (
+    ArgmaxCapture,
+    Constraint,
+    HiddenCapture,
+    KVCache,
+    LogitsMask,
+    Target,
+)
 from ..tree import DraftTree, WalkResult, batch_tree_inputs, walk, walk_batch
 from .rules import DecodingRule, Greedy
 from .rules.base import apply_rule
@@ -39,24 +46,55 @@ __all__ = ["StepResult", "Verifier", "STAGES", "mask_tree_logits"]
 STAGES = ("build", "mask", "forward", "rule", "walk", "commit")
 
 
-def mask_tree_logits(logits: torch.Tensor, tree: DraftTree, matcher: Constraint) -> np.ndarray:
-    """Constrain a tree step's logits ``[n, V]`` in place: each node's row keeps only the
-    tokens the grammar allows after the node's path (the root's state is ``matcher``'s).
-    Rows of paths the grammar rejects are left alone: the walk never reaches them, since a
-    node is only entered through a token its parent's row allowed. Returns bool ``[n]``, True
-    where a reachable-in-principle node allows no token at all (the walk must not stop there:
-    see :func:`check_bonus_allowed`)."""
-    from ..constrain import fill_tree_bitmask
-    from ..constrain.torch import allocate_token_bitmask, apply_token_bitmask_inplace
+@dataclass(frozen=True)
+class TreeMask:
+    """A tree step's grammar mask (:func:`tree_mask`): ``bitmask`` int32 ``[n, W]``, each
+    masked row the tokens the grammar allows after its node's path, every other row all
+    ones; ``masked`` bool ``[n]``, the rows it masks; ``empty`` bool ``[n]``, nodes whose
+    state allows no token at all."""
 
-    n, v = logits.shape
-    bitmask = allocate_token_bitmask(n, v)
+    bitmask: torch.Tensor
+    masked: np.ndarray
+    empty: np.ndarray
+
+
+def tree_mask(matcher: Constraint, tree: DraftTree, n: int, vocab: int) -> TreeMask:
+    """The grammar's mask of a tree step's ``n`` logits rows of ``vocab`` tokens (the root's
+    state is ``matcher``'s). Rows of paths the grammar rejects are left unmasked: the walk
+    never reaches them, since a node is only entered through a token its parent's row
+    allowed; so are rows that allow no token (``empty``: the walk must not stop there, see
+    :func:`check_bonus_allowed`)."""
+    from ..constrain import fill_tree_bitmask
+    from ..constrain.torch import allocate_token_bitmask
+
+    bitmask = allocate_token_bitmask(n, vocab)
     valid = fill_tree_bitmask(matcher, tree, bitmask)  # type: ignore[arg-type]
-    empty = valid & ~bitmask.numpy().any(axis=1)
-    rows = np.flatnonzero(valid & ~empty)
+    words = bitmask.numpy()
+    empty = valid & ~words.any(axis=1)
+    masked = valid & ~empty
+    words[~masked] = -1
+    return TreeMask(bitmask, masked, empty)
+
+
+def apply_tree_mask(logits: torch.Tensor, tm: TreeMask) -> None:
+    """Mask ``logits`` ``[n, V]`` in place by ``tm`` (its masked rows)."""
+    from ..constrain.torch import apply_token_bitmask_inplace
+
+    rows = np.flatnonzero(tm.masked)
     if len(rows):
-        apply_token_bitmask_inplace(logits, bitmask[torch.from_numpy(rows)], indices=rows.tolist())
-    return empty
+        bm = tm.bitmask[torch.from_numpy(rows)]
+        apply_token_bitmask_inplace(logits, bm, indices=rows.tolist())
+
+
+def mask_tree_logits(logits: torch.Tensor, tree: DraftTree, matcher: Constraint) -> np.ndarray:
+    """Constrain a tree step's logits ``[n, V]`` in place by :func:`tree_mask`: each node's
+    row keeps only the tokens the grammar allows after the node's path. Returns bool
+    ``[n]``, True where a reachable-in-principle node allows no token at all (the walk must
+    not stop there: see :func:`check_bonus_allowed`)."""
+    n, v = logits.shape
+    tm = tree_mask(matcher, tree, n, v)
+    apply_tree_mask(logits, tm)
+    return tm.empty
 
 
 def check_bonus_allowed(empty: np.ndarray, last_node: int, row: int = 0) -> None:
@@ -171,8 +209,9 @@ class Verifier:
         mask: torch.Tensor | None,
         hidden: HiddenCapture | None,
         argmax: ArgmaxCapture | None = None,
+        allowed: LogitsMask | None = None,
     ) -> torch.Tensor:
-        if hidden is None and argmax is None:
+        if hidden is None and argmax is None and allowed is None:
             return self.target(ids, pos, cache, mask)
         kw: dict[str, object] = {}
         if hidden is not None:
@@ -181,8 +220,17 @@ class Verifier:
             kw["hidden"] = hidden
         if argmax is not None:
             kw["argmax"] = argmax
+        if allowed is not None:
+            kw["allowed"] = allowed
         out: torch.Tensor = self.target(ids, pos, cache, mask, **kw)
         return out
+
+    def _tree_mask(self, matcher: Constraint, tree: DraftTree, n: int) -> TreeMask | None:
+        """The step's grammar mask, made before the forward for a target that masks its
+        logits itself (``masks_logits``; its head then skips what no row allows)."""
+        if not getattr(self.target, "masks_logits", False):
+            return None
+        return tree_mask(matcher, tree, n, int(self.target.vocab_size))
 
     def _argmax_capture(self, rule: DecodingRule) -> ArgmaxCapture | None:
         """A capture for the target's own argmax where ``rule`` is plain :class:`Greedy`
@@ -238,15 +286,26 @@ class Verifier:
         single = tree.num_nodes == 1
         mask = None if single else torch.from_numpy(tree.attention_mask(prefix)).to(self.device)
         step_rule = _rule(rule, self.rule)
-        top = None if constraint is not None else self._argmax_capture(step_rule)
+        tm = None if constraint is None else self._tree_mask(constraint, tree, tree.num_nodes)
+        allowed = None if tm is None else LogitsMask(tm.bitmask.numpy())
+        # A constrained step takes the target's argmax only where the target masked first.
+        top = None if constraint is not None and tm is None else self._argmax_capture(step_rule)
         t1 = self._now()
         timings["mask"] = t1 - t0
-        logits = self._forward(tokens, positions, cache, mask, hidden, top)
+        logits = self._forward(tokens, positions, cache, mask, hidden, top, allowed)
         t2 = self._now()
         timings["forward"] = t2 - t1
         try:
             n_real = tree.num_real
-            empty = None if constraint is None else mask_tree_logits(logits, tree, constraint)
+            empty = None
+            if tm is not None:
+                empty = tm.empty
+                if allowed is not None and not allowed.applied:
+                    apply_tree_mask(logits, tm)
+            elif constraint is not None:
+                empty = mask_tree_logits(logits, tree, constraint)
+            if constraint is not None and not (allowed is not None and allowed.applied):
+                top = None  # the target's argmax of unmasked logits
             chosen = np.zeros(tree.num_nodes, dtype=np.int64)
             u = None if seed is None else _node_uniforms([tree], [prefix], [seed])[0, :n_real]
             if top is not None and top.tokens is not None:
@@ -357,10 +416,24 @@ class Verifier:
         t0 = self._now()
         prefix = [c.committed_len for c in caches]
         batch = batch_tree_inputs(trees, prefix, device=self.device)
+        r, n = batch.tokens.shape
+        # Each constrained tree's mask before the forward, for a target that masks its
+        # logits itself (rows of other trees all ones).
+        masks: list[TreeMask | None] = [None] * r
+        allowed = None
+        if constraints is not None and getattr(self.target, "masks_logits", False):
+            vocab = int(self.target.vocab_size)
+            words = np.full((r * n, (vocab + 31) // 32), -1, dtype=np.int32)
+            for i, m in enumerate(constraints):
+                if m is not None:
+                    masks[i] = tm = tree_mask(m, trees[i], n, vocab)
+                    words[i * n : (i + 1) * n] = tm.bitmask.numpy()
+            if any(tm is not None for tm in masks):
+                allowed = LogitsMask(words)
         top = None
         if any(
             type(_rule(None if rules is None else rules[i], self.rule)) is Greedy
-            and (constraints is None or constraints[i] is None)
+            and (constraints is None or constraints[i] is None or allowed is not None)
             for i in range(len(trees))
         ):
             top = self._argmax_capture(Greedy())
@@ -371,15 +444,23 @@ class Verifier:
             kw["hidden"] = hidden
         if top is not None:
             kw["argmax"] = top
+        if allowed is not None:
+            kw["allowed"] = allowed
         logits = fb(batch.tokens, batch.positions, caches, batch.mask, **kw)
         t2 = self._now()
         timings["forward"] = t2 - t1
         try:
             r, n, v = logits.shape
-            empties = [
-                None if m is None else mask_tree_logits(logits[i], trees[i], m)
-                for i, m in enumerate(constraints or [None] * r)
-            ]
+            applied = allowed is not None and allowed.applied
+            empties: list[np.ndarray | None] = []
+            for i, m in enumerate(constraints or [None] * r):
+                made = masks[i]
+                if made is not None:
+                    if not applied:
+                        apply_tree_mask(logits[i], made)
+                    empties.append(made.empty)
+                else:
+                    empties.append(None if m is None else mask_tree_logits(logits[i], trees[i], m))
             u = None
             if seeds is not None and any(sd is not None for sd in seeds):
                 u = _node_uniforms(trees, prefix, seeds, n, self.generator).reshape(-1)
@@ -388,7 +469,7 @@ class Verifier:
                 u,
                 rules,
                 None if top is None or top.tokens is None else top.tokens.numpy(),
-                [m is not None for m in constraints or ()],
+                [m is not None and not applied for m in constraints or ()],
             )
             t3 = self._now()
             timings["rule"] = t3 - t2

@@ -484,3 +484,114 @@ fn quantization_of_subnormal_blocks_matches_the_portable_steps() {
         slow.d
     );
 }
+
+/// The plain product with every output `allowed` does not want set to `-inf`: the oracle
+/// of the masked product (`words` per row; outputs past them unwanted).
+fn masked_oracle(plain: &[f32], rows: usize, allowed: &[u32]) -> Vec<f32> {
+    let words = rows.div_ceil(32);
+    let mut want = plain.to_vec();
+    for (r, row) in want.chunks_exact_mut(rows).enumerate() {
+        for (j, v) in row.iter_mut().enumerate() {
+            if allowed[r * words + j / 32] >> (j % 32) & 1 == 0 {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+    }
+    want
+}
+
+/// Per row a mask of one of three kinds: a few allowed outputs, most of them, or all.
+fn masks(seed: u64, m: usize, rows: usize) -> Vec<u32> {
+    let words = rows.div_ceil(32);
+    let mut s = seed | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let mut out = vec![0u32; m * words];
+    for r in 0..m {
+        let kind = next() % 3;
+        for j in 0..rows {
+            let on = match kind {
+                0 => next() % 23 == 0,
+                1 => next() % 5 != 0,
+                _ => true,
+            };
+            if on {
+                out[r * words + j / 32] |= 1 << (j % 32);
+            }
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Masked: each wanted output is the plain product's, bit for bit, every other one
+    /// `-inf`, whatever mix of sparse and dense rows, in both numeric modes.
+    #[test]
+    fn a_masked_product_is_the_plain_product_masked(
+        format in formats(),
+        rows in 1usize..200,
+        blocks in 1usize..4,
+        m in 1usize..20,
+        seed in any::<u64>(),
+        int8 in any::<bool>(),
+    ) {
+        let cols = 32 * blocks;
+        let q = QuantMatrix::from_gguf(format, rows, cols, &raw_matrix(format, rows, cols, seed)).unwrap();
+        let x = rows_of(seed, m, cols);
+        let numeric = if int8 { Numeric::Int8 } else { Numeric::Exact };
+        let mut plain = vec![0f32; m * rows];
+        q.matmul_in(numeric, &x, m, &mut plain).unwrap();
+        let allowed = masks(seed, m, rows);
+        let mut got = vec![f32::NAN; m * rows];
+        q.matmul_masked_in(numeric, &x, m, &mut got, &allowed).unwrap();
+        prop_assert_eq!(got, masked_oracle(&plain, rows, &allowed));
+    }
+}
+
+/// An LM head's size, split over the cores, a grammar allowing a handful of tokens in some
+/// rows and free text in others: the plain product masked.
+#[test]
+fn a_large_masked_product_is_the_plain_product_masked() {
+    let (f, rows, cols, m) = (BlockFormat::Q8_0, 49152, 64, 6);
+    let q = QuantMatrix::from_gguf(f, rows, cols, &raw_matrix(f, rows, cols, 5)).unwrap();
+    let x = rows_of(5, m, cols);
+    let words = rows / 32;
+    let mut allowed = vec![0u32; m * words];
+    for (t, tok) in [17usize, 4000, 4001, 30000, 49151].iter().enumerate() {
+        allowed[(t % 3) * words + tok / 32] |= 1 << (tok % 32); // rows 0-2: a few tokens
+    }
+    allowed[3 * words..4 * words].fill(u32::MAX); // row 3: every token
+    allowed[4 * words..5 * words].fill(0x7fff_ffff); // row 4: most
+                                                     // row 5: none
+    for numeric in [Numeric::Exact, Numeric::Int8] {
+        let mut plain = vec![0f32; m * rows];
+        q.matmul_in(numeric, &x, m, &mut plain).unwrap();
+        let mut got = vec![f32::NAN; m * rows];
+        q.matmul_masked_in(numeric, &x, m, &mut got, &allowed)
+            .unwrap();
+        assert_eq!(got, masked_oracle(&plain, rows, &allowed), "{numeric:?}");
+        assert!(got[5 * rows..].iter().all(|&v| v == f32::NEG_INFINITY));
+    }
+}
+
+#[test]
+fn a_masked_product_needs_a_mask_row_per_input_row() {
+    let f = BlockFormat::Q8_0;
+    let q = QuantMatrix::from_gguf(f, 40, 32, &raw_matrix(f, 40, 32, 1)).unwrap();
+    let x = rows_of(1, 2, 32);
+    let mut out = [0.0; 80];
+    assert!(matches!(
+        q.matmul_masked_in(Numeric::Exact, &x, 2, &mut out, &[u32::MAX; 3]),
+        Err(LinearError::MaskSize {
+            rows: 2,
+            words: 2,
+            got: 3
+        })
+    ));
+}

@@ -138,7 +138,7 @@ impl LlamaStack {
 
     /// One step of `R` rows of `T` tokens (see the stub for the arguments).
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (x, positions, kv, buffers, slots, new_slots, mask, logits, last, capture_layers, capture_final, hidden, *, numeric = "exact", argmax = None, ids = None, embed = None))]
+    #[pyo3(signature = (x, positions, kv, buffers, slots, new_slots, mask, logits, last, capture_layers, capture_final, hidden, *, numeric = "exact", argmax = None, ids = None, embed = None, allowed = None))]
     fn step(
         &self,
         py: Python<'_>,
@@ -162,6 +162,7 @@ impl LlamaStack {
         #[pyo3(from_py_with = config_arg)] argmax: Option<PyReadwriteArray1<'_, i64>>,
         #[pyo3(from_py_with = config_arg)] ids: Option<PyReadonlyArray1<'_, i64>>,
         #[pyo3(from_py_with = config_arg)] embed: Option<PyReadonlyArray2<'_, f32>>,
+        #[pyo3(from_py_with = config_arg)] allowed: Option<PyReadonlyArray2<'_, i32>>,
     ) -> PyResult<()> {
         let Some(numeric) = Numeric::from_name(numeric) else {
             return Err(raise(
@@ -322,6 +323,24 @@ impl LlamaStack {
             }
             None => None,
         };
+        let allowed: Option<Vec<u32>> = match &allowed {
+            Some(a) => {
+                let heads_out = if last { rows } else { rows * tokens };
+                let words = d.vocab.div_ceil(32);
+                if a.shape() != [heads_out, words] {
+                    return Err(raise(
+                        Class::Verify,
+                        format!(
+                            "allowed must be [{heads_out}, {words}] (a token bitmask row per logits row), got {:?}",
+                            a.shape()
+                        ),
+                    ));
+                }
+                // (i32 and u32 words have the same bits.)
+                Some(as_slice(a).iter().map(|&w| w as u32).collect())
+            }
+            None => None,
+        };
         let stack = &self.0;
         py.detach(|| {
             let step_rows = core::StepRows {
@@ -352,7 +371,16 @@ impl LlamaStack {
                     &gathered
                 }
             };
-            stack.step_in(numeric, xs, &step_rows, &mut bufs, last, logits, capture)?;
+            stack.step_masked(
+                numeric,
+                xs,
+                &step_rows,
+                &mut bufs,
+                last,
+                logits,
+                capture,
+                allowed.as_deref(),
+            )?;
             match argmax_out {
                 Some(out) => core::row_argmax(logits, d.vocab, out),
                 None => Ok(()),

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from ...cache.dense import DenseKVCache
 from ...cache.paged import PagedDecodeStep, PagedKVCache, PagedKVPool
 from ...errors import ConfigError, SpecdecTypeError, VerifyError
-from ...protocols import ArgmaxCapture, HiddenCapture, KVCache
+from ...protocols import ArgmaxCapture, HiddenCapture, KVCache, LogitsMask
 from ...verify.attention import Backend, FlexFallback, attend
 from ..fused import StepKV, batch_kv, pool_kv, run_step, single_kv
 from ..quant import Numeric, QuantizedLinears
@@ -82,6 +82,7 @@ class LlamaModel(LinearPlans):
     # generators, each with its own drafter's layers.
     captures_hidden = True
     captures_argmax = True
+    masks_logits = True
 
     def check_capture(self, hidden: HiddenCapture) -> None:
         """Raise a ``ConfigError`` when ``hidden`` names layers this model lacks."""
@@ -132,6 +133,7 @@ class LlamaModel(LinearPlans):
         *,
         hidden: HiddenCapture | None = None,
         argmax: ArgmaxCapture | None = None,
+        allowed: LogitsMask | None = None,
     ) -> Tensor:
         """Tokens ``[T]`` at positions ``[T]`` attending to the cache's committed prefix plus
         this step's tokens under ``mask`` ``[T, committed + T]`` (bool, True = visible;
@@ -139,7 +141,8 @@ class LlamaModel(LinearPlans):
         ``cache``. ``hidden``: hidden states to keep from this forward (its ``states``
         ``[T, width]`` after the call); ``argmax``: the logits rows' argmax (its ``tokens``
         ``[T]`` after the call; the fused step computes them, the torch path leaves
-        ``None``)."""
+        ``None``); ``allowed``: a grammar's mask of the logits rows (the fused step applies
+        it, ``applied``; the torch path leaves it to the caller)."""
         return self._step(
             input_ids,
             position_ids,
@@ -149,6 +152,7 @@ class LlamaModel(LinearPlans):
             last=False,
             hidden=hidden,
             argmax=argmax,
+            allowed=allowed,
         )
 
     @torch.no_grad()
@@ -170,11 +174,14 @@ class LlamaModel(LinearPlans):
         last: bool,
         hidden: HiddenCapture | None = None,
         argmax: ArgmaxCapture | None = None,
+        allowed: LogitsMask | None = None,
     ) -> Tensor:
         c = self.config
         check_step_inputs(self, input_ids, position_ids, mask, cache)
         if argmax is not None:
             argmax.tokens = None
+        if allowed is not None:
+            allowed.applied = False
         if hidden is not None:
             self.check_capture(hidden)
         if (cache.num_layers, cache.num_kv_heads, cache.head_dim) != (
@@ -192,7 +199,9 @@ class LlamaModel(LinearPlans):
             mask = None  # one token seeing everything: attention needs no mask
         cache.begin(t_new)
         try:
-            return self._run(input_ids, position_ids, cache, mask, packed, last, hidden, argmax)
+            return self._run(
+                input_ids, position_ids, cache, mask, packed, last, hidden, argmax, allowed
+            )
         except BaseException:
             cache.rollback()
             raise
@@ -232,6 +241,7 @@ class LlamaModel(LinearPlans):
         last: bool,
         hidden: HiddenCapture | None,
         argmax: ArgmaxCapture | None,
+        allowed: LogitsMask | None = None,
     ) -> torch.Tensor:
         """``mask`` None: causal."""
         t_new = ids.shape[0]
@@ -251,11 +261,14 @@ class LlamaModel(LinearPlans):
                 vocab=self.config.vocab_size,
                 numeric=self.numeric,
                 argmax=argmax is not None,
+                allowed=None if allowed is None else allowed.bitmask,
             )
             if hidden is not None:
                 hidden.states = out.states
             if argmax is not None:
                 argmax.tokens = out.argmax
+            if allowed is not None:
+                allowed.applied = True
             return out.logits
         if mask is None and t_new > 1:
             mask = causal_mask(cache.committed_len, t_new, self.device)
@@ -338,17 +351,21 @@ class LlamaModel(LinearPlans):
         *,
         hidden: HiddenCapture | None = None,
         argmax: ArgmaxCapture | None = None,
+        allowed: LogitsMask | None = None,
     ) -> torch.Tensor:
         """R sequences (one cache each) in one forward: ``input_ids``/``position_ids``
         ``[R, T]`` and ``mask`` ``[R, T, P_max + T]`` laid out as
         :func:`specdec.tree.batch_tree_inputs` does (row r's prefix in columns
         ``[0, committed_r)``, then the step's T tokens). Returns logits ``[R, T, vocab]``;
-        each cache's step stays pending. ``hidden``, ``argmax``: as in :meth:`forward`
-        (``states`` ``[R, T, width]``, ``tokens`` ``[R, T]``)."""
+        each cache's step stays pending. ``hidden``, ``argmax``, ``allowed``: as in
+        :meth:`forward` (``states`` ``[R, T, width]``, ``tokens`` ``[R, T]``, ``bitmask``
+        rows ``R * T``)."""
         if hidden is not None:
             self.check_capture(hidden)
         if argmax is not None:
             argmax.tokens = None
+        if allowed is not None:
+            allowed.applied = False
         if not isinstance(input_ids, torch.Tensor) or not isinstance(position_ids, torch.Tensor):
             raise SpecdecTypeError("input_ids and position_ids must be torch.Tensors")
         if input_ids.dim() != 2 or position_ids.shape != input_ids.shape:
@@ -374,7 +391,9 @@ class LlamaModel(LinearPlans):
             for cache in caches:
                 cache.begin(t_new)
                 begun.append(cache)
-            return self._run_batch(input_ids, position_ids, caches, mask, p_max, hidden, argmax)
+            return self._run_batch(
+                input_ids, position_ids, caches, mask, p_max, hidden, argmax, allowed
+            )
         except BaseException:
             for cache in begun:
                 cache.rollback()
@@ -389,6 +408,7 @@ class LlamaModel(LinearPlans):
         p_max: int,
         hidden: HiddenCapture | None,
         argmax: ArgmaxCapture | None,
+        allowed: LogitsMask | None = None,
     ) -> torch.Tensor:
         plan = self._linear_plan(self.packed_linear, ids.numel())  # None: F.linear calls
         stack = self._fused_stack(plan, pos)
@@ -407,11 +427,14 @@ class LlamaModel(LinearPlans):
                 vocab=self.config.vocab_size,
                 numeric=self.numeric,
                 argmax=argmax is not None,
+                allowed=None if allowed is None else allowed.bitmask,
             )
             if hidden is not None:
                 hidden.states = None if out.states is None else out.states.view(r, t_new, -1)
             if argmax is not None and out.argmax is not None:
                 argmax.tokens = out.argmax.view(r, t_new)
+            if allowed is not None:
+                allowed.applied = True
             return out.logits.view(r, t_new, -1)
         c = self.config
         heads = (c.num_hidden_layers, c.num_key_value_heads, c.head_dim or 0)

@@ -8,6 +8,7 @@ use super::int8::{self, int8_block_bytes, Int8Rows};
 use super::kernel::{self, tile_block_bytes, MAX_ROWS, TILE};
 use super::pool::{self, OutPtr};
 use super::{LinearError, Numeric};
+use crate::constrain::apply_bitmask_row;
 
 /// Whether the fast kernel runs on this CPU (AVX-512F). Without it [`QuantMatrix::matmul`]
 /// runs the portable kernel: the same results, many times slower than a BLAS.
@@ -287,6 +288,101 @@ impl QuantMatrix {
         Ok(())
     }
 
+    /// [`matmul_in`](Self::matmul_in) where `allowed` says which outputs are wanted, and
+    /// every other output is `-inf`: `m` rows of `ceil(rows / 32)` words, bit `j % 32` of
+    /// word `j / 32` set where output `j` is wanted (the layout of a grammar's token
+    /// bitmask, the product an LM head whose logits a grammar masks). A tile of 16 outputs
+    /// that no row wants is not computed, and one that only rows wanting most tiles want is
+    /// computed for those rows alone: a row that allows a few tokens pays for their
+    /// weights, not the whole matrix. Wanted outputs are `matmul_in`'s, bit for bit.
+    pub fn matmul_masked_in(
+        &self,
+        numeric: Numeric,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+        allowed: &[u32],
+    ) -> Result<(), LinearError> {
+        self.check(x, m, out)?;
+        let words = self.rows.div_ceil(32);
+        if allowed.len() != m * words {
+            return Err(LinearError::MaskSize {
+                rows: m,
+                words,
+                got: allowed.len(),
+            });
+        }
+        let ntiles = self.rows.div_ceil(TILE);
+        // Tile t holds outputs 16t..16t + 16: one half of word t / 2.
+        let wants =
+            |r: usize, t: usize| (allowed[r * words + t / 2] >> (16 * (t % 2))) & 0xffff != 0;
+        let (mut dense, mut sparse) = (Vec::new(), Vec::new());
+        for r in 0..m {
+            let n = (0..ntiles).filter(|&t| wants(r, t)).count();
+            if 2 * n > ntiles {
+                dense.push(r);
+            } else {
+                sparse.push(r);
+            }
+        }
+        if sparse.is_empty() {
+            self.matmul_in(numeric, x, m, out)?;
+        } else {
+            // The tiles some sparse row wants, for every row (a loaded tile costs little more
+            // for a few more rows); the others for the dense rows only.
+            let mut shared = vec![false; ntiles];
+            for &r in &sparse {
+                for (t, s) in shared.iter_mut().enumerate() {
+                    *s |= wants(r, t);
+                }
+            }
+            let some: Vec<usize> = (0..ntiles).filter(|&t| shared[t]).collect();
+            let rest: Vec<usize> = (0..ntiles).filter(|&t| !shared[t]).collect();
+            let every: Vec<usize> = (0..m).collect();
+            let xd: Vec<f32> = dense
+                .iter()
+                .flat_map(|&r| &x[r * self.cols..(r + 1) * self.cols])
+                .copied()
+                .collect();
+            match numeric {
+                Numeric::Exact => {
+                    let per_tile = (self.cols / BLOCK) * tile_block_bytes(self.format);
+                    let simd = simd_available();
+                    let bytes = self.tiles.len();
+                    self.split_some(
+                        &some,
+                        &every,
+                        out,
+                        bytes,
+                        &self.exact_tiles(x, simd, per_tile),
+                    );
+                    let tile_rows = self.exact_tiles(&xd, simd, per_tile);
+                    self.split_some(&rest, &dense, out, bytes, &tile_rows);
+                }
+                Numeric::Int8 => {
+                    let simd = int8_simd_available();
+                    let q = self.quantize(x, m, simd)?;
+                    let tiles = self.int8_tiles();
+                    let tile_rows = self.int8_tile_rows(&q, tiles, simd);
+                    self.split_some(&some, &every, out, tiles.len(), &tile_rows);
+                    if !dense.is_empty() {
+                        let qd = self.quantize(&xd, dense.len(), simd)?;
+                        let tile_rows = self.int8_tile_rows(&qd, tiles, simd);
+                        self.split_some(&rest, &dense, out, tiles.len(), &tile_rows);
+                    }
+                }
+            }
+        }
+        // Outputs not computed are never wanted: this sets them, with the rest unwanted.
+        for (row, mask) in out
+            .chunks_exact_mut(self.rows)
+            .zip(allowed.chunks_exact(words))
+        {
+            apply_bitmask_row(row, mask.iter().copied());
+        }
+        Ok(())
+    }
+
     /// [`matmul`](Self::matmul) with the portable kernel only (the reference).
     pub fn matmul_portable(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), LinearError> {
         self.check(x, m, out)?;
@@ -452,6 +548,47 @@ impl QuantMatrix {
                         let at = (r0 + r) * self.rows + t * TILE;
                         // SAFETY: `at + width <= m * rows` (checked sizes); each part writes
                         // only its own tiles' columns, so no two threads touch one value.
+                        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), ptr.add(at), width) };
+                    }
+                }
+            }
+        };
+        pool::run(chunks, &run);
+    }
+
+    /// [`split`](Self::split) over the tiles `tiles` only, for the rows `tile_rows` reads:
+    /// its row `i` is written to row `rows_out[i]` of `out` (distinct rows, each below
+    /// `out.len() / self.rows`). `weight_bytes`: the whole matrix's.
+    fn split_some(
+        &self,
+        tiles: &[usize],
+        rows_out: &[usize],
+        out: &mut [f32],
+        weight_bytes: usize,
+        tile_rows: &TileRows<'_>,
+    ) {
+        let k = rows_out.len();
+        if k == 0 || tiles.is_empty() {
+            return;
+        }
+        let ntiles = self.rows.div_ceil(TILE);
+        let chunks = chunks(weight_bytes / ntiles * tiles.len(), tiles.len());
+        let ptr = OutPtr(out.as_mut_ptr());
+        let run = |part: usize| {
+            let (lo, hi) = (
+                tiles.len() * part / chunks,
+                tiles.len() * (part + 1) / chunks,
+            );
+            let mut res = [[0f32; TILE]; MAX_ROWS];
+            for &t in &tiles[lo..hi] {
+                let width = TILE.min(self.rows - t * TILE);
+                for r0 in (0..k).step_by(MAX_ROWS) {
+                    let rows = MAX_ROWS.min(k - r0);
+                    tile_rows(t, r0, rows, &mut res);
+                    for (r, vals) in res.iter().enumerate().take(rows) {
+                        let at = rows_out[r0 + r] * self.rows + t * TILE;
+                        // SAFETY: `at + width <= out.len()` (rows_out below the output's
+                        // rows); each part writes only its own tiles' columns.
                         unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), ptr.add(at), width) };
                     }
                 }

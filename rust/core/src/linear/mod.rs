@@ -81,4 +81,10 @@ pub enum LinearError {
     Join(usize, usize),
     #[error("{rows} rows do not split into two halves of whole {tile}-row tiles")]
     Halves { rows: usize, tile: usize },
+    #[error("an output mask must be {rows} rows of {words} words, got {got} words")]
+    MaskSize {
+        rows: usize,
+        words: usize,
+        got: usize,
+    },
 }

@@ -596,8 +596,44 @@ impl LlamaStack {
         logits: &mut [f32],
         capture: Option<Capture<'_>>,
     ) -> Result<(), ModelError> {
+        self.step_masked(numeric, x, rows, kv, last, logits, capture, None)
+    }
+
+    /// [`step_in`](Self::step_in) whose logits are masked: `allowed` holds one row of
+    /// `ceil(vocab / 32)` words per logits row (a grammar's token bitmask: bit `t % 32` of
+    /// word `t / 32` set where token `t` is allowed), and every token it does not allow
+    /// gets `-inf`. The head computes only the weights of the tiles of 16 tokens that some
+    /// row allows ([`QuantMatrix::matmul_masked_in`]): where a grammar allows a few tokens
+    /// the head, a fifth of this model's weights, is mostly skipped. Allowed tokens' logits
+    /// are `step_in`'s, bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn step_masked(
+        &self,
+        numeric: Numeric,
+        x: &[f32],
+        rows: &StepRows<'_>,
+        kv: &mut [KvBuffer<'_>],
+        last: bool,
+        logits: &mut [f32],
+        capture: Option<Capture<'_>>,
+        allowed: Option<&[u32]>,
+    ) -> Result<(), ModelError> {
+        if let Some(a) = allowed {
+            let heads_out = if last {
+                rows.rows
+            } else {
+                rows.rows * rows.tokens
+            };
+            super::check_size(
+                "head mask",
+                heads_out * self.dims.vocab.div_ceil(32),
+                a.len(),
+            )?;
+        }
         let mut laps = Laps::new(self.profiling());
-        self.run(numeric, x, rows, kv, last, logits, capture, &mut laps)?;
+        self.run(
+            numeric, x, rows, kv, last, logits, capture, allowed, &mut laps,
+        )?;
         if let Some(start) = laps.start {
             laps.lap(OTHER);
             let p = &self.profiler.totals;
@@ -620,6 +656,7 @@ impl LlamaStack {
         last: bool,
         logits: &mut [f32],
         capture: Option<Capture<'_>>,
+        allowed: Option<&[u32]>,
         laps: &mut Laps,
     ) -> Result<(), ModelError> {
         let d = self.dims;
@@ -701,20 +738,35 @@ impl LlamaStack {
                 Self::keep(c, kept, hid, &h);
             }
         }
-        if last {
+        let lasts: Vec<f32>;
+        let (rows_in, m) = if last {
             let t = rows.tokens;
-            let lasts: Vec<f32> = (0..rows.rows)
+            lasts = (0..rows.rows)
                 .flat_map(|r| {
                     h[((r + 1) * t - 1) * hid..(r + 1) * t * hid]
                         .iter()
                         .copied()
                 })
                 .collect();
-            laps.lap(OTHER);
-            self.head.apply(numeric, &lasts, rows.rows, logits)?;
+            (&lasts[..], rows.rows)
         } else {
-            laps.lap(OTHER);
-            self.head.apply(numeric, &h, n, logits)?;
+            (&h[..], n)
+        };
+        laps.lap(OTHER);
+        match allowed {
+            Some(a) if self.head.bias.is_none() => {
+                self.head
+                    .weight
+                    .matmul_masked_in(numeric, rows_in, m, logits, a)?;
+            }
+            Some(a) => {
+                self.head.apply(numeric, rows_in, m, logits)?;
+                let words = d.vocab.div_ceil(32);
+                for (row, mask) in logits.chunks_exact_mut(d.vocab).zip(a.chunks_exact(words)) {
+                    crate::constrain::apply_bitmask_row(row, mask.iter().copied());
+                }
+            }
+            None => self.head.apply(numeric, rows_in, m, logits)?,
         }
         laps.lap(MATMUL);
         Ok(())
