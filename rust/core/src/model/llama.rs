@@ -604,7 +604,7 @@ impl LlamaStack {
     /// word `t / 32` set where token `t` is allowed), and every token it does not allow
     /// gets `-inf`. The head computes only the weights of the tiles of 16 tokens that some
     /// row allows ([`QuantMatrix::matmul_masked_in`]): where a grammar allows a few tokens
-    /// the head, a fifth of this model's weights, is mostly skipped. Allowed tokens' logits
+    /// the head (a fifth of SmolLM2's weights) is mostly skipped. Allowed tokens' logits
     /// are `step_in`'s, bit for bit.
     #[allow(clippy::too_many_arguments)]
     pub fn step_masked(
