@@ -224,16 +224,9 @@ def test_the_stacks_argmax_is_the_argmax_of_its_logits(lm: Any, prompt: list[int
     cache.rollback()
     assert top.tokens is not None and torch.equal(top.tokens, logits.argmax(-1))
     assert len(set(top.tokens.tolist())) > 1  # rows of their own
-    lens = [7, p, 12]
-    parents = PARENTS[:5]
-    ids = torch.tensor([[prompt[n - 1], 11, 263, 314, 42] for n in lens])
-    bpos = torch.tensor([[n + d for d in depths(parents)] for n in lens])
-    caches: list[Any] = []
-    for n in lens:
-        caches.append(m.new_cache(64))
-        prefilled(m, prompt[:n], caches[-1])
+    ids, bpos, caches, bmask = tree_batch(m, prompt)
     batch = ArgmaxCapture()
-    out = m.forward_batch(ids, bpos, caches, batch_mask(lens, parents), argmax=batch)
+    out = m.forward_batch(ids, bpos, caches, bmask, argmax=batch)
     assert batch.tokens is not None and batch.tokens.shape == (3, 5)
     assert torch.equal(batch.tokens, out.argmax(-1))
     m.fused_step = False
@@ -278,6 +271,21 @@ def test_greedy_steps_read_the_stacks_argmax(
     spec_rule = gen.generate(ids, max_new_tokens=16)
     assert len(chose) >= ar_rule.steps + spec_rule.steps
     assert ar.tokens == ar_rule.tokens == spec.tokens == spec_rule.tokens
+
+
+def tree_batch(
+    m: LlamaModel, prompt: list[int]
+) -> tuple[torch.Tensor, torch.Tensor, list[Any], torch.Tensor]:
+    """A 3-row batch of one 5-node tree after prefixes of 7, all and 12 prompt tokens, each
+    prefilled into a dense cache: ids, positions, caches and ``forward_batch``'s mask."""
+    lens, parents = [7, len(prompt), 12], PARENTS[:5]
+    ids = torch.tensor([[prompt[n - 1], 11, 263, 314, 42] for n in lens])
+    bpos = torch.tensor([[n + d for d in depths(parents)] for n in lens])
+    caches: list[Any] = []
+    for n in lens:
+        caches.append(m.new_cache(64))
+        prefilled(m, prompt[:n], caches[-1])
+    return ids, bpos, caches, batch_mask(lens, parents)
 
 
 def batch_mask(lens: list[int], parents: list[int]) -> torch.Tensor:
@@ -664,14 +672,7 @@ def test_a_grammar_mask_on_the_step_masks_the_logits_exactly(
         want = masked(plain, rows)
         assert torch.equal(got, want)
         assert top.tokens is not None and torch.equal(top.tokens, want.argmax(-1))
-        lens, parents = [7, p, 12], PARENTS[:5]
-        ids = torch.tensor([[prompt[n - 1], 11, 263, 314, 42] for n in lens])
-        bpos = torch.tensor([[n + d for d in depths(parents)] for n in lens])
-        caches: list[Any] = []
-        for n in lens:
-            caches.append(m.new_cache(64))
-            prefilled(m, prompt[:n], caches[-1])
-        bmask = batch_mask(lens, parents)
+        ids, bpos, caches, bmask = tree_batch(m, prompt)
         plain_b = m.forward_batch(ids, bpos, caches, bmask)
         for c in caches:
             c.rollback()
